@@ -1,0 +1,108 @@
+"""Input checks shared by every module of :mod:`companion`.
+
+Every public function validates its arguments with these helpers, so a wrong input fails
+early with a message that names the argument, what was expected and what was given, instead
+of broadcasting silently or producing NaN deep inside a matrix product.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def shape_str(shape: Sequence[int | str | None]) -> str:
+    """Format a shape like ``(batch, 7, 64)``; strings and ``None`` stand for free sizes."""
+    parts = ["?" if s is None else str(s) for s in shape]
+    return "(" + ", ".join(parts) + (",)" if len(parts) == 1 else ")")
+
+
+def check_tensor(name: str, value: object) -> Tensor:
+    """Raise ``TypeError`` unless ``value`` is a ``torch.Tensor``."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_floating(name: str, value: object) -> Tensor:
+    """Raise ``TypeError`` unless ``value`` is a floating-point tensor."""
+    tensor = check_tensor(name, value)
+    if not tensor.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor (e.g. torch.float32), got dtype {tensor.dtype}"
+        )
+    return tensor
+
+
+def check_finite(name: str, tensor: Tensor) -> Tensor:
+    """Raise ``ValueError`` if ``tensor`` contains NaN or infinity."""
+    if not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise ValueError(f"{name} contains {bad} NaN or infinite value(s); expected finite values")
+    return tensor
+
+
+def check_ndim(name: str, tensor: Tensor, ndim: int | Sequence[int], layout: str) -> Tensor:
+    """Raise ``ValueError`` unless ``tensor.dim()`` is ``ndim`` (or one of several)."""
+    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    if tensor.dim() not in allowed:
+        raise ValueError(
+            f"{name} must have shape {layout} ({' or '.join(map(str, allowed))}-D), "
+            f"got a {tensor.dim()}-D tensor of shape {shape_str(tensor.shape)}"
+        )
+    return tensor
+
+
+def check_min_ndim(name: str, tensor: Tensor, ndim: int, layout: str) -> Tensor:
+    """Raise ``ValueError`` unless ``tensor`` has at least ``ndim`` dimensions."""
+    if tensor.dim() < ndim:
+        raise ValueError(
+            f"{name} must have shape {layout} (at least {ndim}-D), "
+            f"got a {tensor.dim()}-D tensor of shape {shape_str(tensor.shape)}"
+        )
+    return tensor
+
+
+def check_positive_int(name: str, value: object, minimum: int = 1) -> int:
+    """Raise unless ``value`` is an ``int`` (not bool) that is at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_probability(name: str, value: object) -> float:
+    """Raise unless ``value`` is a real number in ``[0, 1)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__}")
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
+    return float(value)
+
+
+def check_bool_mask(name: str, mask: object, target_shape: Sequence[int], target: str) -> Tensor:
+    """Check a boolean attention mask that must broadcast to ``target_shape``.
+
+    The mask may have fewer dimensions than the target (leading dimensions are added) and
+    size-1 dimensions that broadcast, but broadcasting must never *enlarge* the target.
+    """
+    tensor = check_tensor(name, mask)
+    if tensor.dtype != torch.bool:
+        raise TypeError(
+            f"{name} must be a boolean tensor (True = may attend), got dtype {tensor.dtype}; "
+            "convert an additive float mask with companion.masking.from_additive_mask"
+        )
+    target_shape = tuple(target_shape)
+    ok = tensor.dim() <= len(target_shape)
+    if ok:
+        padded = (1,) * (len(target_shape) - tensor.dim()) + tuple(tensor.shape)
+        ok = all(m in (1, t) for m, t in zip(padded, target_shape))
+    if not ok:
+        raise ValueError(
+            f"{name} of shape {shape_str(tensor.shape)} does not broadcast to {target} "
+            f"{shape_str(target_shape)}; each mask dimension must be 1 or equal to the target's"
+        )
+    return tensor

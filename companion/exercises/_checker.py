@@ -1,0 +1,161 @@
+"""The engine behind every exercise check.
+
+A check runs the reader's function and the reference solution on the same random cases and
+compares the results. It never raises on a wrong answer: it prints what is wrong (expected
+vs got, shapes, the first mismatching entry) and returns a :class:`CheckResult`, so a
+notebook keeps running while the reader works.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["CheckResult", "compare", "run_check"]
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one exercise check; truthy when every case passed."""
+
+    name: str
+    passed: bool
+    cases_run: int
+    message: str
+    details: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __repr__(self) -> str:
+        return f"CheckResult(name={self.name!r}, passed={self.passed}, cases_run={self.cases_run})"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor of shape {tuple(value.shape)}, dtype {value.dtype}"
+    if isinstance(value, np.ndarray):
+        return f"array of shape {value.shape}, dtype {value.dtype}"
+    return f"{type(value).__name__} {value!r}"[:200]
+
+
+def compare(
+    expected: Any, got: Any, atol: float = 1e-5, rtol: float = 1e-4, path: str = "result"
+) -> str | None:
+    """Return ``None`` when ``got`` matches ``expected``, else a one-paragraph explanation.
+
+    Tensors/arrays are compared by shape and value (``atol``/``rtol``, NaN never matches);
+    tuples and lists element by element; numbers with the same tolerances; anything else
+    with ``==``.
+    """
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+            return f"{path}: expected a {type(expected).__name__} of {len(expected)} items, got {_describe(got)}"
+        for i, (e, g) in enumerate(zip(expected, got)):
+            problem = compare(e, g, atol, rtol, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, (torch.Tensor, np.ndarray)):
+        if not isinstance(got, (torch.Tensor, np.ndarray)):
+            return f"{path}: expected {_describe(expected)}, got {_describe(got)}"
+        e = torch.as_tensor(np.asarray(expected) if isinstance(expected, np.ndarray) else expected)
+        g = torch.as_tensor(np.asarray(got) if isinstance(got, np.ndarray) else got)
+        if tuple(e.shape) != tuple(g.shape):
+            return f"{path}: wrong shape - expected {tuple(e.shape)}, got {tuple(g.shape)}"
+        if e.dtype == torch.bool or g.dtype == torch.bool:
+            bad = e.to(torch.bool) != g.to(torch.bool)
+        else:
+            e64, g64 = e.detach().double(), g.detach().double()
+            bad = ~torch.isclose(g64, e64, atol=atol, rtol=rtol)
+        if bool(bad.any()):
+            index = tuple(int(i) for i in bad.nonzero()[0])
+            return (
+                f"{path}: {int(bad.sum())} of {bad.numel()} entries differ; first at index {index}: "
+                f"expected {e[index].item():.6g}, got {g[index].item():.6g}"
+            )
+        return None
+    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        if not isinstance(got, (int, float, np.floating, np.integer, torch.Tensor)) or (
+            isinstance(got, torch.Tensor) and got.numel() != 1
+        ):
+            return f"{path}: expected the number {expected:.6g}, got {_describe(got)}"
+        g = float(got)
+        if not np.isclose(g, expected, atol=atol, rtol=rtol):
+            return f"{path}: expected {expected:.6g}, got {g:.6g}"
+        return None
+    if expected != got:
+        return f"{path}: expected {_describe(expected)}, got {_describe(got)}"
+    return None
+
+
+def _inputs(kwargs: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}: {_describe(v)}" for k, v in kwargs.items())
+
+
+def run_check(
+    name: str,
+    user_fn: Callable[..., Any],
+    reference_fn: Callable[..., Any],
+    cases: Iterable[Mapping[str, Any]],
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    verbose: bool = True,
+) -> CheckResult:
+    """Run ``user_fn`` and ``reference_fn`` on each case (keyword arguments) and compare.
+
+    Inputs are cloned before each call so a function that modifies its arguments in place
+    cannot corrupt the comparison. Prints a short report unless ``verbose=False``.
+    """
+    if not callable(user_fn):
+        raise TypeError(f"the function to check must be callable, got {type(user_fn).__name__}")
+
+    def clone(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+    count = 0
+    result: CheckResult | None = None
+    for count, case in enumerate(cases, start=1):
+        expected = reference_fn(**clone(case))
+        try:
+            got = user_fn(**clone(case))
+        except NotImplementedError:
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"⏳ {name}: not attempted yet (the function raises NotImplementedError).",
+            )
+            break
+        except Exception as exc:  # the reader's code: report any error, do not crash the notebook
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: case {count} raised {last}\n   inputs: {_inputs(case)}",
+            )
+            break
+        problem = compare(expected, got, atol, rtol)
+        if problem:
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: case {count} is wrong.\n   {problem}\n   inputs: {_inputs(case)}",
+            )
+            break
+    if result is None:
+        if count == 0:
+            raise ValueError(f"{name}: no test cases were generated")
+        result = CheckResult(
+            name, True, count, f"✅ {name}: all {count} cases match the reference."
+        )
+    if verbose:
+        print(result.message)
+    return result
