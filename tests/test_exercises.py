@@ -1,0 +1,113 @@
+"""Every chapter's hidden solutions pass their own checks; the checker engine reports clearly."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from companion.exercises import CheckResult, compare, run_check
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+SOLUTION = re.compile(r"`{4,}\{dropdown\}\s*Solution[^\n]*\n```python\n(.*?)\n```", re.DOTALL)
+
+
+def _solutions(path: Path) -> list[str]:
+    cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+    found = []
+    for cell in cells:
+        if cell["cell_type"] == "markdown":
+            src = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            found += SOLUTION.findall(src)
+    return found
+
+
+SOLUTIONS = [(p, i, code) for p in NOTEBOOKS for i, code in enumerate(_solutions(p))]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_at_least_three_checked_exercises(path):
+    solutions = _solutions(path)
+    assert len(solutions) >= 3, f"{path.name}: at least three exercises with a hidden solution"
+    for code in solutions:
+        assert re.search(r"^assert \w+\.check_\w+\(", code, re.MULTILINE), (
+            "a solution ends with its check"
+        )
+
+
+@pytest.mark.parametrize(
+    "path,index,code", SOLUTIONS, ids=[f"{p.stem}-{i}" for p, i, _ in SOLUTIONS]
+)
+def test_hidden_solution_passes_its_check(path, index, code, capsys):
+    exec(compile(code, f"{path.name}:solution{index}", "exec"), {"__name__": "__solution__"})
+    assert "✅" in capsys.readouterr().out
+
+
+def _reference(x):
+    return x * 2
+
+
+def _cases():
+    gen = torch.Generator().manual_seed(0)
+    return [dict(x=torch.randn(3, 4, generator=gen)) for _ in range(3)]
+
+
+def test_engine_passes_correct_function(capsys):
+    result = run_check("double", lambda x: x + x, _reference, _cases())
+    assert result and result.cases_run == 3
+    assert "all 3 cases" in capsys.readouterr().out
+
+
+def test_engine_reports_first_mismatch(capsys):
+    def wrong(x):
+        y = x * 2
+        y[1, 2] += 1
+        return y
+
+    result = run_check("double", wrong, _reference, _cases())
+    assert not result
+    out = capsys.readouterr().out
+    assert (
+        "1 of 12 entries differ; first at index (1, 2)" in out
+        and "inputs: x: tensor of shape (3, 4)" in out
+    )
+
+
+def test_engine_reports_shape_errors_exceptions_and_stubs():
+    assert (
+        "wrong shape - expected (3, 4), got (4, 3)"
+        in run_check("t", lambda x: (x * 2).T, _reference, _cases(), verbose=False).message
+    )
+    crashed = run_check("t", lambda x: x @ x, _reference, _cases(), verbose=False)
+    assert not crashed and "raised RuntimeError" in crashed.message
+
+    def stub(x):
+        raise NotImplementedError
+
+    assert "not attempted yet" in run_check("t", stub, _reference, _cases(), verbose=False).message
+
+
+def test_engine_does_not_let_the_reader_mutate_inputs():
+    def mutating(x):
+        x.mul_(2)
+        return x
+
+    assert run_check("t", mutating, _reference, _cases(), verbose=False)
+
+
+def test_compare_rules():
+    assert compare((torch.ones(2), 3.0), (torch.ones(2), 3.0)) is None
+    assert "expected a tuple of 2 items" in compare((1.0, 2.0), 1.0)
+    assert "expected 3" in compare(3.0, 3.5)
+    assert (
+        compare(torch.tensor([float("nan")]), torch.tensor([float("nan")])) is not None
+    )  # NaN never matches
+    assert isinstance(run_check("t", _reference, _reference, _cases(), verbose=False), CheckResult)
+    with pytest.raises(TypeError, match="must be callable"):
+        run_check("t", 3, _reference, _cases())
+    with pytest.raises(ValueError, match="no test cases"):
+        run_check("t", _reference, _reference, [])
