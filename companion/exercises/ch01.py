@@ -1,0 +1,267 @@
+"""Exercises of chapter 1, "From sequences to self-attention".
+
+Each ``check_*`` function runs *your* function next to the reference solution kept in this
+module, on random cases drawn from a seeded generator (several shapes, plus edge cases), and
+returns a :class:`~companion.exercises._checker.CheckResult` that is truthy when every case
+matches. The checks call your function with keyword arguments, so keep the parameter names of
+the stub in the notebook.
+
+===========================  ==================================================
+exercise                     check
+===========================  ==================================================
+a numerically safe softmax   :func:`check_row_softmax`
+dot-product scores, batched  :func:`check_relevance_scores`
+self-attention from scratch  :func:`check_self_attention`
+additive relevance scores    :func:`check_additive_scores`
+===========================  ==================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from companion.exercises._checker import CheckResult, run_check
+
+__all__ = [
+    "check_row_softmax",
+    "check_relevance_scores",
+    "check_self_attention",
+    "check_additive_scores",
+    "reference_row_softmax",
+    "reference_relevance_scores",
+    "reference_self_attention",
+    "reference_additive_scores",
+]
+
+Case = dict[str, Any]
+
+
+def _generator(seed: int) -> torch.Generator:
+    """A private generator, so the cases are the same on every call and every machine."""
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: softmax over the last dimension, safe for large scores
+# --------------------------------------------------------------------------------------------
+
+
+def reference_row_softmax(scores: Tensor) -> Tensor:
+    """Softmax over the last dimension with the max-subtraction trick.
+
+    Args:
+        scores: shape ``(..., n)``, any finite values (even ±1000).
+
+    Returns:
+        Weights of shape ``(..., n)``: positive, each row sums to 1.
+    """
+    shifted = scores - scores.amax(dim=-1, keepdim=True)  # (..., n), largest entry is 0
+    exp = shifted.exp()  # (..., n), in (0, 1]: cannot overflow
+    return exp / exp.sum(dim=-1, keepdim=True)  # (..., n)
+
+
+def _row_softmax_cases() -> list[Case]:
+    g = _generator(101)
+    cases: list[Case] = [
+        {"scores": 3 * torch.randn(shape, generator=g)}
+        for shape in [(5,), (3, 4), (4, 4), (2, 3, 6), (6, 1)]
+    ]
+    # Edge cases: ties (uniform rows), huge positive scores (exp overflows to inf) and huge
+    # negative scores (exp underflows to 0), both of which turn a naive softmax into NaN.
+    cases.append({"scores": torch.full((2, 4), 50.0)})
+    cases.append({"scores": torch.tensor([[1000.0, 1001.0, 999.0], [-1000.0, -1001.0, -999.0]])})
+    cases.append({"scores": 1000 * torch.randn(3, 5, generator=g)})
+    cases.append({"scores": 200 * torch.randn(2, 3, 4, generator=g) + 500})
+    return cases
+
+
+def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``row_softmax(scores)``: softmax over the last dimension of ``(..., n)`` scores.
+
+    The cases include scores of magnitude 1000, where ``exp`` overflows unless the row
+    maximum is subtracted first.
+    """
+    return run_check(
+        "row_softmax", row_softmax, reference_row_softmax, _row_softmax_cases(), verbose=verbose
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: dot-product relevance scores for a batch
+# --------------------------------------------------------------------------------------------
+
+
+def reference_relevance_scores(q: Tensor, k: Tensor) -> Tensor:
+    """Dot product of every query with every key.
+
+    Args:
+        q: queries, shape ``(..., q_len, d_k)``.
+        k: keys, shape ``(..., k_len, d_k)``, same leading dimensions as ``q``.
+
+    Returns:
+        Scores of shape ``(..., q_len, k_len)``; entry ``[..., i, j]`` is ``q_i · k_j``.
+    """
+    return q @ k.transpose(-2, -1)  # (..., q_len, k_len)
+
+
+def _relevance_cases() -> list[Case]:
+    g = _generator(102)
+    shapes = [
+        ((4, 3), (6, 3)),  # one sentence, more keys than queries
+        ((5, 5), (5, 5)),  # square, d_k = len: forgetting the transpose gives no error
+        ((1, 3), (7, 3)),  # a single query
+        ((2, 4, 3), (2, 5, 3)),  # a batch of 2 sentences
+        ((3, 2, 6, 4), (3, 2, 6, 4)),  # batch × heads
+    ]
+    return [
+        {"q": torch.randn(q_shape, generator=g), "k": torch.randn(k_shape, generator=g)}
+        for q_shape, k_shape in shapes
+    ]
+
+
+def check_relevance_scores(
+    relevance_scores: Callable[[Tensor, Tensor], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``relevance_scores(q, k)``: ``(..., q_len, d_k)``, ``(..., k_len, d_k)`` →
+    ``(..., q_len, k_len)``."""
+    return run_check(
+        "relevance_scores",
+        relevance_scores,
+        reference_relevance_scores,
+        _relevance_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: self-attention from scratch (no scaling yet - that is chapter 2)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_self_attention(
+    x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Self-attention of chapter 1: ``softmax(Q Kᵀ) V`` with ``Q, K, V = X W_Q, X W_K, X W_V``.
+
+    Args:
+        x: input vectors, shape ``(..., seq_len, d_model)``.
+        w_q: query projection, shape ``(d_model, d_k)``.
+        w_k: key projection, shape ``(d_model, d_k)``.
+        w_v: value projection, shape ``(d_model, d_v)``.
+
+    Returns:
+        ``(output, weights)`` of shapes ``(..., seq_len, d_v)`` and ``(..., seq_len, seq_len)``.
+    """
+    q = x @ w_q  # (..., seq_len, d_k)
+    k = x @ w_k  # (..., seq_len, d_k)
+    v = x @ w_v  # (..., seq_len, d_v)
+    scores = reference_relevance_scores(q, k)  # (..., seq_len, seq_len)
+    weights = reference_row_softmax(scores)  # (..., seq_len, seq_len)
+    output = weights @ v  # (..., seq_len, d_v)
+    return output, weights
+
+
+def _self_attention_cases() -> list[Case]:
+    g = _generator(103)
+    shapes = [
+        # (x shape, d_k, d_v)
+        ((7, 4), 3, 3),  # the chapter's worked example
+        ((5, 6), 4, 2),  # d_k != d_v
+        ((1, 4), 3, 5),  # a single token: its only weight is 1
+        ((2, 5, 4), 3, 3),  # a batch of 2 sentences
+        ((3, 6, 8), 8, 8),  # square projections
+    ]
+    cases: list[Case] = []
+    for x_shape, d_k, d_v in shapes:
+        d_model = x_shape[-1]
+        std = 1 / math.sqrt(d_model)
+        cases.append(
+            {
+                "x": torch.randn(x_shape, generator=g),
+                "w_q": std * torch.randn(d_model, d_k, generator=g),
+                "w_k": std * torch.randn(d_model, d_k, generator=g),
+                "w_v": std * torch.randn(d_model, d_v, generator=g),
+            }
+        )
+    return cases
+
+
+def check_self_attention(
+    self_attention: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+    verbose: bool = True,
+) -> CheckResult:
+    """Check ``self_attention(x, w_q, w_k, w_v) -> (output, weights)`` (unscaled scores)."""
+    return run_check(
+        "self_attention",
+        self_attention,
+        reference_self_attention,
+        _self_attention_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: additive relevance scores from explicit weight matrices
+# --------------------------------------------------------------------------------------------
+
+
+def reference_additive_scores(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w: Tensor) -> Tensor:
+    """Additive (Bahdanau) scores ``α_ij = w · tanh(q_i W_q + k_j W_k)`` for every pair.
+
+    Args:
+        q: queries, shape ``(..., q_len, d_q)``.
+        k: keys, shape ``(..., k_len, d_k)``, same leading dimensions as ``q``.
+        w_q: shape ``(d_q, d_hidden)``.
+        w_k: shape ``(d_k, d_hidden)``.
+        w: shape ``(d_hidden,)``.
+
+    Returns:
+        Scores of shape ``(..., q_len, k_len)``.
+    """
+    hq = (q @ w_q).unsqueeze(-2)  # (..., q_len, 1, d_hidden)
+    hk = (k @ w_k).unsqueeze(-3)  # (..., 1, k_len, d_hidden)
+    return torch.tanh(hq + hk) @ w  # (..., q_len, k_len)
+
+
+def _additive_cases() -> list[Case]:
+    g = _generator(104)
+    shapes = [
+        # (q shape, k shape, d_hidden)
+        ((3, 4), (5, 4), 6),
+        ((4, 3), (4, 3), 5),  # q_len == k_len: pairing q_i with k_i only gives no error
+        ((3, 2), (5, 4), 3),  # d_q != d_k
+        ((1, 3), (1, 3), 4),  # one query, one key
+        ((2, 3, 4), (2, 6, 4), 3),  # a batch of 2
+    ]
+    cases: list[Case] = []
+    for q_shape, k_shape, d_hidden in shapes:
+        cases.append(
+            {
+                "q": torch.randn(q_shape, generator=g),
+                "k": torch.randn(k_shape, generator=g),
+                "w_q": torch.randn(q_shape[-1], d_hidden, generator=g),
+                "w_k": torch.randn(k_shape[-1], d_hidden, generator=g),
+                "w": torch.randn(d_hidden, generator=g),
+            }
+        )
+    return cases
+
+
+def check_additive_scores(
+    additive_scores: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor],
+    verbose: bool = True,
+) -> CheckResult:
+    """Check ``additive_scores(q, k, w_q, w_k, w)``: ``(..., q_len, d_q)``,
+    ``(..., k_len, d_k)`` → ``(..., q_len, k_len)``."""
+    return run_check(
+        "additive_scores",
+        additive_scores,
+        reference_additive_scores,
+        _additive_cases(),
+        verbose=verbose,
+    )

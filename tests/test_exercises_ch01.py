@@ -1,0 +1,277 @@
+"""Chapter 1 exercise checks: right answers pass, plausible wrong answers fail, stubs are
+reported without raising."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from companion.attention import AdditiveScore, scaled_dot_product_attention
+from companion.exercises import ch01
+
+# --------------------------------------------------------------------------------------------
+# row_softmax
+# --------------------------------------------------------------------------------------------
+
+
+def softmax_correct(scores):
+    shifted = scores - scores.max(dim=-1, keepdim=True).values
+    return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+
+
+def softmax_wrong_axis(scores):
+    return torch.softmax(scores, dim=0)
+
+
+def softmax_naive(scores):
+    # no max-subtraction: exp(1000) = inf and exp(-1000) = 0 give NaN
+    return scores.exp() / scores.exp().sum(dim=-1, keepdim=True)
+
+
+def softmax_global_max(scores):
+    # subtracts the maximum of the whole tensor, not of each row: far-below rows underflow
+    shifted = scores - scores.max()
+    return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+
+
+def softmax_global_sum(scores):
+    shifted = scores - scores.max(dim=-1, keepdim=True).values
+    return shifted.exp() / shifted.exp().sum()
+
+
+def test_row_softmax_accepts_correct_and_builtin():
+    assert ch01.check_row_softmax(softmax_correct, verbose=False)
+    assert ch01.check_row_softmax(lambda scores: torch.softmax(scores, dim=-1), verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong", [softmax_wrong_axis, softmax_naive, softmax_global_max, softmax_global_sum]
+)
+def test_row_softmax_rejects_wrong(wrong):
+    assert not ch01.check_row_softmax(wrong, verbose=False)
+
+
+def test_naive_softmax_fails_only_on_large_inputs():
+    """The edge cases are what catch a missing max-subtraction: the first cases pass."""
+    result = ch01.check_row_softmax(softmax_naive, verbose=False)
+    assert not result
+    assert result.cases_run > 1
+    assert "nan" in result.message.lower()
+
+
+# --------------------------------------------------------------------------------------------
+# relevance_scores
+# --------------------------------------------------------------------------------------------
+
+
+def test_relevance_scores_accepts_correct():
+    assert ch01.check_relevance_scores(lambda q, k: q @ k.transpose(-2, -1), verbose=False)
+    assert ch01.check_relevance_scores(
+        lambda q, k: torch.einsum("...id,...jd->...ij", q, k), verbose=False
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda q, k: q @ k,  # forgot the transpose
+        lambda q, k: k @ q.transpose(-2, -1),  # keys × queries: the transposed matrix
+        lambda q, k: (q * k).sum(-1),  # pairs q_i with k_i only
+        lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]),  # scaled: chapter 2
+    ],
+)
+def test_relevance_scores_rejects_wrong(wrong):
+    assert not ch01.check_relevance_scores(wrong, verbose=False)
+
+
+def test_missing_transpose_fails_even_when_shapes_allow_it():
+    """A square case with d_k == length makes ``q @ k`` run: it must still be rejected."""
+    result = ch01.check_relevance_scores(lambda q, k: q @ k, verbose=False)
+    assert not result
+    assert "raised" in result.message or "differ" in result.message
+
+
+# --------------------------------------------------------------------------------------------
+# self_attention
+# --------------------------------------------------------------------------------------------
+
+
+def attention_correct(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return weights @ v, weights
+
+
+def attention_via_companion(x, w_q, w_k, w_v):
+    return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, scale=1.0)
+
+
+def attention_wrong_axis(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-2)
+    return weights @ v, weights
+
+
+def attention_returns_scores(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    scores = q @ k.transpose(-2, -1)
+    return torch.softmax(scores, dim=-1) @ v, scores
+
+
+def attention_scaled(x, w_q, w_k, w_v):
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v, weights
+
+
+def attention_mixes_inputs(x, w_q, w_k, w_v):
+    q, k = x @ w_q, x @ w_k
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return weights @ x, weights  # forgot the value projection
+
+
+def attention_output_only(x, w_q, w_k, w_v):
+    return attention_correct(x, w_q, w_k, w_v)[0]
+
+
+def test_self_attention_accepts_correct():
+    assert ch01.check_self_attention(attention_correct, verbose=False)
+    assert ch01.check_self_attention(attention_via_companion, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        attention_wrong_axis,
+        attention_returns_scores,
+        attention_scaled,
+        attention_mixes_inputs,
+        attention_output_only,
+    ],
+)
+def test_self_attention_rejects_wrong(wrong):
+    assert not ch01.check_self_attention(wrong, verbose=False)
+
+
+def test_reference_self_attention_matches_companion():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 7, 4, generator=g)
+    w_q, w_k, w_v = (torch.randn(4, 3, generator=g) for _ in range(3))
+    out, weights = ch01.reference_self_attention(x, w_q, w_k, w_v)
+    out_c, weights_c = scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, scale=1.0)
+    torch.testing.assert_close(out, out_c)
+    torch.testing.assert_close(weights, weights_c)
+
+
+# --------------------------------------------------------------------------------------------
+# additive_scores
+# --------------------------------------------------------------------------------------------
+
+
+def additive_correct(q, k, w_q, w_k, w):
+    hidden = torch.tanh((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :])
+    return (hidden * w).sum(-1)
+
+
+def additive_tanh_separately(q, k, w_q, w_k, w):
+    hidden = torch.tanh(q @ w_q)[..., :, None, :] + torch.tanh(k @ w_k)[..., None, :, :]
+    return hidden @ w
+
+
+def additive_no_broadcast(q, k, w_q, w_k, w):
+    return torch.tanh(q @ w_q + k @ w_k) @ w  # pairs q_i with k_i only
+
+
+def additive_no_tanh(q, k, w_q, w_k, w):
+    return ((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :]) @ w
+
+
+def additive_swapped(q, k, w_q, w_k, w):
+    return additive_correct(q, k, w_q, w_k, w).transpose(-2, -1)
+
+
+def test_additive_scores_accepts_correct():
+    assert ch01.check_additive_scores(additive_correct, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [additive_tanh_separately, additive_no_broadcast, additive_no_tanh, additive_swapped],
+)
+def test_additive_scores_rejects_wrong(wrong):
+    assert not ch01.check_additive_scores(wrong, verbose=False)
+
+
+def test_reference_additive_matches_companion_module():
+    torch.manual_seed(0)
+    module = AdditiveScore(d_query=3, d_key=5, d_hidden=4)
+    q, k = torch.randn(2, 6, 3), torch.randn(2, 4, 5)
+    expected = module(q, k)
+    got = ch01.reference_additive_scores(
+        q,
+        k,
+        module.query_proj.weight.T,  # nn.Linear stores (out, in)
+        module.key_proj.weight.T,
+        module.score_proj.weight[0],
+    )
+    torch.testing.assert_close(got, expected)
+
+
+# --------------------------------------------------------------------------------------------
+# every check: stubs, determinism
+# --------------------------------------------------------------------------------------------
+
+CHECKS = [
+    ch01.check_row_softmax,
+    ch01.check_relevance_scores,
+    ch01.check_self_attention,
+    ch01.check_additive_scores,
+]
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_stub_is_reported_not_raised(check, capsys):
+    def stub(*args, **kwargs):
+        raise NotImplementedError  # your code here
+
+    result = check(stub)
+    assert not result
+    assert result.cases_run == 1
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_crashing_answer_is_reported_not_raised(check):
+    def crashes(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    result = check(crashes, verbose=False)
+    assert not result
+    assert "boom" in result.message
+
+
+@pytest.mark.parametrize(
+    ("check", "reference"),
+    [
+        (ch01.check_row_softmax, ch01.reference_row_softmax),
+        (ch01.check_relevance_scores, ch01.reference_relevance_scores),
+        (ch01.check_self_attention, ch01.reference_self_attention),
+        (ch01.check_additive_scores, ch01.reference_additive_scores),
+    ],
+)
+def test_reference_passes_its_own_check_on_several_cases(check, reference):
+    result = check(reference, verbose=False)
+    assert result
+    assert result.cases_run >= 5
+
+
+def test_cases_are_reproducible():
+    first = ch01._row_softmax_cases()
+    second = ch01._row_softmax_cases()
+    assert all(torch.equal(a["scores"], b["scores"]) for a, b in zip(first, second))
+
+
+def test_softmax_cases_include_large_magnitudes():
+    assert max(float(c["scores"].abs().max()) for c in ch01._row_softmax_cases()) >= 1000
