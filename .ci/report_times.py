@@ -24,33 +24,30 @@ def nbval_times(junit: Path) -> dict[str, float]:
 
 
 def build_times(log: Path) -> dict[str, float]:
-    """myst-nb logs 'Executing notebook ... / Executed notebook in N seconds' per file."""
-    times, current = {}, None
+    """myst-nb logs '<path>.ipynb: Executed notebook in N seconds' for each chapter."""
+    times = {}
     for line in log.read_text(errors="replace").splitlines():
-        if m := re.search(r"Executing notebook using .*?:\s*(\S+)|Executing:\s*(\S+)", line):
-            current = m.group(1) or m.group(2)
-        if (m := re.search(r"Executed notebook in ([\d.]+) seconds", line)) and current:
-            times[current] = float(m.group(1))
+        if m := re.search(r"(\S+\.ipynb): Executed notebook in ([\d.]+) seconds", line):
+            times[Path(m.group(1)).name] = float(m.group(2))
     return times
 
 
 def main() -> int:
     junit = Path(sys.argv[1])
+    if len(sys.argv) > 2 and Path(sys.argv[2]).exists():
+        built = build_times(Path(sys.argv[2]))
+        print(f"{'notebook (book build)':45s} {'seconds':>10s}")
+        for name, seconds in built.items():
+            print(f"{name:45s} {seconds:10.1f}")
+        print(f"{'total':45s} {sum(built.values()):10.1f}\n")
     if not junit.exists():
         print(f"no JUnit report at {junit}")
         return 1
     nbval = nbval_times(junit)
-    print(f"{'notebook':45s} {'nbval (s)':>10s}")
+    print(f"{'notebook (nbval, sum of cell times)':45s} {'seconds':>10s}")
     for name, seconds in sorted(nbval.items()):
         print(f"{name:45s} {seconds:10.1f}")
     print(f"{'total':45s} {sum(nbval.values()):10.1f}")
-    if len(sys.argv) > 2 and Path(sys.argv[2]).exists():
-        built = build_times(Path(sys.argv[2]))
-        if built:
-            print(f"\n{'notebook (book build)':45s} {'seconds':>10s}")
-            for name, seconds in built.items():
-                print(f"{name:45s} {seconds:10.1f}")
-            print(f"{'total':45s} {sum(built.values()):10.1f}")
     return 0
 
 
