@@ -1,0 +1,148 @@
+"""Training: teacher forcing, label-smoothed loss, the inverse-square-root warm-up schedule.
+
+The core pieces every chapter that trains a model uses (chapters 3, 6 and 7):
+
+- :func:`shift_targets` splits a target batch ``<bos> y1 … yn <eos>`` into the decoder input
+  ``<bos> y1 … yn`` and the labels ``y1 … yn <eos>`` (teacher forcing);
+- :func:`sequence_loss` is the cross-entropy over non-padding positions, with label smoothing;
+- :func:`inverse_sqrt_warmup` is the learning-rate schedule of "Attention Is All You Need";
+- :func:`train_step` does one forward + backward + clipped optimiser step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from companion._validation import (
+    check_floating,
+    check_ndim,
+    check_positive_int,
+    check_probability,
+    check_tensor,
+    shape_str,
+)
+
+__all__ = ["StepStats", "inverse_sqrt_warmup", "sequence_loss", "shift_targets", "train_step"]
+
+
+def shift_targets(tgt: Tensor) -> tuple[Tensor, Tensor]:
+    """Teacher forcing: ``tgt (batch, tgt_len)`` → decoder input and labels, each
+    ``(batch, tgt_len - 1)``. Position ``t`` of the input predicts position ``t`` of the labels.
+    """
+    check_tensor("tgt", tgt)
+    check_ndim("tgt", tgt, 2, "(batch, tgt_len)")
+    if tgt.shape[1] < 2:
+        raise ValueError(
+            f"tgt needs at least 2 positions (<bos> and one token), got shape {shape_str(tgt.shape)}"
+        )
+    return tgt[:, :-1], tgt[:, 1:]  # (batch, tgt_len - 1) each
+
+
+def sequence_loss(
+    logits: Tensor, labels: Tensor, pad_id: int | None = None, label_smoothing: float = 0.0
+) -> Tensor:
+    """Mean cross-entropy per non-padding token.
+
+    Args:
+        logits: ``(batch, tgt_len, vocab)``, unnormalised scores from the model.
+        labels: ``(batch, tgt_len)`` token ids; positions equal to ``pad_id`` are ignored.
+        pad_id: padding id, or ``None`` when nothing is padded.
+        label_smoothing: ε of label smoothing (Szegedy et al., 2016): the target puts
+            ``1 - ε`` on the right token and spreads ``ε`` uniformly over the vocabulary.
+    """
+    check_floating("logits", logits)
+    check_ndim("logits", logits, 3, "(batch, tgt_len, vocab)")
+    check_tensor("labels", labels)
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"labels must have shape {shape_str(logits.shape[:2])} to match logits "
+            f"{shape_str(logits.shape)}, got {shape_str(labels.shape)}"
+        )
+    label_smoothing = check_probability("label_smoothing", label_smoothing)
+    return F.cross_entropy(
+        logits.flatten(0, 1),  # (batch * tgt_len, vocab)
+        labels.flatten(),  # (batch * tgt_len,)
+        ignore_index=-100 if pad_id is None else pad_id,
+        label_smoothing=label_smoothing,
+    )
+
+
+def inverse_sqrt_warmup(
+    d_model: int, warmup_steps: int, factor: float = 1.0
+) -> Callable[[int], float]:
+    r"""The paper's schedule as a function of the step (for ``torch.optim.lr_scheduler.LambdaLR``
+    with a base learning rate of 1):
+
+    .. math:: \text{lr}(s) = \text{factor} \cdot d_\text{model}^{-1/2}
+              \cdot \min(s^{-1/2},\; s \cdot \text{warmup}^{-3/2}),
+
+    a linear warm-up for ``warmup_steps`` steps, then decay as :math:`1/\sqrt{s}`. Step ``0``
+    (before the first update) is treated as step 1.
+    """
+    check_positive_int("d_model", d_model)
+    check_positive_int("warmup_steps", warmup_steps)
+    if not (isinstance(factor, (int, float)) and factor > 0 and math.isfinite(factor)):
+        raise ValueError(f"factor must be a positive finite number, got {factor!r}")
+
+    def lr_at(step: int) -> float:
+        step = max(step, 1)
+        return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+    return lr_at
+
+
+@dataclass
+class StepStats:
+    """What one training step measured."""
+
+    loss: float  #: mean loss per non-padding target token
+    tokens: int  #: non-padding target tokens in the batch
+    grad_norm: float  #: gradient norm before clipping
+    lr: float  #: learning rate used for this step
+
+
+def train_step(
+    model: nn.Module,
+    src: Tensor,
+    tgt: Tensor,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    *,
+    pad_id: int | None = None,
+    label_smoothing: float = 0.0,
+    clip_norm: float | None = 1.0,
+) -> StepStats:
+    """One step of teacher-forced training of an encoder-decoder.
+
+    Args:
+        model: called as ``model(src, decoder_input)`` and returning logits
+            ``(batch, tgt_len - 1, vocab)`` (e.g. :class:`companion.model.Transformer`).
+        src: ``(batch, src_len)`` source ids.
+        tgt: ``(batch, tgt_len)`` target ids including ``<bos>`` … ``<eos>``.
+        optimizer, scheduler: the scheduler (if any) is stepped after the optimiser.
+        pad_id: target padding id, ignored by the loss.
+        label_smoothing: see :func:`sequence_loss`.
+        clip_norm: maximum gradient norm, or ``None`` for no clipping.
+    """
+    model.train()
+    decoder_input, labels = shift_targets(tgt)  # (batch, tgt_len - 1) each
+    logits = model(src, decoder_input)  # (batch, tgt_len - 1, vocab)
+    loss = sequence_loss(logits, labels, pad_id, label_smoothing)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"the loss is {loss.item()}: training diverged")
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    max_norm = float("inf") if clip_norm is None else clip_norm
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    tokens = int(labels.numel() if pad_id is None else (labels != pad_id).sum())
+    return StepStats(loss=loss.item(), tokens=tokens, grad_norm=float(grad_norm), lr=lr)

@@ -1,0 +1,61 @@
+"""companion.train core: teacher forcing, loss, schedule, one step."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from companion.train import inverse_sqrt_warmup, sequence_loss, shift_targets, train_step
+
+
+def test_shift_targets():
+    tgt = torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0]])
+    inp, labels = shift_targets(tgt)
+    assert inp.tolist() == [[1, 5, 6], [1, 7, 2]]
+    assert labels.tolist() == [[5, 6, 2], [7, 2, 0]]
+    with pytest.raises(ValueError, match=r"at least 2 positions.*got shape \(2, 1\)"):
+        shift_targets(tgt[:, :1])
+
+
+def test_sequence_loss_ignores_padding_and_smooths():
+    logits = torch.randn(2, 3, 5)
+    labels = torch.tensor([[1, 2, 0], [3, 0, 0]])
+    loss = sequence_loss(logits, labels, pad_id=0)
+    by_hand = torch.stack(
+        [-torch.log_softmax(logits[b, t], -1)[labels[b, t]] for b, t in [(0, 0), (0, 1), (1, 0)]]
+    ).mean()
+    torch.testing.assert_close(loss, by_hand)
+    smoothed = sequence_loss(logits, labels, pad_id=0, label_smoothing=0.1)
+    assert not torch.isclose(loss, smoothed)
+    with pytest.raises(ValueError, match=r"labels must have shape \(2, 3\).*got \(2, 4\)"):
+        sequence_loss(logits, torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\), got 1.2"):
+        sequence_loss(logits, labels, label_smoothing=1.2)
+
+
+def test_inverse_sqrt_warmup_shape():
+    lr = inverse_sqrt_warmup(d_model=512, warmup_steps=4000)
+    peak = lr(4000)
+    assert math.isclose(peak, 512**-0.5 * 4000**-0.5)
+    assert lr(1) < lr(2000) < peak and lr(16000) == pytest.approx(peak / 2)
+    assert lr(0) == lr(1)
+    with pytest.raises(ValueError, match="warmup_steps must be >= 1, got 0"):
+        inverse_sqrt_warmup(512, 0)
+
+
+def test_train_step_learns_a_fixed_batch():
+    from companion.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(8, 8, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    src = torch.randint(3, 8, (4, 5))
+    tgt = torch.cat(
+        [torch.ones(4, 1, dtype=torch.long), src, 2 * torch.ones(4, 1, dtype=torch.long)], 1
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    first = train_step(model, src, tgt, optimizer)
+    for _ in range(60):
+        last = train_step(model, src, tgt, optimizer)
+    assert first.tokens == 4 * 6 and last.loss < first.loss / 3
