@@ -1,10 +1,35 @@
 """companion - the tested code behind the course "Transformer, Step by Step".
 
-One module per concept: :mod:`companion.attention`, :mod:`companion.viz`,
-:mod:`companion.exercises`, :mod:`companion.utils` (more arrive with later chapters).
+One module per concept: :mod:`companion.attention`, :mod:`companion.masking`,
+:mod:`companion.positional`, :mod:`companion.layers`, :mod:`companion.model`,
+:mod:`companion.viz`, :mod:`companion.exercises`, :mod:`companion.utils` (more arrive with
+later chapters).
+
+Mask convention (whole package): a boolean mask is ``True`` where a query **may attend** to a
+key; see :mod:`companion.masking`.
 """
 
-from companion.attention import scaled_dot_product_attention
+from companion.attention import AdditiveScore, MultiHeadAttention, scaled_dot_product_attention
+from companion.layers import DecoderLayer, EncoderLayer, FeedForward
+from companion.masking import (
+    causal_mask,
+    combine_masks,
+    from_additive_mask,
+    from_torch_attn_mask,
+    from_torch_key_padding_mask,
+    padding_mask,
+    to_additive_mask,
+    to_torch_attn_mask,
+    to_torch_key_padding_mask,
+)
+from companion.model import Decoder, Encoder, TokenEmbedding, Transformer, TransformerConfig
+from companion.positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    sinusoidal_shift_matrix,
+    sinusoidal_table,
+)
 from companion.utils import check_shape, count_parameters, set_seed
 
 __version__ = "0.1.0"
@@ -13,7 +38,37 @@ __version__ = "0.1.0"
 REPOSITORY_URL = "https://github.com/transformer-step-by-step/transformer-step-by-step"
 
 __all__ = [
+    # attention
     "scaled_dot_product_attention",
+    "AdditiveScore",
+    "MultiHeadAttention",
+    # masking
+    "padding_mask",
+    "causal_mask",
+    "combine_masks",
+    "from_additive_mask",
+    "to_additive_mask",
+    "from_torch_key_padding_mask",
+    "to_torch_key_padding_mask",
+    "from_torch_attn_mask",
+    "to_torch_attn_mask",
+    # positional
+    "sinusoidal_table",
+    "sinusoidal_shift_matrix",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+    # layers
+    "FeedForward",
+    "EncoderLayer",
+    "DecoderLayer",
+    # model
+    "TokenEmbedding",
+    "Encoder",
+    "Decoder",
+    "TransformerConfig",
+    "Transformer",
+    # utils
     "check_shape",
     "count_parameters",
     "set_seed",

@@ -106,3 +106,76 @@ def check_bool_mask(name: str, mask: object, target_shape: Sequence[int], target
             f"{shape_str(target_shape)}; each mask dimension must be 1 or equal to the target's"
         )
     return tensor
+
+
+def check_bool(name: str, value: object) -> bool:
+    """Raise ``TypeError`` unless ``value`` is a ``bool``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r})")
+    return value
+
+
+def check_choice(name: str, value: object, choices: Sequence[str]) -> str:
+    """Raise ``ValueError`` unless ``value`` is one of the strings in ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        expected = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {expected}, got {value!r}")
+    return value
+
+
+def check_divisible(name: str, value: int, divisor_name: str, divisor: int) -> int:
+    """Raise ``ValueError`` unless ``value`` is a multiple of ``divisor``."""
+    if value % divisor != 0:
+        raise ValueError(
+            f"{name} must be divisible by {divisor_name}: got {name}={value} and "
+            f"{divisor_name}={divisor} ({value} / {divisor} = {value / divisor:.4g})"
+        )
+    return value
+
+
+def check_size(name: str, tensor: Tensor, dim: int, expected: int, layout: str) -> Tensor:
+    """Raise ``ValueError`` unless ``tensor.shape[dim] == expected``.
+
+    ``layout`` is the expected shape written with names, e.g. ``"(batch, q_len, 64)"``.
+    """
+    if tensor.shape[dim] != expected:
+        raise ValueError(
+            f"{name} must have shape {layout} (size {expected} in dimension {dim}), "
+            f"got shape {shape_str(tensor.shape)}"
+        )
+    return tensor
+
+
+def check_integer(name: str, value: object) -> Tensor:
+    """Raise ``TypeError`` unless ``value`` is an integer tensor (token ids, positions)."""
+    tensor = check_tensor(name, value)
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise TypeError(
+            f"{name} must be an integer tensor (e.g. torch.long), got dtype {tensor.dtype}"
+        )
+    return tensor
+
+
+def check_index_range(name: str, tensor: Tensor, size: int, what: str) -> Tensor:
+    """Raise ``ValueError`` unless every entry of the integer ``tensor`` is in ``[0, size)``.
+
+    ``what`` names the table being indexed, e.g. ``"src_vocab"``.
+    """
+    if tensor.numel() > 0:
+        low, high = int(tensor.min()), int(tensor.max())
+        if low < 0 or high >= size:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"{name} must hold ids in [0, {size - 1}] ({what}={size}), got {bad} "
+                f"(min {low}, max {high})"
+            )
+    return tensor
+
+
+def check_same_dtype(name: str, tensor: Tensor, dtype: torch.dtype, owner: str) -> Tensor:
+    """Raise ``TypeError`` unless ``tensor.dtype`` matches ``dtype`` (e.g. a module's weights)."""
+    if tensor.dtype != dtype:
+        raise TypeError(
+            f"{name} must have dtype {dtype} to match {owner}, got dtype {tensor.dtype}"
+        )
+    return tensor

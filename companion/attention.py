@@ -1,5 +1,11 @@
 """Attention: scaled dot-product attention (chapters 1-2) and multi-head attention (chapter 3).
 
+* :func:`scaled_dot_product_attention` - the formula written out step by step, returning the
+  attention weights for plots.
+* :class:`AdditiveScore` - the additive (Bahdanau) score, for comparison.
+* :class:`MultiHeadAttention` - ``num_heads`` attentions in parallel on learned projections,
+  batch-first, weight-compatible with ``torch.nn.MultiheadAttention``.
+
 Mask convention for the whole package: a boolean mask is ``True`` where a query **may attend**
 to a key, ``False`` where it is blocked (the convention of
 ``torch.nn.functional.scaled_dot_product_attention``). See :mod:`companion.masking` to build
@@ -18,15 +24,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion._validation import (
+    check_bool,
     check_bool_mask,
+    check_divisible,
+    check_finite,
     check_floating,
     check_min_ndim,
+    check_ndim,
     check_positive_int,
     check_probability,
+    check_same_dtype,
+    check_size,
     shape_str,
 )
+from companion.masking import causal_mask
 
-__all__ = ["scaled_dot_product_attention", "AdditiveScore"]
+__all__ = ["scaled_dot_product_attention", "AdditiveScore", "MultiHeadAttention"]
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -151,3 +164,291 @@ class AdditiveScore(nn.Module):
         hq = self.query_proj(q).unsqueeze(-2)  # (..., q_len, 1, d_hidden)
         hk = self.key_proj(k).unsqueeze(-3)  # (..., 1, k_len, d_hidden)
         return self.score_proj(torch.tanh(hq + hk)).squeeze(-1)  # (..., q_len, k_len)
+
+
+class MultiHeadAttention(nn.Module):
+    r"""Multi-head attention (Vaswani et al., 2017, section 3.2.2), batch-first.
+
+    Each of the ``num_heads`` heads attends with its own ``head_dim = d_model / num_heads``
+    slice of learned query, key and value projections; the heads' outputs are concatenated and
+    mixed by an output projection::
+
+        head_h = attention(query W_q[h], key W_k[h], value W_v[h])
+        output = concat(head_1, ..., head_H) W_o
+
+    Query, key and value may come from different sequences of different lengths:
+    ``attn(x, x, x)`` is self-attention, ``attn(y, memory, memory)`` is cross-attention.
+
+    Two computation paths give the same output:
+
+    * ``need_weights=True`` - the explicit path through :func:`scaled_dot_product_attention`,
+      which also returns the per-head weights ``(batch, heads, q_len, k_len)`` for plots;
+    * ``need_weights=False`` (default) - the fast path through
+      ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels), weights ``None``.
+
+    For self-attention (``query is key is value``) the three projections run as one matrix
+    product on the concatenated weights, as ``torch.nn.MultiheadAttention`` does; likewise
+    keys and values when ``key is value``. The parameters stay separate and readable.
+
+    Args:
+        d_model: size of the input and output vectors; must be divisible by ``num_heads``.
+        num_heads: number of heads.
+        dropout: dropout probability on the attention weights (training mode only).
+        bias: whether the four projections have biases.
+
+    Parameters: ``query_proj``, ``key_proj``, ``value_proj``, ``out_proj`` (each
+    ``nn.Linear(d_model, d_model)``): ``4·d_model² + 4·d_model`` numbers with biases,
+    ``4·d_model²`` without.
+    """
+
+    def __init__(
+        self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True
+    ) -> None:
+        super().__init__()
+        check_positive_int("d_model", d_model)
+        check_positive_int("num_heads", num_heads)
+        check_divisible("d_model", d_model, "num_heads", num_heads)
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.dropout = check_probability("dropout", dropout)
+        self.bias = check_bool("bias", bias)
+        self.query_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.key_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.value_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        #: Check query/key/value for NaN/inf (one pass over the data); a parent module that
+        #: has already checked its own input switches this off for the modules inside it.
+        self.check_finite_inputs = True
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise like ``torch.nn.MultiheadAttention``: Xavier-uniform projections, zero biases."""
+        for proj in (self.query_proj, self.key_proj, self.value_proj):
+            nn.init.xavier_uniform_(proj.weight)
+        for proj in (self.query_proj, self.key_proj, self.value_proj, self.out_proj):
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from every query position to the key/value positions.
+
+        Args:
+            query: shape ``(batch, q_len, d_model)``.
+            key: shape ``(batch, k_len, d_model)``.
+            value: shape ``(batch, k_len, d_model)``.
+            mask: optional boolean mask, ``True`` = may attend, broadcastable to
+                ``(batch, heads, q_len, k_len)``; e.g. padding ``(batch, 1, 1, k_len)`` or
+                causal ``(q_len, k_len)`` (see :mod:`companion.masking`).
+            need_weights: return the per-head attention weights (explicit path).
+            is_causal: also apply :func:`companion.masking.causal_mask` ``(q_len, k_len)``
+                (bottom-right aligned when ``k_len > q_len``); combined with ``mask``.
+
+        Returns:
+            ``(output, weights)``: output ``(batch, q_len, d_model)``; weights
+            ``(batch, heads, q_len, k_len)`` (before dropout) or ``None``. A query with no
+            key to attend to (in any head) gets all-zero weights and an all-zero output.
+        """
+        self._check_inputs(query, key, value)
+        batch, q_len, _ = query.shape
+        k_len = key.shape[1]
+        score_shape = (batch, self.num_heads, q_len, k_len)
+        if mask is not None:
+            check_bool_mask("mask", mask, score_shape, "(batch, heads, q_len, k_len)")
+        check_bool("need_weights", need_weights)
+        check_bool("is_causal", is_causal)
+
+        # The fused kernel can apply a square causal mask itself (and skip the blocked work).
+        causal_kernel = is_causal and mask is None and q_len == k_len and not need_weights
+        if is_causal and not causal_kernel:
+            causal = causal_mask(q_len, k_len, device=query.device)  # (q_len, k_len)
+            mask = causal if mask is None else mask & causal  # broadcastable to score_shape
+        # Queries with no key to attend to (e.g. a sequence made only of padding); None when
+        # every query has at least one key, the usual case.
+        has_key = None if mask is None else mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1)
+        if has_key is not None and bool(has_key.all()):
+            has_key = None
+
+        q, k, v = self._project(query, key, value)  # each (batch, heads, len, head_dim)
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            # per_head: (batch, heads, q_len, head_dim); weights: (batch, heads, q_len, k_len)
+            per_head, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        else:
+            if has_key is not None:
+                # Let the empty rows attend everywhere, so that neither the kernel nor its
+                # gradient computes 0/0 = NaN; their output is replaced by zeros just below.
+                mask = mask | ~has_key  # broadcastable to score_shape
+            per_head = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal_kernel
+            )  # (batch, heads, q_len, head_dim)
+            if has_key is not None:
+                per_head = per_head.masked_fill(~has_key, 0.0)  # (batch, heads, q_len, head_dim)
+            weights = None
+        heads_last = per_head.transpose(1, 2)  # (batch, q_len, heads, head_dim)
+        merged = heads_last.reshape(batch, q_len, self.d_model)  # (batch, q_len, d_model)
+        output = self.out_proj(merged)  # (batch, q_len, d_model)
+        if has_key is not None:
+            # A query that no head lets attend anywhere gets a zero vector (not out_proj's bias).
+            per_query = has_key.expand(batch, self.num_heads, q_len, 1)  # (batch, heads, q_len, 1)
+            any_head = per_query.any(dim=1)  # (batch, q_len, 1)
+            output = output.masked_fill(~any_head, 0.0)  # (batch, q_len, d_model)
+        return output, weights
+
+    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
+        d, dtype, owner = self.d_model, self.out_proj.weight.dtype, "the module's parameters"
+        for name, tensor, length in (
+            ("query", query, "q_len"),
+            ("key", key, "k_len"),
+            ("value", value, "k_len"),
+        ):
+            check_floating(name, tensor)
+            check_ndim(name, tensor, 3, f"(batch, {length}, {d})")
+            check_size(name, tensor, 2, d, f"(batch, {length}, {d})")
+            if not torch.is_autocast_enabled(tensor.device.type):  # autocast mixes dtypes
+                check_same_dtype(name, tensor, dtype, owner)
+        if key.shape[:2] != value.shape[:2]:
+            raise ValueError(
+                "key and value must have the same batch size and length (batch, k_len), "
+                f"got key {shape_str(key.shape)} and value {shape_str(value.shape)}"
+            )
+        if key.shape[0] != query.shape[0]:
+            raise ValueError(
+                "query and key must have the same batch size - nothing is broadcast: "
+                f"got query {shape_str(query.shape)} and key {shape_str(key.shape)}"
+            )
+        if self.check_finite_inputs:
+            check_finite("query", query)
+            if key is not query:
+                check_finite("key", key)
+            if value is not key and value is not query:
+                check_finite("value", value)
+
+    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Project and split into heads: ``(batch, len, d_model)`` → ``(batch, heads, len, head_dim)``."""
+        projections = (self.query_proj, self.key_proj, self.value_proj)
+        if query is key and key is value:  # self-attention: one matrix product for q, k and v
+            qkv = _fused_linear(query, projections)  # (batch, len, 3 * d_model)
+            q, k, v = qkv.chunk(3, dim=-1)  # each (batch, len, d_model)
+        elif key is value:  # cross-attention: one product for k and v
+            q = self.query_proj(query)  # (batch, q_len, d_model)
+            kv = _fused_linear(key, projections[1:])  # (batch, k_len, 2 * d_model)
+            k, v = kv.chunk(2, dim=-1)  # each (batch, k_len, d_model)
+        else:
+            q = self.query_proj(query)  # (batch, q_len, d_model)
+            k = self.key_proj(key)  # (batch, k_len, d_model)
+            v = self.value_proj(value)  # (batch, k_len, d_model)
+        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """``(batch, len, d_model)`` → ``(batch, heads, len, head_dim)`` (a view, no copy)."""
+        batch, length, _ = x.shape
+        split = x.view(batch, length, self.num_heads, -1)  # (batch, len, heads, head_dim)
+        return split.transpose(1, 2)  # (batch, heads, len, head_dim)
+
+    # ------------------------------------------------- torch.nn.MultiheadAttention
+
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A new module with the weights (and device/dtype) of a ``torch.nn.MultiheadAttention``."""
+        _check_torch_mha("mha", mha)
+        weight = mha.out_proj.weight
+        module = cls(
+            mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=mha.in_proj_bias is not None
+        )
+        module.to(device=weight.device, dtype=weight.dtype)
+        module.load_from_torch(mha)
+        return module
+
+    def load_from_torch(self, mha: nn.MultiheadAttention) -> None:
+        """Copy the weights of a ``torch.nn.MultiheadAttention`` (same sizes) into this module.
+
+        PyTorch stores the three input projections stacked in ``in_proj_weight``
+        ``(3·d_model, d_model)`` (rows: query, key, value) and ``in_proj_bias`` ``(3·d_model,)``.
+        """
+        _check_torch_mha("mha", mha)
+        self._check_compatible("mha", mha)
+        with torch.no_grad():
+            weights = mha.in_proj_weight.chunk(3, dim=0)  # 3 × (d_model, d_model)
+            biases = mha.in_proj_bias.chunk(3) if mha.in_proj_bias is not None else (None,) * 3
+            for proj, w, b in zip(
+                (self.query_proj, self.key_proj, self.value_proj), weights, biases
+            ):
+                proj.weight.copy_(w)
+                if b is not None:
+                    proj.bias.copy_(b)
+            self.out_proj.weight.copy_(mha.out_proj.weight)
+            if self.bias:
+                self.out_proj.bias.copy_(mha.out_proj.bias)
+
+    def copy_to_torch(self, mha: nn.MultiheadAttention) -> None:
+        """Copy this module's weights into an existing ``torch.nn.MultiheadAttention``."""
+        _check_torch_mha("mha", mha)
+        self._check_compatible("mha", mha)
+        with torch.no_grad():
+            projections = (self.query_proj, self.key_proj, self.value_proj)
+            mha.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))
+            self_bias = _concat_bias(projections)
+            if self_bias is not None:
+                mha.in_proj_bias.copy_(self_bias)
+                mha.out_proj.bias.copy_(self.out_proj.bias)
+            mha.out_proj.weight.copy_(self.out_proj.weight)
+
+    def to_torch(self) -> nn.MultiheadAttention:
+        """A new ``torch.nn.MultiheadAttention(batch_first=True)`` with this module's weights."""
+        weight = self.out_proj.weight
+        mha = nn.MultiheadAttention(
+            self.d_model,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=self.bias,
+            batch_first=True,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+        self.copy_to_torch(mha)
+        return mha
+
+    def _check_compatible(self, name: str, mha: nn.MultiheadAttention) -> None:
+        theirs = (mha.embed_dim, mha.num_heads, mha.in_proj_bias is not None)
+        ours = (self.d_model, self.num_heads, self.bias)
+        if theirs != ours:
+            raise ValueError(
+                f"{name} must have embed_dim={ours[0]}, num_heads={ours[1]}, bias={ours[2]} to "
+                f"match this module, got embed_dim={theirs[0]}, num_heads={theirs[1]}, bias={theirs[2]}"
+            )
+
+
+def _fused_linear(x: Tensor, projections: tuple[nn.Linear, ...]) -> Tensor:
+    """Apply several ``nn.Linear(d, d)`` to the same ``x (..., d)`` as one product → ``(..., n·d)``."""
+    weight = torch.cat([p.weight for p in projections])  # (n * d_model, d_model)
+    return F.linear(x, weight, _concat_bias(projections))  # (..., n * d_model)
+
+
+def _concat_bias(projections: tuple[nn.Linear, ...]) -> Tensor | None:
+    if projections[0].bias is None:
+        return None
+    return torch.cat([p.bias for p in projections])  # (n * d_model,)
+
+
+def _check_torch_mha(name: str, mha: object) -> None:
+    if not isinstance(mha, nn.MultiheadAttention):
+        raise TypeError(f"{name} must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
+    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+        raise ValueError(
+            f"{name} must use kdim = vdim = embed_dim, add_bias_kv=False and "
+            "add_zero_attn=False to be copied (those variants have no counterpart here)"
+        )

@@ -1,0 +1,336 @@
+"""Position information: sinusoidal encoding, learned embeddings and rotary embeddings (RoPE).
+
+Attention by itself ignores order (permuting the tokens permutes the outputs), so the model
+needs to be told where each token is:
+
+* :func:`sinusoidal_table` / :class:`SinusoidalPositionalEncoding` - the fixed encoding of
+  "Attention Is All You Need" (section 3.5), *added* to the token embeddings:
+  ``PE[p, 2i] = sin(p / 10000^(2i/d_model))``, ``PE[p, 2i+1] = cos(p / 10000^(2i/d_model))``,
+  i.e. wavelengths ``2π · 10000^(2i/d_model)`` from ``2π`` to ``10000 · 2π``. Moving ``k``
+  positions rotates every (sin, cos) pair by a fixed angle, so ``PE[p + k] = M_k PE[p]`` with
+  a block-diagonal rotation ``M_k`` that does not depend on ``p``
+  (:func:`sinusoidal_shift_matrix`).
+* :class:`LearnedPositionalEmbedding` - one trained vector per position, added likewise.
+* :class:`RotaryEmbedding` - RoPE (Su et al., 2021): rotate each query and key pair of
+  dimensions by an angle proportional to its position, so a query-key score depends only on
+  the *offset* between them.
+
+Sequences longer than the table: the sinusoidal and rotary tables are **grown on demand**
+(the formula is defined for every position; ``max_len`` is only the initial size). A learned
+embedding has nothing to grow from, so a position ``>= max_len`` raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from companion._validation import (
+    check_finite,
+    check_floating,
+    check_integer,
+    check_min_ndim,
+    check_ndim,
+    check_positive_int,
+    check_probability,
+    check_size,
+    shape_str,
+)
+
+__all__ = [
+    "sinusoidal_table",
+    "sinusoidal_shift_matrix",
+    "SinusoidalPositionalEncoding",
+    "LearnedPositionalEmbedding",
+    "RotaryEmbedding",
+]
+
+
+def _check_even(name: str, value: int) -> int:
+    if value % 2 != 0:
+        raise ValueError(f"{name} must be even (dimensions come in sin/cos pairs), got {value}")
+    return value
+
+
+def _frequencies(dim: int, base: float) -> Tensor:
+    """Angular frequencies ``ω_i = base^(-2i/dim)`` for ``i = 0 .. dim/2 - 1`` (float64)."""
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (dim/2,)
+    return base ** (-two_i / dim)  # (dim/2,)
+
+
+def sinusoidal_table(
+    max_len: int, d_model: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """The sinusoidal position encodings of "Attention Is All You Need".
+
+    ``PE[p, 2i] = sin(p · ω_i)`` and ``PE[p, 2i+1] = cos(p · ω_i)`` with
+    ``ω_i = 1 / base^(2i/d_model)``: sine on even, cosine on odd dimensions, wavelengths
+    ``2π / ω_i = 2π · base^(2i/d_model)``. Computed in float64, then cast to ``dtype``.
+
+    Args:
+        max_len: number of positions ``0 .. max_len - 1``.
+        d_model: size of an encoding vector; must be even.
+        base: ``10000`` in the paper.
+        dtype: floating dtype of the result.
+
+    Returns:
+        Tensor of shape ``(max_len, d_model)``.
+    """
+    check_positive_int("max_len", max_len)
+    _check_even("d_model", check_positive_int("d_model", d_model))
+    positions = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    angles = positions * _frequencies(d_model, base)  # (max_len, d_model/2)
+    table = torch.empty(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
+    table[:, 0::2] = torch.sin(angles)  # even dimensions
+    table[:, 1::2] = torch.cos(angles)  # odd dimensions
+    return table.to(dtype)  # (max_len, d_model)
+
+
+def sinusoidal_shift_matrix(
+    shift: int, d_model: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """The matrix ``M_k`` with ``PE[p + k] = M_k @ PE[p]`` for every position ``p``.
+
+    For each pair ``(sin(p ω), cos(p ω))`` the angle-addition formulas give the 2 × 2 block
+    ``[[cos(k ω), sin(k ω)], [-sin(k ω), cos(k ω)]]`` - a rotation that depends on the shift
+    ``k`` only. ``M_k`` is block-diagonal with one such block per frequency.
+
+    Args:
+        shift: the offset ``k`` (may be negative).
+        d_model: size of an encoding vector; must be even.
+
+    Returns:
+        Tensor of shape ``(d_model, d_model)``.
+    """
+    if isinstance(shift, bool) or not isinstance(shift, int):
+        raise TypeError(f"shift must be an int, got {type(shift).__name__} ({shift!r})")
+    _check_even("d_model", check_positive_int("d_model", d_model))
+    angles = shift * _frequencies(d_model, base)  # (d_model/2,)
+    cos, sin = torch.cos(angles), torch.sin(angles)  # (d_model/2,) each
+    blocks = torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -2)
+    # blocks: (d_model/2, 2, 2), one rotation per frequency
+    return torch.block_diag(*blocks).to(dtype)  # (d_model, d_model)
+
+
+def _check_offset(offset: object) -> int:
+    return check_positive_int("offset", offset, minimum=0)
+
+
+def _check_sequence(name: str, x: object, d_model: int, finite: bool = True) -> Tensor:
+    layout = f"(..., seq_len, {d_model})"
+    tensor = check_floating(name, x)
+    check_min_ndim(name, tensor, 2, layout)
+    check_size(name, tensor, -1, d_model, layout)
+    return check_finite(name, tensor) if finite else tensor
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Add the fixed sinusoidal encodings (:func:`sinusoidal_table`) to a sequence, then dropout.
+
+    The table is a non-trainable buffer of ``max_len`` rows; a longer sequence grows it (to
+    at least twice its size), so any length works.
+
+    Args:
+        d_model: size of the vectors; must be even.
+        max_len: initial number of rows of the table.
+        dropout: dropout probability applied to the sum (training mode only).
+        base: ``10000`` in the paper.
+    """
+
+    def __init__(
+        self, d_model: int, max_len: int = 5000, dropout: float = 0.0, base: float = 10000.0
+    ) -> None:
+        super().__init__()
+        self.d_model = _check_even("d_model", check_positive_int("d_model", d_model))
+        self.base = float(base)
+        self.dropout = nn.Dropout(check_probability("dropout", dropout))
+        table = sinusoidal_table(check_positive_int("max_len", max_len), d_model, base=base)
+        self.register_buffer("table", table, persistent=False)  # (max_len, d_model)
+        #: Check ``x`` for NaN/inf (switched off inside :class:`companion.Transformer`).
+        self.check_finite_inputs = True
+
+    @property
+    def max_len(self) -> int:
+        """Current number of rows of the table."""
+        return self.table.shape[0]
+
+    def encodings(self, seq_len: int, offset: int = 0) -> Tensor:
+        """Rows ``offset .. offset + seq_len - 1`` of the table, shape ``(seq_len, d_model)``."""
+        check_positive_int("seq_len", seq_len)
+        _check_offset(offset)
+        needed = offset + seq_len
+        if needed > self.max_len:  # grow: the formula holds for every position
+            grown = sinusoidal_table(max(needed, 2 * self.max_len), self.d_model, base=self.base)
+            self.table = grown.to(self.table.device, self.table.dtype)  # (new_len, d_model)
+        return self.table[offset:needed]  # (seq_len, d_model)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x (..., seq_len, d_model)`` → ``dropout(x + PE[offset : offset + seq_len])``, same shape.
+
+        ``offset`` is the position of the first element (non-zero when continuing a sequence).
+        """
+        _check_sequence("x", x, self.d_model, self.check_finite_inputs)
+        encodings = self.encodings(x.shape[-2], offset).to(x.dtype)  # (seq_len, d_model)
+        return self.dropout(x + encodings)  # (..., seq_len, d_model)
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Add one trained vector per position (as in BERT and GPT), then dropout.
+
+    Positions ``>= max_len`` have no vector and raise ``ValueError``.
+
+    Args:
+        max_len: number of positions with a vector.
+        d_model: size of the vectors.
+        dropout: dropout probability applied to the sum (training mode only).
+    """
+
+    def __init__(self, max_len: int, d_model: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.max_len = check_positive_int("max_len", max_len)
+        self.d_model = check_positive_int("d_model", d_model)
+        self.embedding = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        self.dropout = nn.Dropout(check_probability("dropout", dropout))
+        #: Check ``x`` for NaN/inf (switched off inside :class:`companion.Transformer`).
+        self.check_finite_inputs = True
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x (..., seq_len, d_model)`` → ``dropout(x + P[offset : offset + seq_len])``, same shape."""
+        _check_sequence("x", x, self.d_model, self.check_finite_inputs)
+        _check_offset(offset)
+        seq_len = x.shape[-2]
+        if offset + seq_len > self.max_len:
+            raise ValueError(
+                f"x has seq_len={seq_len} at offset={offset}, so it needs positions up to "
+                f"{offset + seq_len - 1}, but the learned embedding has max_len={self.max_len} "
+                f"(positions 0..{self.max_len - 1}); use a larger max_len"
+            )
+        positions = torch.arange(offset, offset + seq_len, device=x.device)  # (seq_len,)
+        return self.dropout(x + self.embedding(positions))  # (..., seq_len, d_model)
+
+
+class RotaryEmbedding(nn.Module):
+    r"""Rotary position embedding (RoPE, Su et al. 2021) for queries and keys.
+
+    Dimensions ``(2i, 2i+1)`` of a query or key at position ``p`` are rotated by the angle
+    ``p · θ_i`` with ``θ_i = base^(-2i/head_dim)`` (the frequencies of the sinusoidal
+    encoding). Rotations compose, so the score of a query at ``m`` and a key at ``n`` is
+    ``⟨R_m q, R_n k⟩ = ⟨q, R_{n-m} k⟩``: it depends on the offset ``m - n`` only. Apply it to
+    the per-head queries and keys *inside* attention, not to the embeddings.
+
+    The cos/sin tables are buffers of ``max_len`` rows, grown on demand for longer inputs.
+
+    Args:
+        head_dim: size of a query/key vector of one head; must be even.
+        max_len: initial number of positions in the tables.
+        base: ``10000`` as in the paper.
+    """
+
+    def __init__(self, head_dim: int, max_len: int = 2048, base: float = 10000.0) -> None:
+        super().__init__()
+        self.head_dim = _check_even("head_dim", check_positive_int("head_dim", head_dim))
+        self.base = float(base)
+        cos, sin = self._tables(check_positive_int("max_len", max_len))
+        self.register_buffer("cos", cos, persistent=False)  # (max_len, head_dim/2)
+        self.register_buffer("sin", sin, persistent=False)  # (max_len, head_dim/2)
+
+    def _tables(self, max_len: int) -> tuple[Tensor, Tensor]:
+        positions = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+        angles = positions * _frequencies(self.head_dim, self.base)  # (max_len, head_dim/2)
+        return torch.cos(angles).float(), torch.sin(angles).float()  # (max_len, head_dim/2) each
+
+    @property
+    def max_len(self) -> int:
+        """Current number of positions in the tables."""
+        return self.cos.shape[0]
+
+    def _ensure(self, needed: int) -> None:
+        if needed > self.max_len:
+            cos, sin = self._tables(max(needed, 2 * self.max_len))  # (new_len, head_dim/2) each
+            self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
+
+    def rotate(self, x: Tensor, positions: Tensor | None = None, offset: int = 0) -> Tensor:
+        """Rotate ``x`` by its positions.
+
+        Args:
+            x: queries or keys, shape ``(..., seq_len, head_dim)``, e.g.
+                ``(batch, heads, seq_len, head_dim)``.
+            positions: integer positions, shape ``(seq_len,)``, or ``(batch, seq_len)`` when
+                ``x`` is ``(batch, heads, seq_len, head_dim)``; default
+                ``offset, offset + 1, ..., offset + seq_len - 1``.
+            offset: position of the first element when ``positions`` is not given.
+
+        Returns:
+            Tensor of the same shape as ``x``.
+        """
+        _check_sequence("x", x, self.head_dim)
+        seq_len = x.shape[-2]
+        if positions is None:
+            _check_offset(offset)
+            positions = torch.arange(offset, offset + seq_len, device=x.device)  # (seq_len,)
+        else:
+            self._check_positions(positions, x)
+        self._ensure(int(positions.max()) + 1)
+        # cos, sin: (seq_len, head_dim/2), or (batch, seq_len, head_dim/2) for 2-D positions
+        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
+        if positions.dim() == 2:  # one row of positions per batch element: broadcast over heads
+            cos, sin = cos[:, None], sin[:, None]  # (batch, 1, seq_len, head_dim/2)
+        x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., seq_len, head_dim/2) each
+        rotated_even = x_even * cos - x_odd * sin  # (..., seq_len, head_dim/2)
+        rotated_odd = x_even * sin + x_odd * cos  # (..., seq_len, head_dim/2)
+        pairs = torch.stack([rotated_even, rotated_odd], dim=-1)  # (..., seq_len, head_dim/2, 2)
+        return pairs.flatten(-2)  # (..., seq_len, head_dim)
+
+    def _check_positions(self, positions: Tensor, x: Tensor) -> None:
+        check_integer("positions", positions)
+        seq_len = x.shape[-2]
+        check_ndim("positions", positions, (1, 2), f"({seq_len},) or (batch, {seq_len})")
+        if positions.shape[-1] != seq_len:
+            raise ValueError(
+                f"positions must have one entry per position of x (seq_len={seq_len}), "
+                f"got shape {shape_str(positions.shape)} for x of shape {shape_str(x.shape)}"
+            )
+        if positions.dim() == 2 and (x.dim() != 4 or x.shape[0] != positions.shape[0]):
+            raise ValueError(
+                "positions of shape (batch, seq_len) need x of shape "
+                f"({positions.shape[0]}, heads, {seq_len}, {self.head_dim}), "
+                f"got x of shape {shape_str(x.shape)}"
+            )
+        if positions.numel() > 0 and int(positions.min()) < 0:
+            raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+
+    def apply(  # type: ignore[override]
+        self, q: Tensor, k: Tensor | None = None, positions: Tensor | None = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Rotate queries and keys of the same positions (self-attention).
+
+        (Called with a function instead of tensors, this is ``nn.Module.apply(fn)``, so that
+        ``model.apply(init_weights)`` still works on a model containing this module.)
+
+        Args:
+            q: queries ``(..., seq_len, head_dim)``.
+            k: keys ``(..., seq_len, head_dim)``; same length as ``q`` (for keys at other
+                positions, e.g. a KV cache, call :meth:`rotate` on each separately).
+            positions, offset: as in :meth:`rotate`.
+
+        Returns:
+            ``(q_rotated, k_rotated)`` with the shapes of ``q`` and ``k``.
+        """
+        if callable(q) and not isinstance(q, Tensor):  # nn.Module.apply(fn)
+            return super().apply(q)  # type: ignore[return-value]
+        _check_sequence("q", q, self.head_dim)
+        _check_sequence("k", k, self.head_dim)
+        if q.shape[-2] != k.shape[-2]:
+            raise ValueError(
+                f"q and k must have the same seq_len to share positions, got q "
+                f"{shape_str(q.shape)} and k {shape_str(k.shape)}; call rotate() on each "
+                "with its own positions instead"
+            )
+        return self.rotate(q, positions, offset), self.rotate(k, positions, offset)
+
+    def forward(
+        self, q: Tensor, k: Tensor, positions: Tensor | None = None, offset: int = 0
+    ) -> tuple[Tensor, Tensor]:
+        """Same as :meth:`apply`."""
+        return self.apply(q, k, positions, offset)

@@ -1,0 +1,233 @@
+"""Layers: parity of EncoderLayer/DecoderLayer with torch's (both norm_first), feed-forward,
+attention weights for plots, weight copying."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from companion.layers import DecoderLayer, EncoderLayer, FeedForward
+from companion.masking import (
+    causal_mask,
+    combine_masks,
+    to_torch_attn_mask,
+    to_torch_key_padding_mask,
+)
+
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: extra threads only add synchronisation (costly on a loaded CPU)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def randomize_(module: nn.Module, generator: torch.Generator, std: float = 0.3) -> nn.Module:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * std)
+    return module
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+def rows_with_a_key(mask, batch, q_len, k_len):
+    """(batch, q_len): True where the (head-shared) mask lets the query attend somewhere."""
+    if mask is None:
+        return torch.ones(batch, q_len, dtype=torch.bool)
+    return mask.expand(batch, 1, q_len, k_len).any(-1)[:, 0]
+
+
+@st.composite
+def layer_cases(draw):
+    heads = draw(st.integers(1, 3))
+    return {
+        "batch": draw(st.integers(1, 3)),
+        "heads": heads,
+        "d_model": heads * draw(st.integers(1, 4)),
+        "d_ff": draw(st.integers(1, 12)),
+        "tgt_len": draw(st.integers(1, 6)),
+        "src_len": draw(st.integers(1, 6)),
+        "norm_first": draw(st.booleans()),
+        "activation": draw(st.sampled_from(["relu", "gelu"])),
+        "bias": draw(st.booleans()),
+        "mask_kind": draw(st.sampled_from(["none", "padding", "random", "padding+random"])),
+        "causal": draw(st.booleans()),
+        "seed": draw(st.integers(0, 2**31 - 1)),
+    }
+
+
+def random_masks(kind, batch, q_len, k_len, gen):
+    """(padding (batch, 1, 1, k_len) or None, random (batch, 1, q_len, k_len) or None)."""
+    padding = torch.rand(batch, 1, 1, k_len, generator=gen) > 0.3 if "padding" in kind else None
+    random = torch.rand(batch, 1, q_len, k_len, generator=gen) > 0.4 if "random" in kind else None
+    return padding, random
+
+
+def torch_mask_kwargs(padding, attn, prefix):
+    kwargs = {}
+    if padding is not None:
+        kwargs[f"{prefix}_key_padding_mask"] = to_torch_key_padding_mask(padding)
+    if attn is not None:
+        kwargs[f"{prefix}_mask"] = to_torch_attn_mask(attn[:, 0] if attn.dim() == 4 else attn)
+    return kwargs
+
+
+def repeat_per_head(mask, heads):
+    """torch wants a 3-D attn_mask as (batch * heads, q, k)."""
+    return mask.repeat_interleave(heads, dim=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layer_cases())
+def test_encoder_layer_parity_with_torch(case):
+    gen = torch.Generator().manual_seed(case["seed"])
+    batch, length, d_model, heads = case["batch"], case["src_len"], case["d_model"], case["heads"]
+    reference = nn.TransformerEncoderLayer(
+        d_model, heads, case["d_ff"], dropout=0.1, activation=case["activation"],
+        batch_first=True, norm_first=case["norm_first"], bias=case["bias"],
+    )  # fmt: skip
+    randomize_(reference, gen).eval()
+    ours = EncoderLayer.from_torch(reference).eval()
+    assert ours.norm_first == case["norm_first"]
+
+    x = torch.randn(batch, length, d_model, generator=gen)
+    padding, random = random_masks(case["mask_kind"], batch, length, length, gen)
+    causal = causal_mask(length) if case["causal"] else None
+    mask = combine_masks(padding, random, causal)
+    attn = combine_masks(random, causal)
+    kwargs = {}
+    if padding is not None:
+        kwargs["src_key_padding_mask"] = to_torch_key_padding_mask(padding)
+    if attn is not None:
+        kwargs["src_mask"] = ~attn if attn.dim() == 2 else repeat_per_head(~attn[:, 0], heads)
+
+    out = ours(x, mask)
+    expected = reference(x, **kwargs)
+    valid = rows_with_a_key(mask, batch, length, length)
+    assert torch.isfinite(out).all()
+    assert max_abs_diff(out[valid], expected[valid]) <= TOL
+
+
+@settings(max_examples=60, deadline=None)
+@given(layer_cases())
+def test_decoder_layer_parity_with_torch(case):
+    gen = torch.Generator().manual_seed(case["seed"])
+    batch, d_model, heads = case["batch"], case["d_model"], case["heads"]
+    tgt_len, src_len = case["tgt_len"], case["src_len"]
+    reference = nn.TransformerDecoderLayer(
+        d_model, heads, case["d_ff"], dropout=0.1, activation=case["activation"],
+        batch_first=True, norm_first=case["norm_first"], bias=case["bias"],
+    )  # fmt: skip
+    randomize_(reference, gen).eval()
+    ours = DecoderLayer.from_torch(reference).eval()
+
+    x = torch.randn(batch, tgt_len, d_model, generator=gen)
+    memory = torch.randn(batch, src_len, d_model, generator=gen)
+    tgt_padding, tgt_random = random_masks(case["mask_kind"], batch, tgt_len, tgt_len, gen)
+    src_padding, src_random = random_masks(case["mask_kind"], batch, tgt_len, src_len, gen)
+    tgt_mask = combine_masks(tgt_padding, tgt_random)
+    memory_mask = combine_masks(src_padding, src_random)
+    causal = causal_mask(tgt_len) if case["causal"] else None
+    self_attn = combine_masks(tgt_random, causal)
+
+    kwargs = {}
+    if tgt_padding is not None:
+        kwargs["tgt_key_padding_mask"] = to_torch_key_padding_mask(tgt_padding)
+    if src_padding is not None:
+        kwargs["memory_key_padding_mask"] = to_torch_key_padding_mask(src_padding)
+    if self_attn is not None:
+        kwargs["tgt_mask"] = (
+            ~self_attn if self_attn.dim() == 2 else repeat_per_head(~self_attn[:, 0], heads)
+        )
+    if src_random is not None:
+        kwargs["memory_mask"] = repeat_per_head(~src_random[:, 0], heads)
+
+    out = ours(x, memory, tgt_mask, memory_mask, is_causal=case["causal"])
+    expected = reference(x, memory, **kwargs)
+    full_self = combine_masks(tgt_mask, causal)
+    valid = rows_with_a_key(full_self, batch, tgt_len, tgt_len) & rows_with_a_key(
+        memory_mask, batch, tgt_len, src_len
+    )
+    assert torch.isfinite(out).all()
+    assert max_abs_diff(out[valid], expected[valid]) <= TOL
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layer_round_trip_through_torch(norm_first):
+    torch.manual_seed(0)
+    x, memory = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
+    encoder = EncoderLayer(8, 2, 16, norm_first=norm_first, activation="gelu").eval()
+    theirs = encoder.to_torch().eval()
+    assert max_abs_diff(encoder(x), theirs(x)) <= TOL
+    decoder = DecoderLayer(8, 2, 16, norm_first=norm_first).eval()
+    theirs = decoder.to_torch().eval()
+    causal = nn.Transformer.generate_square_subsequent_mask(4)
+    assert max_abs_diff(decoder(x, memory), theirs(x, memory, tgt_mask=causal)) <= TOL
+
+
+def test_decoder_layer_is_causal_by_default():
+    torch.manual_seed(0)
+    layer = DecoderLayer(8, 2, 16).eval()
+    x, memory = torch.randn(1, 5, 8), torch.randn(1, 3, 8)
+    changed = x.clone()
+    changed[:, 3:] = torch.randn(1, 2, 8)
+    assert max_abs_diff(layer(x, memory)[:, :3], layer(changed, memory)[:, :3]) <= TOL
+    assert (
+        max_abs_diff(
+            layer(x, memory, is_causal=False)[:, :3], layer(changed, memory, is_causal=False)[:, :3]
+        )
+        > 1e-3
+    )
+
+
+def test_layers_store_attention_weights_for_plots():
+    torch.manual_seed(0)
+    encoder = EncoderLayer(8, 2, 16).eval()
+    x = torch.randn(3, 4, 8)
+    out_plain = encoder(x)
+    assert encoder.self_attention_weights is None
+    out = encoder(x, need_weights=True)
+    assert encoder.self_attention_weights.shape == (3, 2, 4, 4)
+    assert max_abs_diff(out, out_plain) <= TOL
+
+    decoder = DecoderLayer(8, 2, 16).eval()
+    memory = torch.randn(3, 6, 8)
+    decoder(x, memory, need_weights=True)
+    assert decoder.self_attention_weights.shape == (3, 2, 4, 4)
+    assert decoder.cross_attention_weights.shape == (3, 2, 4, 6)
+    # causal: no weight above the diagonal
+    assert decoder.self_attention_weights.triu(1).abs().max() == 0
+    decoder(x, memory)
+    assert decoder.cross_attention_weights is None
+
+
+@pytest.mark.parametrize("activation, function", [("relu", F.relu), ("gelu", F.gelu)])
+def test_feed_forward_is_position_wise(activation, function):
+    torch.manual_seed(0)
+    ff = FeedForward(6, 24, activation=activation).eval()
+    x = torch.randn(2, 5, 6)
+    expected = ff.output_proj(function(ff.hidden_proj(x)))
+    assert max_abs_diff(ff(x), expected) <= TOL
+    # each position on its own gives the same result
+    assert max_abs_diff(ff(x[:, 2]), ff(x)[:, 2]) <= TOL
+
+
+def test_pre_and_post_ln_differ():
+    torch.manual_seed(0)
+    post = EncoderLayer(8, 2, 16, norm_first=False).eval()
+    pre = EncoderLayer(8, 2, 16, norm_first=True).eval()
+    pre.load_state_dict(post.state_dict())
+    x = torch.randn(2, 3, 8)
+    assert max_abs_diff(post(x), pre(x)) > 1e-3
+    # Post-LN output is normalised (mean 0, variance 1 per position with the default affine)
+    out = post(x)
+    assert out.mean(-1).abs().max() < 1e-5

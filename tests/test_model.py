@@ -1,0 +1,256 @@
+"""The full model: parity of the encoder-decoder stacks with torch.nn.Transformer (with and
+without final norms, Pre-LN and Post-LN), embeddings, configuration, weights for plots."""
+
+import dataclasses
+import math
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from companion.masking import causal_mask, padding_mask, to_torch_attn_mask
+from companion.model import Decoder, Encoder, TokenEmbedding, Transformer, TransformerConfig
+from companion.utils import count_parameters
+
+TOL = 1e-5
+PAD = 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: extra threads only add synchronisation (costly on a loaded CPU)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def randomize_(module: nn.Module, generator: torch.Generator, std: float = 0.3) -> nn.Module:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * std)
+    return module
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item() if a.numel() else 0.0
+
+
+def torch_transformer(d_model, heads, n_enc, n_dec, d_ff, activation, norm_first, final_norm):
+    with warnings.catch_warnings():  # "enable_nested_tensor is True, but ... norm_first"
+        warnings.simplefilter("ignore")
+        reference = nn.Transformer(
+            d_model, heads, n_enc, n_dec, d_ff, dropout=0.1, activation=activation,
+            batch_first=True, norm_first=norm_first,
+        )  # fmt: skip
+    if not final_norm:  # nn.Transformer always has final norms; remove them to compare
+        reference.encoder.norm = None
+        reference.decoder.norm = None
+    return reference
+
+
+def random_tokens(batch, length, vocab, gen, pad_probability=0.25):
+    tokens = torch.randint(1, vocab, (batch, length), generator=gen)
+    pads = torch.rand(batch, length, generator=gen) < pad_probability
+    return tokens.masked_fill(pads, PAD)
+
+
+@st.composite
+def model_cases(draw):
+    heads = draw(st.integers(1, 3))
+    return {
+        "batch": draw(st.integers(1, 3)),
+        "heads": heads,
+        "d_model": 2 * heads * draw(st.integers(1, 2)),
+        "d_ff": draw(st.integers(1, 10)),
+        "n_enc": draw(st.integers(1, 2)),
+        "n_dec": draw(st.integers(1, 2)),
+        "src_len": draw(st.integers(1, 6)),
+        "tgt_len": draw(st.integers(1, 6)),
+        "norm_first": draw(st.booleans()),
+        "final_norm": draw(st.booleans()),
+        "activation": draw(st.sampled_from(["relu", "gelu"])),
+        "seed": draw(st.integers(0, 2**31 - 1)),
+    }
+
+
+@settings(max_examples=80, deadline=None)
+@given(model_cases())
+def test_transformer_parity_with_torch(case):
+    gen = torch.Generator().manual_seed(case["seed"])
+    torch.manual_seed(case["seed"])
+    batch, src_len, tgt_len = case["batch"], case["src_len"], case["tgt_len"]
+    reference = torch_transformer(
+        case["d_model"], case["heads"], case["n_enc"], case["n_dec"], case["d_ff"],
+        case["activation"], case["norm_first"], case["final_norm"],
+    )  # fmt: skip
+    randomize_(reference, gen).eval()
+    ours = Transformer(
+        11, 13, case["d_model"], case["heads"], case["n_enc"], case["d_ff"], 0.1,
+        case["norm_first"], num_decoder_layers=case["n_dec"], activation=case["activation"],
+        final_norm=case["final_norm"], src_pad_id=PAD, tgt_pad_id=PAD,
+    ).eval()  # fmt: skip
+    ours.load_from_torch(reference)
+
+    src = random_tokens(batch, src_len, 11, gen)
+    tgt = random_tokens(batch, tgt_len, 13, gen)
+    logits = ours(src, tgt)
+    memory = ours.encode(src)
+
+    # Feed the same embeddings + positions to torch's stacks.
+    src_x = ours.src_positions(ours.src_embedding(src))  # (batch, src_len, d_model)
+    tgt_x = ours.tgt_positions(ours.tgt_embedding(tgt))  # (batch, tgt_len, d_model)
+    ref_memory = reference.encoder(src_x, src_key_padding_mask=src == PAD)
+    ref_out = reference(
+        src_x, tgt_x,
+        tgt_mask=to_torch_attn_mask(causal_mask(tgt_len)),
+        src_key_padding_mask=src == PAD,
+        tgt_key_padding_mask=tgt == PAD,
+        memory_key_padding_mask=src == PAD,
+    )  # fmt: skip
+    ref_logits = ours.generator(ref_out)
+
+    assert logits.shape == (batch, tgt_len, 13)
+    assert torch.isfinite(logits).all()
+    # Rows that may attend to nothing (all-padding prefixes or sources) are excluded: torch
+    # gives its bias or NaN there, ours zero attention - and they are never attended to.
+    has_src = (src != PAD).any(1, keepdim=True)  # (batch, 1)
+    has_tgt_key = (tgt != PAD).cumsum(1) > 0  # (batch, tgt_len): some real token at or before
+    valid = has_src & has_tgt_key
+    assert max_abs_diff(logits[valid], ref_logits[valid]) <= TOL
+    real_src = has_src.expand(batch, src_len)
+    assert max_abs_diff(memory[real_src], ref_memory[real_src]) <= TOL
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_to_torch_round_trip(norm_first):
+    torch.manual_seed(0)
+    ours = Transformer(9, 9, 8, 2, 2, 16, 0.1, norm_first, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    assert (ours.encoder.final_norm is not None) == norm_first  # default final_norm=norm_first
+    reference = ours.to_torch().eval()
+    assert (reference.encoder.norm is None) == (not norm_first)
+    src, tgt = torch.tensor([[3, 4, 5, PAD]]), torch.tensor([[1, 2, 3]])
+    ref_out = reference(
+        ours.src_positions(ours.src_embedding(src)),
+        ours.tgt_positions(ours.tgt_embedding(tgt)),
+        tgt_mask=nn.Transformer.generate_square_subsequent_mask(3),
+        src_key_padding_mask=src == PAD,
+        memory_key_padding_mask=src == PAD,
+    )
+    assert max_abs_diff(ours(src, tgt), ours.generator(ref_out)) <= TOL
+
+
+def test_load_from_torch_requires_matching_final_norm():
+    reference = torch_transformer(8, 2, 1, 1, 16, "relu", norm_first=False, final_norm=True)
+    ours = Transformer(9, 9, 8, 2, 1, 16)  # Post-LN: no final norm by default
+    with pytest.raises(ValueError, match=r"stack.norm must be None .* final_norm=True"):
+        ours.load_from_torch(reference)
+
+
+def test_token_embedding_is_scaled_by_sqrt_d_model():
+    embedding = TokenEmbedding(10, 16)
+    tokens = torch.tensor([[1, 2, 3]])
+    expected = embedding.embedding.weight[tokens] * math.sqrt(16)
+    assert torch.equal(embedding(tokens), expected)
+    assert embedding(tokens).shape == (1, 3, 16)
+
+
+def test_tied_embeddings_share_one_matrix():
+    model = Transformer(7, 11, 8, 2, 1, 16, tie_embeddings=True)
+    assert model.generator.weight is model.tgt_embedding.weight
+    untied = Transformer(7, 11, 8, 2, 1, 16)
+    assert count_parameters(untied) - count_parameters(model) == 11 * 8
+
+
+def test_config_round_trip_and_defaults():
+    config = TransformerConfig(src_vocab=100, tgt_vocab=120)
+    assert (config.d_model, config.num_heads, config.num_layers, config.d_ff) == (512, 8, 6, 2048)
+    assert config.dropout == 0.1 and not config.norm_first
+    small = dataclasses.replace(
+        config, d_model=16, num_heads=2, num_layers=1, d_ff=32, tgt_pad_id=0
+    )
+    model = Transformer.from_config(small)
+    assert model.config == small
+    clone = Transformer.from_config(model.config)
+    assert count_parameters(clone) == count_parameters(model)
+    assert len(model.decoder.layers) == 1
+
+
+def test_model_returns_logits_with_expected_shape():
+    torch.manual_seed(0)
+    model = Transformer(20, 30, 16, 4, 2, 32, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    src = torch.randint(1, 20, (3, 7))
+    tgt = torch.randint(1, 30, (3, 5))
+    logits = model(src, tgt)
+    assert logits.shape == (3, 5, 30)
+    assert not torch.allclose(logits.softmax(-1).sum(-1), logits.sum(-1))  # not probabilities
+    assert model.encode(src).shape == (3, 7, 16)
+
+
+def test_decode_with_offset_matches_the_sequence_positions():
+    """decode(..., offset) adds the positions offset, offset + 1, ... (for incremental decoding)."""
+    torch.manual_seed(0)
+    model = Transformer(10, 10, 8, 2, 1, 16).eval()
+    src, tgt = torch.randint(0, 10, (1, 4)), torch.randint(0, 10, (1, 6))
+    memory = model.encode(src)
+    full = model.decode(tgt, memory)
+    y = model.tgt_positions(model.tgt_embedding(tgt))  # what decode does with offset=0
+    shifted = model.tgt_positions(model.tgt_embedding(tgt[:, 2:]), offset=2)
+    assert max_abs_diff(y[:, 2:], shifted) <= TOL
+    assert full.shape == (1, 6, 10)
+
+
+def test_model_attention_weights_for_plots():
+    torch.manual_seed(0)
+    model = Transformer(10, 12, 8, 2, 3, 16, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    src = torch.tensor([[4, 5, 6, PAD], [7, 8, PAD, PAD]])
+    tgt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    plain = model(src, tgt)
+    assert model.decoder.cross_attention_weights is None
+    logits = model(src, tgt, need_weights=True)
+    assert max_abs_diff(plain, logits) <= TOL
+    cross = model.decoder.cross_attention_weights
+    assert cross.shape == (3, 2, 2, 3, 4)  # (layers, batch, heads, tgt_len, src_len)
+    assert model.encoder.attention_weights.shape == (3, 2, 2, 4, 4)
+    assert model.decoder.attention_weights.shape == (3, 2, 2, 3, 3)
+    # padding gets no weight, every row sums to 1
+    assert cross[:, 1, :, :, 2:].abs().max() == 0
+    assert torch.allclose(cross.sum(-1), torch.ones(3, 2, 2, 3), atol=1e-6)
+
+
+def test_stacks_standalone():
+    torch.manual_seed(0)
+    encoder = Encoder(2, 8, 2, 16, norm_first=True)
+    decoder = Decoder(2, 8, 2, 16, norm_first=True)
+    assert encoder.final_norm is not None and decoder.final_norm is not None
+    x, y = torch.randn(2, 5, 8), torch.randn(2, 3, 8)
+    mask = padding_mask(torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]), 0)
+    memory = encoder(x, mask)
+    assert decoder(y, memory, memory_mask=mask).shape == (2, 3, 8)
+
+
+def test_learned_positions_option():
+    model = Transformer(10, 10, 8, 2, 1, 16, positional="learned", max_len=6)
+    assert count_parameters(model) == count_parameters(Transformer(10, 10, 8, 2, 1, 16)) + 2 * 6 * 8
+    with pytest.raises(ValueError, match="max_len=6"):
+        model(torch.zeros(1, 7, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long))
+
+
+def test_training_step_reduces_loss():
+    torch.manual_seed(0)
+    model = Transformer(12, 12, 16, 2, 1, 32, dropout=0.0, src_pad_id=PAD, tgt_pad_id=PAD)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    src = torch.randint(1, 12, (8, 6))
+    tgt = torch.cat([torch.ones(8, 1, dtype=torch.long), src], 1)  # copy task
+    losses = []
+    for _ in range(30):
+        logits = model(src, tgt[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1), tgt[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
