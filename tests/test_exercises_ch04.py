@@ -1,0 +1,378 @@
+"""Chapter 4 exercise checks: right answers pass, the classic buggy versions fail, stubs are
+reported without raising."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from companion.exercises import ch04
+from companion.positional import RotaryEmbedding, sinusoidal_shift_matrix, sinusoidal_table
+
+# --------------------------------------------------------------------------------------------
+# sinusoidal_table
+# --------------------------------------------------------------------------------------------
+
+
+def table_loops(max_len, d_model):
+    """Correct, one entry at a time: i is the pair index, 2i the even dimension."""
+    pe = torch.zeros(max_len, d_model)
+    for p in range(max_len):
+        for i in range(d_model // 2):
+            angle = p / 10000 ** (2 * i / d_model)
+            pe[p, 2 * i] = math.sin(angle)
+            pe[p, 2 * i + 1] = math.cos(angle)
+    return pe
+
+
+def table_d2l_float32(max_len, d_model):
+    """Correct, vectorised in float32 (the d2l.ai formulation)."""
+    x = torch.arange(max_len, dtype=torch.float32)[:, None] / torch.pow(
+        10000, torch.arange(0, d_model, 2, dtype=torch.float32) / d_model
+    )
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2], pe[:, 1::2] = torch.sin(x), torch.cos(x)
+    return pe
+
+
+def table_annotated_float32(max_len, d_model):
+    """Correct, with exp/log in float32 (the Annotated Transformer formulation)."""
+    position = torch.arange(max_len)[:, None]
+    div_term = torch.exp(torch.arange(0, d_model, 2) * -(math.log(10000.0) / d_model))
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term)
+    return pe
+
+
+def table_bug_double_index(max_len, d_model):
+    """Classic bug: i runs over the even dimensions AND the exponent says 2i/d."""
+    pe = torch.zeros(max_len, d_model)
+    for p in range(max_len):
+        for i in range(0, d_model, 2):
+            pe[p, i] = math.sin(p / 10000 ** (2 * i / d_model))
+            pe[p, i + 1] = math.cos(p / 10000 ** (2 * i / d_model))
+    return pe
+
+
+def table_bug_cos_exponent(max_len, d_model):
+    """Classic bug: the exponent uses the dimension j itself, so the cosine of pair i gets
+    (2i + 1)/d instead of 2i/d."""
+    pe = torch.zeros(max_len, d_model)
+    for p in range(max_len):
+        for j in range(d_model):
+            angle = p / 10000 ** (j / d_model)
+            pe[p, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+    return pe
+
+
+def table_swapped(max_len, d_model):
+    return table_loops(max_len, d_model)[:, [j ^ 1 for j in range(d_model)]]  # cos first
+
+
+def table_halves(max_len, d_model):
+    """[sin ... sin | cos ... cos] (the tensor2tensor layout): right values, other order."""
+    pe = table_loops(max_len, d_model)
+    return torch.cat([pe[:, 0::2], pe[:, 1::2]], dim=-1)
+
+
+def table_pair_index_over_d(max_len, d_model):
+    """Forgot the 2: exponent i/d with the pair index i (frequencies decay half as fast)."""
+    angles = torch.arange(max_len)[:, None] / 10000 ** (torch.arange(d_model // 2) / d_model)
+    return torch.stack([angles.sin(), angles.cos()], -1).flatten(-2)
+
+
+def table_from_one(max_len, d_model):
+    return sinusoidal_table(max_len + 1, d_model)[1:]  # positions 1..max_len
+
+
+def test_sinusoidal_table_accepts_correct_versions():
+    for fn in [table_loops, table_d2l_float32, table_annotated_float32, sinusoidal_table]:
+        assert ch04.check_sinusoidal_table(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        table_bug_double_index,
+        table_bug_cos_exponent,
+        table_swapped,
+        table_halves,
+        table_pair_index_over_d,
+        table_from_one,
+    ],
+)
+def test_sinusoidal_table_rejects_wrong(wrong):
+    assert not ch04.check_sinusoidal_table(wrong, verbose=False)
+
+
+def test_classic_bugs_are_caught_by_value_not_only_shape():
+    for bug in [table_bug_double_index, table_bug_cos_exponent]:
+        result = ch04.check_sinusoidal_table(bug, verbose=False)
+        assert "entries differ" in result.message, result.message
+
+
+def test_reference_table_matches_companion():
+    for max_len, d_model in [(50, 128), (7, 6), (1, 2)]:
+        torch.testing.assert_close(
+            ch04.reference_sinusoidal_table(max_len, d_model), sinusoidal_table(max_len, d_model)
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# shift_matrix
+# --------------------------------------------------------------------------------------------
+
+
+def shift_correct(shift, d_model):
+    blocks = []
+    for i in range(d_model // 2):
+        angle = shift / 10000 ** (2 * i / d_model)
+        c, s = math.cos(angle), math.sin(angle)
+        blocks.append(torch.tensor([[c, s], [-s, c]]))
+    return torch.block_diag(*blocks)
+
+
+def shift_transposed(shift, d_model):
+    return shift_correct(shift, d_model).T  # the inverse rotation, M_{-k}
+
+
+def shift_double_index(shift, d_model):
+    blocks = []
+    for i in range(0, d_model, 2):  # the classic bug again, now in M_k
+        angle = shift / 10000 ** (2 * i / d_model)
+        c, s = math.cos(angle), math.sin(angle)
+        blocks.append(torch.tensor([[c, s], [-s, c]]))
+    return torch.block_diag(*blocks)
+
+
+def shift_forgot_k(shift, d_model):
+    return shift_correct(1, d_model)  # one step, whatever the shift
+
+
+def shift_dense(shift, d_model):
+    # every sine row mixes every cosine: not block-diagonal
+    m = shift_correct(shift, d_model)
+    return m + 0.1 * (m != 0).logical_not().float()
+
+
+def test_shift_matrix_accepts_correct():
+    assert ch04.check_shift_matrix(shift_correct, verbose=False)
+    assert ch04.check_shift_matrix(sinusoidal_shift_matrix, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong", [shift_transposed, shift_double_index, shift_forgot_k, shift_dense]
+)
+def test_shift_matrix_rejects_wrong(wrong):
+    assert not ch04.check_shift_matrix(wrong, verbose=False)
+
+
+def test_reference_shift_matrix_matches_companion_and_shifts_the_table():
+    table = sinusoidal_table(60, 16, dtype=torch.float64)
+    for shift in [0, 1, 7, -4]:
+        m = ch04.reference_shift_matrix(shift, 16)
+        torch.testing.assert_close(m, sinusoidal_shift_matrix(shift, 16))
+        start, stop = max(0, -shift), 60 - max(0, shift)
+        shifted = table[start:stop] @ m.double().T  # row p → row p + shift
+        torch.testing.assert_close(shifted, table[start + shift : stop + shift], atol=1e-6, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------
+# pe_similarity
+# --------------------------------------------------------------------------------------------
+
+
+def similarity_by_table(offsets, d_model):
+    """Correct, the long way: build the table and take dot products with row 0."""
+    size = int(offsets.abs().max()) + 1
+    table = sinusoidal_table(size, d_model, dtype=torch.float64)
+    # PE[0] · PE[|k|]: the dot product depends on |k| only
+    return table[offsets.abs()] @ table[0]
+
+
+def similarity_closed_form(offsets, d_model):
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    return torch.cos(offsets[:, None] * omega).sum(-1)
+
+
+def similarity_cosine(offsets, d_model):
+    return similarity_closed_form(offsets, d_model) / (d_model / 2)  # cosine similarity
+
+
+def similarity_all_dims(offsets, d_model):
+    omega = 10000 ** (-torch.arange(d_model, dtype=torch.float64) / d_model)
+    return torch.cos(offsets[:, None] * omega).sum(-1)  # d terms, frequencies of bug B
+
+
+def similarity_double_index(offsets, d_model):
+    omega = 10000 ** (-2 * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    return torch.cos(offsets[:, None] * omega).sum(-1)
+
+
+def test_pe_similarity_accepts_correct():
+    assert ch04.check_pe_similarity(similarity_by_table, verbose=False)
+    assert ch04.check_pe_similarity(similarity_closed_form, verbose=False)
+
+
+@pytest.mark.parametrize("wrong", [similarity_cosine, similarity_all_dims, similarity_double_index])
+def test_pe_similarity_rejects_wrong(wrong):
+    assert not ch04.check_pe_similarity(wrong, verbose=False)
+
+
+def test_reference_similarity_is_the_dot_product_at_every_start():
+    table = sinusoidal_table(80, 32, dtype=torch.float64)
+    offsets = torch.arange(0, 30)
+    expected = ch04.reference_pe_similarity(offsets, 32)
+    for p in [0, 13, 50]:
+        torch.testing.assert_close(table[p + offsets] @ table[p], expected)
+
+
+# --------------------------------------------------------------------------------------------
+# rope_rotate
+# --------------------------------------------------------------------------------------------
+
+
+def rope_correct(x, positions):
+    head_dim = x.shape[-1]
+    omega = 10000 ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = positions[:, None].float() * omega  # (seq_len, head_dim/2)
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = a * angles.cos() - b * angles.sin()
+    out[..., 1::2] = a * angles.sin() + b * angles.cos()
+    return out
+
+
+def rope_with_companion(x, positions):
+    return RotaryEmbedding(x.shape[-1]).rotate(x, positions)
+
+
+def rope_complex(x, positions):
+    """Correct: pairs as complex numbers, multiplied by e^{i p ω}."""
+    head_dim = x.shape[-1]
+    omega = 10000 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    phases = torch.polar(
+        torch.ones(len(positions), head_dim // 2, dtype=torch.float64),
+        positions[:, None].double() * omega,
+    )
+    z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], head_dim // 2, 2).contiguous())
+    return torch.view_as_real(z * phases).flatten(-2).to(x.dtype)
+
+
+def rope_clockwise(x, positions):
+    return rope_correct(x, -positions)  # rotates the other way
+
+
+def rope_rotate_half(x, positions):
+    """Pairs (i, i + d/2) instead of (2i, 2i + 1): the GPT-NeoX layout, another convention."""
+    head_dim = x.shape[-1]
+    half = head_dim // 2
+    omega = 10000 ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = positions[:, None].float() * omega
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat([a * angles.cos() - b * angles.sin(), a * angles.sin() + b * angles.cos()], -1)
+
+
+def rope_ignores_positions(x, positions):
+    return rope_correct(x, torch.arange(x.shape[-2]))
+
+
+def rope_double_index(x, positions):
+    head_dim = x.shape[-1]
+    omega = 10000 ** (-2 * torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = positions[:, None].float() * omega
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack(
+        [a * angles.cos() - b * angles.sin(), a * angles.sin() + b * angles.cos()], -1
+    ).flatten(-2)
+
+
+def rope_one_angle(x, positions):
+    angles = positions[:, None].float().expand(-1, x.shape[-1] // 2)  # ω = 1 for every pair
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack(
+        [a * angles.cos() - b * angles.sin(), a * angles.sin() + b * angles.cos()], -1
+    ).flatten(-2)
+
+
+def test_rope_rotate_accepts_correct():
+    for fn in [rope_correct, rope_with_companion, rope_complex]:
+        assert ch04.check_rope_rotate(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [rope_clockwise, rope_rotate_half, rope_ignores_positions, rope_double_index, rope_one_angle],
+)
+def test_rope_rotate_rejects_wrong(wrong):
+    assert not ch04.check_rope_rotate(wrong, verbose=False)
+
+
+def test_reference_rope_matches_companion_and_the_shift_matrix():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 9, 8, generator=g)
+    positions = torch.tensor([0, 1, 2, 5, 8, 8, 13, 21, 34])
+    torch.testing.assert_close(
+        ch04.reference_rope_rotate(x, positions), RotaryEmbedding(8).rotate(x, positions)
+    )
+    # a row vector at position p is rotated by x @ M_p (= M_{-p} x): the shift matrix again
+    for p in [0, 3, 30]:
+        rotated = ch04.reference_rope_rotate(x[0, 0, :1], torch.tensor([p]))
+        torch.testing.assert_close(rotated, x[0, 0, :1] @ sinusoidal_shift_matrix(p, 8))
+
+
+# --------------------------------------------------------------------------------------------
+# every check: stubs, crashes, the references
+# --------------------------------------------------------------------------------------------
+
+CHECKS = [
+    ch04.check_sinusoidal_table,
+    ch04.check_shift_matrix,
+    ch04.check_pe_similarity,
+    ch04.check_rope_rotate,
+]
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_stub_is_reported_not_raised(check, capsys):
+    def stub(*args, **kwargs):
+        raise NotImplementedError  # your code here
+
+    result = check(stub)
+    assert not result
+    assert result.cases_run == 1
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_crashing_answer_is_reported_not_raised(check):
+    def crashes(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    result = check(crashes, verbose=False)
+    assert not result
+    assert "boom" in result.message
+
+
+@pytest.mark.parametrize(
+    ("check", "reference"),
+    [
+        (ch04.check_sinusoidal_table, ch04.reference_sinusoidal_table),
+        (ch04.check_shift_matrix, ch04.reference_shift_matrix),
+        (ch04.check_pe_similarity, ch04.reference_pe_similarity),
+        (ch04.check_rope_rotate, ch04.reference_rope_rotate),
+    ],
+)
+def test_reference_passes_its_own_check_on_several_cases(check, reference):
+    result = check(reference, verbose=False)
+    assert result
+    assert result.cases_run >= 5
+
+
+def test_cases_are_reproducible():
+    first, second = ch04._rope_cases(), ch04._rope_cases()
+    assert all(torch.equal(a["x"], b["x"]) for a, b in zip(first, second))
+    assert all(torch.equal(a["positions"], b["positions"]) for a, b in zip(first, second))
