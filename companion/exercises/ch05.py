@@ -1,0 +1,413 @@
+"""Exercises of chapter 5, "Masking: padding, look-ahead, and the two conventions".
+
+Each ``check_*`` function runs *your* function next to the reference solution kept in this
+module, on cases drawn from a seeded generator (several shapes, plus the edge cases where
+masks usually go wrong), and returns a :class:`~companion.exercises._checker.CheckResult`
+that is truthy when every case matches. The checks call your function with keyword
+arguments, so keep the parameter names of the stub in the notebook.
+
+Boolean masks follow the package convention - ``True`` where a query **may attend** - except
+in :func:`check_additive_from_blocked`, whose input uses PyTorch's ``True`` = *blocked*.
+
+=====================================================  ==================================
+exercise                                               check
+=====================================================  ==================================
+padding mask from token ids                            :func:`check_padding_mask`
+causal mask, also with more keys than queries          :func:`check_causal_mask`
+decoder self-attention mask (padding and causal)       :func:`check_decoder_mask`
+``True`` = blocked → additive float mask               :func:`check_additive_from_blocked`
+a leak test: does the future change the past?          :func:`check_future_leaks`
+=====================================================  ==================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from companion.exercises._checker import CheckResult, run_check
+
+__all__ = [
+    "check_padding_mask",
+    "check_causal_mask",
+    "check_decoder_mask",
+    "check_additive_from_blocked",
+    "check_future_leaks",
+    "reference_padding_mask",
+    "reference_causal_mask",
+    "reference_decoder_mask",
+    "reference_additive_from_blocked",
+    "reference_future_leaks",
+]
+
+Case = dict[str, Any]
+
+
+def _generator(seed: int) -> torch.Generator:
+    """A private generator, so the cases are the same on every call and every machine."""
+    return torch.Generator().manual_seed(seed)
+
+
+def _returning(dtype_kind: str, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``fn`` so that a result of the wrong kind of dtype is reported as an error.
+
+    ``compare`` treats a 0/1 integer tensor like a boolean one and compares every number in
+    ``float64``, so the dtype is checked here: ``"bool"`` (a boolean mask) or ``"float"`` (the
+    dtype requested by the case's ``dtype`` argument).
+    """
+
+    def wrapped(**kwargs: Any) -> Any:
+        result = fn(**kwargs)
+        if not isinstance(result, Tensor):
+            raise TypeError(f"{name} must return a tensor, got {type(result).__name__}")
+        if dtype_kind == "bool" and result.dtype != torch.bool:
+            raise TypeError(
+                f"{name} must return a boolean tensor (True = may attend), got dtype {result.dtype}"
+            )
+        if dtype_kind == "float" and result.dtype != kwargs["dtype"]:
+            raise TypeError(
+                f"{name} must return a tensor of the requested dtype {kwargs['dtype']}, "
+                f"got dtype {result.dtype}"
+            )
+        return result
+
+    return wrapped
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: padding mask from token ids
+# --------------------------------------------------------------------------------------------
+
+
+def reference_padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
+    """Which keys are real tokens.
+
+    Args:
+        tokens: token ids, shape ``(batch, k_len)``.
+        pad_id: the id used for padding.
+
+    Returns:
+        Boolean mask ``(batch, 1, 1, k_len)``, ``True`` where the key is not padding; the two
+        size-1 axes broadcast over heads and queries.
+    """
+    real = tokens != pad_id  # (batch, k_len)
+    return real[:, None, None, :]  # (batch, 1, 1, k_len)
+
+
+def _padded_batch(g: torch.Generator, lengths: list[int], k_len: int, pad_id: int) -> Tensor:
+    """Random ids in ``[4, 20)`` (never ``pad_id``), right-padded to ``k_len`` with ``pad_id``."""
+    tokens = torch.randint(4, 20, (len(lengths), k_len), generator=g)  # (batch, k_len)
+    tokens[tokens == pad_id] = 4 if pad_id != 4 else 5
+    for row, length in enumerate(lengths):
+        tokens[row, length:] = pad_id
+    return tokens
+
+
+def _padding_cases() -> list[Case]:
+    g = _generator(501)
+    return [
+        # (batch, lengths) with batch ≠ k_len, so a transposed mask cannot pass by accident
+        {"tokens": _padded_batch(g, [5, 3], 5, 0), "pad_id": 0},
+        {"tokens": _padded_batch(g, [2, 7, 4], 7, 0), "pad_id": 0},
+        # a pad id other than 0: a hard-coded `tokens != 0` fails here
+        {"tokens": _padded_batch(g, [6, 1, 3, 6], 6, 1), "pad_id": 1},
+        # no padding at all, and a row that is only padding
+        {"tokens": _padded_batch(g, [4, 4, 4], 4, 0), "pad_id": 0},
+        {"tokens": _padded_batch(g, [3, 0], 3, 7), "pad_id": 7},
+        # a single sequence
+        {"tokens": _padded_batch(g, [2], 9, 0), "pad_id": 0},
+    ]
+
+
+def check_padding_mask(
+    padding_mask: Callable[[Tensor, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``padding_mask(tokens, pad_id)``: ``(batch, k_len)`` ids → boolean
+    ``(batch, 1, 1, k_len)``, ``True`` where the key is a real token."""
+    return run_check(
+        "padding_mask",
+        _returning("bool", "padding_mask", padding_mask),
+        reference_padding_mask,
+        _padding_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: causal mask, bottom-right aligned
+# --------------------------------------------------------------------------------------------
+
+
+def reference_causal_mask(q_len: int, k_len: int) -> Tensor:
+    """Query ``i`` may attend to the keys up to its own position, and no further.
+
+    The queries are the *last* ``q_len`` of the ``k_len`` positions (as when a decoder adds
+    ``q_len`` new tokens to ``k_len - q_len`` cached ones), so query ``i`` sits at position
+    ``i + k_len - q_len``.
+
+    Returns:
+        Boolean mask ``(q_len, k_len)``: ``True`` where ``key <= i + k_len - q_len``.
+    """
+    query_position = torch.arange(q_len)[:, None] + (k_len - q_len)  # (q_len, 1)
+    key_position = torch.arange(k_len)[None, :]  # (1, k_len)
+    return key_position <= query_position  # (q_len, k_len)
+
+
+def _causal_cases() -> list[Case]:
+    return [
+        {"q_len": q_len, "k_len": k_len}
+        for q_len, k_len in [(1, 1), (4, 4), (6, 6), (3, 7), (1, 5), (2, 3), (5, 9)]
+    ]
+
+
+def check_causal_mask(
+    causal_mask: Callable[[int, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``causal_mask(q_len, k_len)`` → boolean ``(q_len, k_len)``; query ``i`` sits at
+    position ``i + k_len - q_len`` and may attend to the keys at or before it."""
+    return run_check(
+        "causal_mask",
+        _returning("bool", "causal_mask", causal_mask),
+        reference_causal_mask,
+        _causal_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: the decoder's self-attention mask
+# --------------------------------------------------------------------------------------------
+
+
+def reference_decoder_mask(tgt: Tensor, pad_id: int) -> Tensor:
+    """Padding and causal masks combined, ready to broadcast over heads.
+
+    Args:
+        tgt: decoder input ids, shape ``(batch, tgt_len)``, right-padded with ``pad_id``.
+        pad_id: the id used for padding.
+
+    Returns:
+        Boolean mask ``(batch, 1, tgt_len, tgt_len)``: query ``i`` of sequence ``b`` may attend
+        to key ``j`` when ``j <= i`` *and* ``tgt[b, j]`` is not padding. Only keys are masked:
+        a padded query keeps its causal row over the real keys.
+    """
+    tgt_len = tgt.shape[1]
+    keys_real = (tgt != pad_id)[:, None, None, :]  # (batch, 1, 1, tgt_len)
+    causal = torch.ones(tgt_len, tgt_len, dtype=torch.bool).tril()  # (tgt_len, tgt_len)
+    return keys_real & causal  # (batch, 1, tgt_len, tgt_len)
+
+
+def _decoder_cases() -> list[Case]:
+    g = _generator(503)
+    return [
+        {"tgt": _padded_batch(g, [5, 3], 5, 0), "pad_id": 0},
+        {"tgt": _padded_batch(g, [2, 6, 4], 6, 0), "pad_id": 0},
+        {"tgt": _padded_batch(g, [4, 4], 4, 0), "pad_id": 0},  # nothing padded
+        {"tgt": _padded_batch(g, [7, 1, 3, 5], 7, 2), "pad_id": 2},  # pad id 2
+        {"tgt": _padded_batch(g, [1], 3, 0), "pad_id": 0},  # one sequence
+    ]
+
+
+def check_decoder_mask(
+    decoder_mask: Callable[[Tensor, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``decoder_mask(tgt, pad_id)``: ``(batch, tgt_len)`` ids → boolean
+    ``(batch, 1, tgt_len, tgt_len)``, causal *and* not a padded key."""
+    return run_check(
+        "decoder_mask",
+        _returning("bool", "decoder_mask", decoder_mask),
+        reference_decoder_mask,
+        _decoder_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: PyTorch's True = blocked → an additive float mask
+# --------------------------------------------------------------------------------------------
+
+
+def reference_additive_from_blocked(blocked: Tensor, dtype: torch.dtype) -> Tensor:
+    """Additive mask from a boolean mask in ``torch.nn.MultiheadAttention``'s convention.
+
+    Args:
+        blocked: boolean, any shape, ``True`` where attention is **blocked**.
+        dtype: floating dtype of the result.
+
+    Returns:
+        Tensor of ``blocked``'s shape and ``dtype``: ``0`` where attention is allowed and
+        ``-inf`` where it is blocked, to be *added* to the scores.
+    """
+    additive = torch.zeros(blocked.shape, dtype=dtype)  # same shape as blocked
+    return additive.masked_fill(blocked, float("-inf"))  # same shape as blocked
+
+
+def _additive_cases() -> list[Case]:
+    g = _generator(504)
+    return [
+        {"blocked": torch.rand(4, 6, generator=g) < 0.4, "dtype": torch.float32},
+        {"blocked": torch.ones(5, 5, dtype=torch.bool).triu(1), "dtype": torch.float32},
+        {"blocked": torch.rand(2, 1, 3, 4, generator=g) < 0.5, "dtype": torch.float64},
+        {"blocked": torch.rand(3, 7, generator=g) < 0.3, "dtype": torch.float16},
+        {"blocked": torch.zeros(2, 3, dtype=torch.bool), "dtype": torch.float32},
+        {"blocked": torch.ones(1, 4, dtype=torch.bool), "dtype": torch.bfloat16},
+    ]
+
+
+def check_additive_from_blocked(
+    additive_from_blocked: Callable[[Tensor, torch.dtype], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``additive_from_blocked(blocked, dtype)``: boolean (``True`` = blocked) → float
+    of the same shape and of ``dtype``, ``0`` where allowed and ``-inf`` where blocked."""
+    return run_check(
+        "additive_from_blocked",
+        _returning("float", "additive_from_blocked", additive_from_blocked),
+        reference_additive_from_blocked,
+        _additive_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: the leak test
+# --------------------------------------------------------------------------------------------
+
+
+def reference_future_leaks(attend: Callable[[Tensor], Tensor], x: Tensor) -> bool:
+    """Does any output position depend on an input at a *later* position?
+
+    For every position ``t``, replace the inputs after ``t`` by fresh random vectors and see
+    whether any output at or before ``t`` changes (by more than ``1e-5``).
+
+    Args:
+        attend: a sequence model ``(batch, seq_len, d) → (batch, seq_len, d_out)``.
+        x: an input ``(batch, seq_len, d)``.
+
+    Returns:
+        ``True`` if information flows from the future into the past.
+    """
+    g = _generator(505)
+    seq_len = x.shape[1]
+    with torch.no_grad():
+        before = attend(x)  # (batch, seq_len, d_out)
+        for t in range(seq_len - 1):
+            changed = x.clone()  # (batch, seq_len, d)
+            changed[:, t + 1 :] = torch.randn(changed[:, t + 1 :].shape, generator=g)
+            after = attend(changed)  # (batch, seq_len, d_out)
+            past = slice(0, t + 1)
+            if not torch.allclose(after[:, past], before[:, past], atol=1e-5, rtol=0.0):
+                return True
+    return False
+
+
+class _MaskedAttention:
+    """A single-head self-attention with fixed random projections and a given mask.
+
+    ``attention(x)``: ``(batch, seq_len, d) → (batch, seq_len, d)``; ``mask(seq_len)`` gives
+    the ``(seq_len, seq_len)`` boolean mask (``True`` = may attend).
+    """
+
+    def __init__(self, name: str, mask: Callable[[int], Tensor], d: int, seed: int) -> None:
+        g = _generator(seed)
+        self.name = name
+        self.mask = mask
+        self.w_q, self.w_k, self.w_v = (torch.randn(d, d, generator=g) / d**0.5 for _ in range(3))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # each (batch, seq_len, d)
+        scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (batch, seq_len, seq_len)
+        mask = self.mask(x.shape[1])  # (seq_len, seq_len)
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # (batch, seq, seq)
+        return weights @ v  # (batch, seq_len, d)
+
+    def __repr__(self) -> str:
+        return f"<attention: {self.name}>"
+
+
+class _Elementwise:
+    """A position-wise function (no mixing across positions at all)."""
+
+    def __init__(self, name: str, fn: Callable[[Tensor], Tensor]) -> None:
+        self.name, self.fn = name, fn
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.fn(x)
+
+    def __repr__(self) -> str:
+        return f"<function: {self.name}>"
+
+
+def _tril(diagonal: int) -> Callable[[int], Tensor]:
+    return lambda n: torch.ones(n, n, dtype=torch.bool).tril(diagonal)
+
+
+def _first_sees_second(n: int) -> Tensor:
+    mask = torch.ones(n, n, dtype=torch.bool).tril()  # (n, n) causal ...
+    mask[0, 1] = True  # ... except that position 0 peeks at position 1
+    return mask
+
+
+def _layer_norm(x: Tensor) -> Tensor:
+    return torch.nn.functional.layer_norm(x, x.shape[-1:])  # (batch, seq_len, d)
+
+
+def _future_leak_cases() -> list[Case]:
+    g = _generator(506)
+    d = 4
+
+    def x(seq_len: int, batch: int = 2) -> Tensor:
+        return torch.randn(batch, seq_len, d, generator=g)
+
+    causal = _MaskedAttention("causal", _tril(0), d, 1)
+    full = _MaskedAttention("no mask", lambda n: torch.ones(n, n, dtype=torch.bool), d, 2)
+    return [
+        {"attend": causal, "x": x(5)},
+        {"attend": full, "x": x(5)},
+        {"attend": _MaskedAttention("diagonal off by one", _tril(1), d, 3), "x": x(6)},
+        {"attend": _MaskedAttention("strictly the past", _tril(-1), d, 4), "x": x(5)},
+        # a leak from position 1 into position 0 only: changing the last token alone misses it
+        {"attend": _MaskedAttention("0 peeks at 1", _first_sees_second, d, 5), "x": x(6)},
+        # layer norm first: it ignores a constant added to a position's vector, so the
+        # perturbation must be random, not "x + 1" or "2 * x"
+        {
+            "attend": _Elementwise("layer norm, then no mask", lambda x: full(_layer_norm(x))),
+            "x": x(4),
+        },
+        {
+            "attend": _Elementwise("causal, then layer norm", lambda x: _layer_norm(causal(x))),
+            "x": x(4),
+        },
+        {"attend": _Elementwise("layer norm, no mixing", _layer_norm), "x": x(4)},
+        {"attend": _Elementwise("cumulative sum", lambda x: x.cumsum(dim=1)), "x": x(5)},
+        {
+            "attend": _Elementwise(
+                "reversed cumulative sum", lambda x: x.flip(1).cumsum(1).flip(1)
+            ),
+            "x": x(5),
+        },
+        {
+            "attend": _Elementwise(
+                "mean over the sequence", lambda x: x.mean(1, keepdim=True).expand_as(x)
+            ),
+            "x": x(3, batch=1),
+        },
+    ]
+
+
+def check_future_leaks(
+    future_leaks: Callable[[Callable[[Tensor], Tensor], Tensor], bool], verbose: bool = True
+) -> CheckResult:
+    """Check ``future_leaks(attend, x) -> bool`` on causal models (no leak) and on models that
+    leak the future into the past in several ways (full attention, an off-by-one diagonal, a
+    single leaking pair, a reversed cumulative sum)."""
+    return run_check(
+        "future_leaks",
+        future_leaks,
+        reference_future_leaks,
+        _future_leak_cases(),
+        verbose=verbose,
+    )
