@@ -9,7 +9,12 @@ Mask convention (whole package): a boolean mask is ``True`` where a query **may 
 key; see :mod:`companion.masking`.
 """
 
-from companion.attention import AdditiveScore, MultiHeadAttention, scaled_dot_product_attention
+from companion.attention import (
+    AdditiveScore,
+    KeyValueCache,
+    MultiHeadAttention,
+    scaled_dot_product_attention,
+)
 from companion.layers import DecoderLayer, EncoderLayer, FeedForward
 from companion.masking import (
     causal_mask,
@@ -22,7 +27,14 @@ from companion.masking import (
     to_torch_attn_mask,
     to_torch_key_padding_mask,
 )
-from companion.model import Decoder, Encoder, TokenEmbedding, Transformer, TransformerConfig
+from companion.model import (
+    Decoder,
+    DecoderCache,
+    Encoder,
+    TokenEmbedding,
+    Transformer,
+    TransformerConfig,
+)
 from companion.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -42,6 +54,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "AdditiveScore",
     "MultiHeadAttention",
+    "KeyValueCache",
     # masking
     "padding_mask",
     "causal_mask",
@@ -66,6 +79,7 @@ __all__ = [
     "TokenEmbedding",
     "Encoder",
     "Decoder",
+    "DecoderCache",
     "TransformerConfig",
     "Transformer",
     # utils

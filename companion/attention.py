@@ -5,6 +5,8 @@
 * :class:`AdditiveScore` - the additive (Bahdanau) score, for comparison.
 * :class:`MultiHeadAttention` - ``num_heads`` attentions in parallel on learned projections,
   batch-first, weight-compatible with ``torch.nn.MultiheadAttention``.
+* :class:`KeyValueCache` - the projected keys and values one attention keeps between the
+  steps of incremental (token-by-token) decoding.
 
 Mask convention for the whole package: a boolean mask is ``True`` where a query **may attend**
 to a key, ``False`` where it is blocked (the convention of
@@ -18,6 +20,7 @@ all-zero output vector - never NaN.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +42,7 @@ from companion._validation import (
 )
 from companion.masking import causal_mask
 
-__all__ = ["scaled_dot_product_attention", "AdditiveScore", "MultiHeadAttention"]
+__all__ = ["scaled_dot_product_attention", "AdditiveScore", "MultiHeadAttention", "KeyValueCache"]
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -166,6 +169,37 @@ class AdditiveScore(nn.Module):
         return self.score_proj(torch.tanh(hq + hk)).squeeze(-1)  # (..., q_len, k_len)
 
 
+@dataclass
+class KeyValueCache:
+    """Keys and values that one :class:`MultiHeadAttention` has already projected, kept
+    between the steps of incremental decoding so that a step projects only its new tokens.
+
+    * ``growing=True`` (decoder self-attention): every call appends the keys and values of its
+      new positions and attends over all of them;
+    * ``growing=False`` (cross-attention): the first call projects the encoder output
+      (``memory``) and stores it; later calls reuse it and project only the queries.
+
+    Attributes:
+        growing: see above.
+        keys, values: ``(batch, heads, cached_len, head_dim)``, ``None`` before the first call.
+    """
+
+    growing: bool = True
+    keys: Tensor | None = None
+    values: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep the batch rows ``indices`` ``(new_batch,)``, e.g. the surviving beams."""
+        if self.keys is not None:
+            self.keys = self.keys.index_select(0, indices)  # (new_batch, heads, len, head_dim)
+            self.values = self.values.index_select(0, indices)  # (new_batch, heads, len, head_dim)
+
+
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention (Vaswani et al., 2017, section 3.2.2), batch-first.
 
@@ -243,6 +277,7 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         need_weights: bool = False,
         is_causal: bool = False,
+        cache: KeyValueCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from every query position to the key/value positions.
 
@@ -256,6 +291,8 @@ class MultiHeadAttention(nn.Module):
             need_weights: return the per-head attention weights (explicit path).
             is_causal: also apply :func:`companion.masking.causal_mask` ``(q_len, k_len)``
                 (bottom-right aligned when ``k_len > q_len``); combined with ``mask``.
+            cache: keys and values of earlier decoding steps (:class:`KeyValueCache`); ``k_len``
+                then counts the cached positions too, and the cache is updated in place.
 
         Returns:
             ``(output, weights)``: output ``(batch, q_len, d_model)``; weights
@@ -264,13 +301,15 @@ class MultiHeadAttention(nn.Module):
         """
         self._check_inputs(query, key, value)
         batch, q_len, _ = query.shape
-        k_len = key.shape[1]
+        k_len = key.shape[1] if cache is None else self._check_cache(cache, batch, key.shape[1])
         score_shape = (batch, self.num_heads, q_len, k_len)
         if mask is not None:
             check_bool_mask("mask", mask, score_shape, "(batch, heads, q_len, k_len)")
         check_bool("need_weights", need_weights)
         check_bool("is_causal", is_causal)
 
+        if is_causal and q_len == 1:  # one query at the last position (a decoding step)
+            is_causal = False  # may see every key: nothing to mask
         # The fused kernel can apply a square causal mask itself (and skip the blocked work).
         causal_kernel = is_causal and mask is None and q_len == k_len and not need_weights
         if is_causal and not causal_kernel:
@@ -282,7 +321,7 @@ class MultiHeadAttention(nn.Module):
         if has_key is not None and bool(has_key.all()):
             has_key = None
 
-        q, k, v = self._project(query, key, value)  # each (batch, heads, len, head_dim)
+        q, k, v = self._project(query, key, value, cache)  # each (batch, heads, len, head_dim)
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
             # per_head: (batch, heads, q_len, head_dim); weights: (batch, heads, q_len, k_len)
@@ -337,8 +376,42 @@ class MultiHeadAttention(nn.Module):
             if value is not key and value is not query:
                 check_finite("value", value)
 
-    def _project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Project and split into heads: ``(batch, len, d_model)`` → ``(batch, heads, len, head_dim)``."""
+    def _check_cache(self, cache: object, batch: int, new_len: int) -> int:
+        """Validate ``cache`` and return the number of keys attended to (cached + new)."""
+        if not isinstance(cache, KeyValueCache):
+            raise TypeError(f"cache must be a KeyValueCache, got {type(cache).__name__}")
+        if cache.keys is None:
+            return new_len
+        if cache.keys.shape[0] != batch or cache.keys.shape[1] != self.num_heads:
+            raise ValueError(
+                f"cache must hold keys of shape ({batch}, {self.num_heads}, len, "
+                f"{self.head_dim}) for this call, got {shape_str(cache.keys.shape)}"
+            )
+        return cache.length + new_len if cache.growing else cache.length
+
+    def _project(
+        self, query: Tensor, key: Tensor, value: Tensor, cache: KeyValueCache | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Project and split into heads: ``(batch, len, d_model)`` → ``(batch, heads, len, head_dim)``.
+
+        With a ``cache``, the keys and values come from / go to it (see :class:`KeyValueCache`).
+        """
+        if cache is not None and not cache.growing and cache.keys is not None:
+            # cross-attention, memory already projected at an earlier step
+            q = self._split_heads(self.query_proj(query))  # (batch, heads, q_len, head_dim)
+            return q, cache.keys, cache.values
+        q, k, v = self._project_all(query, key, value)  # each (batch, heads, len, head_dim)
+        if cache is not None:
+            if cache.keys is not None:  # growing: append the new positions
+                k = torch.cat([cache.keys, k], dim=2)  # (batch, heads, cached + new, head_dim)
+                v = torch.cat([cache.values, v], dim=2)  # (batch, heads, cached + new, head_dim)
+            cache.keys, cache.values = k, v
+        return q, k, v
+
+    def _project_all(
+        self, query: Tensor, key: Tensor, value: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Project query, key and value and split them into heads."""
         projections = (self.query_proj, self.key_proj, self.value_proj)
         if query is key and key is value:  # self-attention: one matrix product for q, k and v
             qkv = _fused_linear(query, projections)  # (batch, len, 3 * d_model)

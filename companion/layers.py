@@ -19,6 +19,7 @@ reset to ``None`` by a call without ``need_weights``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -37,9 +38,9 @@ from companion._validation import (
     check_size,
     shape_str,
 )
-from companion.attention import MultiHeadAttention
+from companion.attention import KeyValueCache, MultiHeadAttention
 
-__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "ACTIVATIONS"]
+__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "DecoderLayerCache", "ACTIVATIONS"]
 
 #: Activation functions of the feed-forward network, by name (GELU is the exact, erf form).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
@@ -156,11 +157,16 @@ class _ResidualLayer(nn.Module):
         return self.feed_forward.hidden_proj.bias is not None
 
     def _self_attention_block(
-        self, x: Tensor, mask: Tensor | None, need_weights: bool, is_causal: bool
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        need_weights: bool,
+        is_causal: bool,
+        cache: KeyValueCache | None = None,
     ) -> Tensor:
         """Self-attention sub-layer before the residual: ``(batch, len, d_model)`` → same."""
         # out: (batch, len, d_model); weights: (batch, heads, len, len) or None
-        out, weights = self.self_attention(x, x, x, mask, need_weights, is_causal)
+        out, weights = self.self_attention(x, x, x, mask, need_weights, is_causal, cache)
         self.self_attention_weights = weights
         return self.residual_dropout(out)  # (batch, len, d_model)
 
@@ -352,6 +358,21 @@ class EncoderLayer(_ResidualLayer):
         return layer
 
 
+@dataclass
+class DecoderLayerCache:
+    """What one :class:`DecoderLayer` keeps between incremental decoding steps: the keys and
+    values of its self-attention (growing by one step's tokens per call) and of its
+    cross-attention (the projected encoder output, computed at the first step)."""
+
+    self_attention: KeyValueCache = field(default_factory=lambda: KeyValueCache(growing=True))
+    cross_attention: KeyValueCache = field(default_factory=lambda: KeyValueCache(growing=False))
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep the batch rows ``indices`` ``(new_batch,)`` (beam search)."""
+        self.self_attention.reorder(indices)
+        self.cross_attention.reorder(indices)
+
+
 class DecoderLayer(_ResidualLayer):
     """One decoder layer: masked self-attention, cross-attention over the encoder output
     (``memory``), feed-forward; each with residual + LayerNorm (Pre-LN or Post-LN).
@@ -399,6 +420,7 @@ class DecoderLayer(_ResidualLayer):
         memory_mask: Tensor | None = None,
         need_weights: bool = False,
         is_causal: bool = True,
+        cache: DecoderLayerCache | None = None,
     ) -> Tensor:
         """Decode: every target position attends to earlier targets and to the whole source.
 
@@ -413,6 +435,9 @@ class DecoderLayer(_ResidualLayer):
             need_weights: store ``self_attention_weights`` and ``cross_attention_weights``.
             is_causal: apply the causal mask in self-attention (default; a decoder must not
                 see the future). ``False`` uses ``tgt_mask`` alone.
+            cache: keys and values of the earlier decoding steps (:class:`DecoderLayerCache`),
+                updated in place; ``x`` then holds only the new positions, and ``tgt_mask``
+                covers the cached keys too: ``(batch, heads, tgt_len, cached_len + tgt_len)``.
 
         Returns:
             Tensor of shape ``(batch, tgt_len, d_model)``.
@@ -427,36 +452,47 @@ class DecoderLayer(_ResidualLayer):
             )
         batch, tgt_len, _ = x.shape
         src_len = memory.shape[1]
+        if cache is not None and not isinstance(cache, DecoderLayerCache):
+            raise TypeError(f"cache must be a DecoderLayerCache, got {type(cache).__name__}")
+        self_cache = None if cache is None else cache.self_attention
+        cross_cache = None if cache is None else cache.cross_attention
+        keys = tgt_len + (0 if self_cache is None else self_cache.length)  # self-attention keys
         if tgt_mask is not None:
-            target = (batch, self.num_heads, tgt_len, tgt_len)
-            check_bool_mask("tgt_mask", tgt_mask, target, "(batch, heads, tgt_len, tgt_len)")
+            target = (batch, self.num_heads, tgt_len, keys)
+            layout = "tgt_len" if self_cache is None else "cached_len + tgt_len"
+            check_bool_mask("tgt_mask", tgt_mask, target, f"(batch, heads, tgt_len, {layout})")
         if memory_mask is not None:
             target = (batch, self.num_heads, tgt_len, src_len)
             check_bool_mask("memory_mask", memory_mask, target, "(batch, heads, tgt_len, src_len)")
         if self.norm_first:
             x = x + self._self_attention_block(
-                self.self_attention_norm(x), tgt_mask, need_weights, is_causal
+                self.self_attention_norm(x), tgt_mask, need_weights, is_causal, self_cache
             )  # (batch, tgt_len, d_model)
             x = x + self._cross_attention_block(
-                self.cross_attention_norm(x), memory, memory_mask, need_weights
+                self.cross_attention_norm(x), memory, memory_mask, need_weights, cross_cache
             )  # (batch, tgt_len, d_model)
             x = x + self._feed_forward_block(self.feed_forward_norm(x))  # (batch, tgt_len, d_model)
         else:
             x = self.self_attention_norm(
-                x + self._self_attention_block(x, tgt_mask, need_weights, is_causal)
+                x + self._self_attention_block(x, tgt_mask, need_weights, is_causal, self_cache)
             )  # (batch, tgt_len, d_model)
             x = self.cross_attention_norm(
-                x + self._cross_attention_block(x, memory, memory_mask, need_weights)
+                x + self._cross_attention_block(x, memory, memory_mask, need_weights, cross_cache)
             )  # (batch, tgt_len, d_model)
             x = self.feed_forward_norm(x + self._feed_forward_block(x))  # (batch, tgt_len, d_model)
         return x  # (batch, tgt_len, d_model)
 
     def _cross_attention_block(
-        self, x: Tensor, memory: Tensor, mask: Tensor | None, need_weights: bool
+        self,
+        x: Tensor,
+        memory: Tensor,
+        mask: Tensor | None,
+        need_weights: bool,
+        cache: KeyValueCache | None = None,
     ) -> Tensor:
         """Cross-attention sub-layer before the residual: ``(batch, tgt_len, d_model)`` → same."""
         # out: (batch, tgt_len, d_model); weights: (batch, heads, tgt_len, src_len) or None
-        out, weights = self.cross_attention(x, memory, memory, mask, need_weights)
+        out, weights = self.cross_attention(x, memory, memory, mask, need_weights, False, cache)
         self.cross_attention_weights = weights
         return self.residual_dropout(out)  # (batch, tgt_len, d_model)
 

@@ -15,10 +15,11 @@ therefore means "``norm_first``". Note that ``torch.nn.Transformer`` *always* ad
 ``encoder.norm`` and ``decoder.norm``, even with ``norm_first=False``: pass
 ``final_norm=True`` to match it exactly (:meth:`Transformer.load_from_torch` requires it).
 
-Extending to incremental decoding: :meth:`Transformer.decode` takes ``offset`` (the position
-of the first target token) and the attention's causal mask is bottom-right aligned when there
-are more keys than queries, so a KV-cache decoder only has to feed cached keys/values to the
-decoder's self-attention.
+Incremental decoding: ``cache = model.new_cache()`` then ``model.decode(new_tokens, memory,
+src_mask, cache=cache)`` step by step gives the same logits as decoding the whole prefix at
+once, but each step projects only its new tokens (a :class:`DecoderCache` keeps every layer's
+keys and values, and the padding of the tokens seen so far; ``cache.reorder(rows)`` follows
+the surviving beams). The decoding strategies themselves live in :mod:`companion.decode`.
 """
 
 from __future__ import annotations
@@ -45,11 +46,25 @@ from companion._validation import (
     check_size,
     shape_str,
 )
-from companion.layers import ACTIVATIONS, DecoderLayer, EncoderLayer, _check_sequence, _copy_params
+from companion.layers import (
+    ACTIVATIONS,
+    DecoderLayer,
+    DecoderLayerCache,
+    EncoderLayer,
+    _check_sequence,
+    _copy_params,
+)
 from companion.masking import causal_mask, padding_mask
 from companion.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
-__all__ = ["TokenEmbedding", "Encoder", "Decoder", "TransformerConfig", "Transformer"]
+__all__ = [
+    "TokenEmbedding",
+    "Encoder",
+    "Decoder",
+    "DecoderCache",
+    "TransformerConfig",
+    "Transformer",
+]
 
 
 class TokenEmbedding(nn.Module):
@@ -219,6 +234,36 @@ class Encoder(_Stack):
         return stack
 
 
+class DecoderCache:
+    """Everything the decoder keeps between incremental decoding steps.
+
+    Attributes:
+        layers: one :class:`~companion.layers.DecoderLayerCache` per decoder layer.
+        key_padding: ``(batch, length)`` boolean, ``True`` for the real (non-padding) tokens
+            decoded so far, or ``None`` when the model has no target pad id.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers = [
+            DecoderLayerCache() for _ in range(check_positive_int("num_layers", num_layers))
+        ]
+        self.key_padding: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of target positions decoded so far."""
+        return self.layers[0].self_attention.length
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep the batch rows ``indices`` ``(new_batch,)``, e.g. the surviving beams."""
+        check_integer("indices", indices)
+        check_ndim("indices", indices, 1, "(new_batch,)")
+        for layer in self.layers:
+            layer.reorder(indices)
+        if self.key_padding is not None:
+            self.key_padding = self.key_padding.index_select(0, indices)  # (new_batch, length)
+
+
 class Decoder(_Stack):
     """``num_layers`` decoder layers, then an optional final LayerNorm.
 
@@ -255,6 +300,7 @@ class Decoder(_Stack):
         memory_mask: Tensor | None = None,
         need_weights: bool = False,
         is_causal: bool = True,
+        cache: DecoderCache | None = None,
     ) -> Tensor:
         """Decode the (embedded) target given the encoder output.
 
@@ -269,23 +315,30 @@ class Decoder(_Stack):
             need_weights: store every layer's weights (see :attr:`attention_weights`,
                 :attr:`cross_attention_weights`).
             is_causal: apply the causal mask (default).
+            cache: keys and values of the earlier steps (:meth:`new_cache`), updated in place;
+                ``x`` then holds only the new positions and ``tgt_mask`` also covers the
+                cached ones: ``(batch, heads, tgt_len, cached_len + tgt_len)``.
 
         Returns:
             Tensor of shape ``(batch, tgt_len, d_model)``.
         """
         _check_sequence("x", x, self.d_model, "tgt_len", self.check_finite_inputs)
         _check_sequence("memory", memory, self.d_model, "src_len", self.check_finite_inputs)
+        if cache is not None and not isinstance(cache, DecoderCache):
+            raise TypeError(f"cache must be a DecoderCache, got {type(cache).__name__}")
         if is_causal and tgt_mask is not None:
             # Combine the two masks once here instead of once per layer.
             batch, tgt_len, _ = x.shape
-            heads = self.layers[0].num_heads
-            target = (batch, heads, tgt_len, tgt_len)
-            check_bool_mask("tgt_mask", tgt_mask, target, "(batch, heads, tgt_len, tgt_len)")
-            causal = causal_mask(tgt_len, device=x.device)  # (tgt_len, tgt_len)
-            tgt_mask = tgt_mask & causal  # (batch or 1, heads or 1, tgt_len, tgt_len)
+            keys = tgt_len + (0 if cache is None else cache.length)
+            target = (batch, self.layers[0].num_heads, tgt_len, keys)
+            layout = "tgt_len" if cache is None else "cached_len + tgt_len"
+            check_bool_mask("tgt_mask", tgt_mask, target, f"(batch, heads, tgt_len, {layout})")
+            causal = causal_mask(tgt_len, keys, device=x.device)  # (tgt_len, keys)
+            tgt_mask = tgt_mask & causal  # (batch or 1, heads or 1, tgt_len, keys)
             is_causal = False
-        for layer in self.layers:  # x stays (batch, tgt_len, d_model)
-            x = layer(x, memory, tgt_mask, memory_mask, need_weights, is_causal)
+        for i, layer in enumerate(self.layers):  # x stays (batch, tgt_len, d_model)
+            layer_cache = None if cache is None else cache.layers[i]
+            x = layer(x, memory, tgt_mask, memory_mask, need_weights, is_causal, layer_cache)
         if self.final_norm is not None:
             x = self.final_norm(x)  # (batch, tgt_len, d_model)
         return x
@@ -295,6 +348,10 @@ class Decoder(_Stack):
         """Self-attention weights of the last call with ``need_weights=True``:
         ``(layers, batch, heads, tgt_len, tgt_len)``, or ``None``."""
         return _stack_weights([layer.self_attention_weights for layer in self.layers])
+
+    def new_cache(self) -> DecoderCache:
+        """An empty :class:`DecoderCache` for incremental decoding with this decoder."""
+        return DecoderCache(len(self.layers))
 
     @property
     def cross_attention_weights(self) -> Tensor | None:
@@ -514,6 +571,7 @@ class Transformer(nn.Module):
         ``None`` without a pad id, or when ``src`` holds no padding at all (then attention
         runs unmasked, which the fused kernels do faster).
         """
+        self._check_tokens("src", src, self.config.src_vocab)
         return _padding_mask_or_none(src, self.config.src_pad_id)
 
     def make_tgt_mask(self, tgt: Tensor) -> Tensor | None:
@@ -523,6 +581,7 @@ class Transformer(nn.Module):
 
         The causal mask is not included: the decoder always applies it.
         """
+        self._check_tokens("tgt", tgt, self.config.tgt_vocab)
         return _padding_mask_or_none(tgt, self.config.tgt_pad_id)
 
     def _check_tokens(self, name: str, tokens: object, vocab: int) -> Tensor:
@@ -565,6 +624,7 @@ class Transformer(nn.Module):
         *,
         offset: int = 0,
         need_weights: bool = False,
+        cache: DecoderCache | None = None,
     ) -> Tensor:
         """Decode target token ids given the encoder output; returns logits.
 
@@ -577,12 +637,18 @@ class Transformer(nn.Module):
                 target position attend to every source position (``memory`` carries no
                 token ids to find padding in).
             tgt_mask: boolean mask over the target keys, broadcastable to
-                ``(batch, heads, tgt_len, tgt_len)``, combined with the causal mask (always
-                applied); default :meth:`make_tgt_mask`.
-            offset: position of ``tgt[:, 0]`` in the target sequence (``0`` for a whole
-                sequence; for incremental decoding).
+                ``(batch, heads, tgt_len, tgt_len)`` (with a cache: ``(batch, heads, tgt_len,
+                cached_len + tgt_len)``), combined with the causal mask (always applied);
+                default: the padding of ``config.tgt_pad_id`` (with a cache: of every token
+                decoded so far, which the cache remembers).
+            offset: position of ``tgt[:, 0]`` in the target sequence when decoding a
+                continuation without a cache (with a cache, positions continue from
+                ``cache.length``).
             need_weights: store attention weights (``self.decoder.attention_weights`` and
                 ``self.decoder.cross_attention_weights``).
+            cache: a :meth:`new_cache` for incremental decoding: pass only the new token(s)
+                as ``tgt``; the cache keeps the keys and values of the earlier ones and is
+                updated in place. Step-by-step logits equal those of the whole prefix.
 
         Returns:
             logits of shape ``(batch, tgt_len, tgt_vocab)``.
@@ -599,11 +665,41 @@ class Transformer(nn.Module):
                 f"memory must have the same batch size as tgt ({tgt.shape[0]}), "
                 f"got memory of shape {shape_str(memory.shape)}"
             )
-        if tgt_mask is None:
+        if cache is not None:
+            offset, tgt_mask = self._use_cache(cache, tgt, offset, tgt_mask)
+        elif tgt_mask is None:
             tgt_mask = self.make_tgt_mask(tgt)  # (batch, 1, 1, tgt_len) or None
         y = self.tgt_positions(self.tgt_embedding(tgt, "tgt"), offset)  # (batch, tgt_len, d_model)
-        y = self.decoder(y, memory, tgt_mask, src_mask, need_weights)  # (batch, tgt_len, d_model)
+        y = self.decoder(y, memory, tgt_mask, src_mask, need_weights, cache=cache)
         return self.generator(y)  # (batch, tgt_len, tgt_vocab)
+
+    def new_cache(self) -> DecoderCache:
+        """An empty :class:`DecoderCache` for incremental decoding (see :meth:`decode`)."""
+        return self.decoder.new_cache()
+
+    def _use_cache(
+        self, cache: DecoderCache, tgt: Tensor, offset: int, tgt_mask: Tensor | None
+    ) -> tuple[int, Tensor | None]:
+        """Position offset and self-attention mask for a cached step; records the padding."""
+        if not isinstance(cache, DecoderCache):
+            raise TypeError(f"cache must be a DecoderCache, got {type(cache).__name__}")
+        if offset != 0:
+            raise ValueError(
+                f"offset must be 0 with a cache (positions continue from the cache's length, "
+                f"{cache.length}), got {offset}"
+            )
+        if cache.length and cache.layers[0].self_attention.keys.shape[0] != tgt.shape[0]:
+            raise ValueError(
+                f"tgt must have the cache's batch size "
+                f"{cache.layers[0].self_attention.keys.shape[0]}, got shape {shape_str(tgt.shape)}"
+            )
+        if tgt_mask is None and self.config.tgt_pad_id is not None:
+            real = tgt != self.config.tgt_pad_id  # (batch, tgt_len)
+            seen = cache.key_padding
+            cache.key_padding = real if seen is None else torch.cat([seen, real], 1)  # (batch, len)
+            if not bool(cache.key_padding.all()):
+                tgt_mask = cache.key_padding[:, None, None, :]  # (batch, 1, 1, cached + tgt_len)
+        return cache.length, tgt_mask
 
     def forward(
         self,

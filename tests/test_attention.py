@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from companion.attention import MultiHeadAttention, scaled_dot_product_attention
+from companion.attention import KeyValueCache, MultiHeadAttention, scaled_dot_product_attention
 from companion.masking import (
     causal_mask,
     combine_masks,
@@ -258,3 +258,21 @@ def test_existing_teaching_function_is_unchanged():
     expected = torch.softmax(q @ k.transpose(-2, -1) / 2.0, dim=-1)
     assert torch.allclose(weights, expected, atol=1e-6)
     assert torch.allclose(out, expected @ v, atol=1e-6)
+
+
+def test_key_value_cache_step_by_step_equals_causal_attention():
+    torch.manual_seed(0)
+    self_attention = MultiHeadAttention(8, 2).eval()
+    cross_attention = MultiHeadAttention(8, 2).eval()
+    x, memory = torch.randn(2, 5, 8), torch.randn(2, 4, 8)
+    full_self, _ = self_attention(x, x, x, is_causal=True)
+    full_cross, _ = cross_attention(x, memory, memory)
+    self_cache, cross_cache = KeyValueCache(growing=True), KeyValueCache(growing=False)
+    for t in range(5):
+        step = x[:, t : t + 1]
+        out, weights = self_attention(step, step, step, need_weights=True, cache=self_cache)
+        assert weights.shape == (2, 2, 1, t + 1) and self_cache.length == t + 1
+        assert max_abs_diff(out[:, 0], full_self[:, t]) <= TOL
+        out, _ = cross_attention(step, memory, memory, cache=cross_cache)
+        assert cross_cache.length == 4  # memory projected once, then reused
+        assert max_abs_diff(out[:, 0], full_cross[:, t]) <= TOL

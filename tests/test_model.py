@@ -254,3 +254,58 @@ def test_training_step_reduces_loss():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_steps_match_the_whole_prefix(norm_first):
+    """decode(..., cache=...) one token at a time == decode of the whole prefix (padding too)."""
+    torch.manual_seed(0)
+    model = Transformer(12, 12, 8, 2, 2, 16, 0.1, norm_first, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    src = torch.tensor([[3, 4, 5, PAD], [6, 7, 8, 9], [5, PAD, PAD, PAD]])
+    tgt = torch.tensor([[1, 2, 3, 4, 5], [1, PAD, 7, 8, PAD], [1, 9, PAD, PAD, PAD]])
+    src_mask = model.make_src_mask(src)
+    memory = model.encode(src, src_mask)
+    full = model.decode(tgt, memory, src_mask)
+    cache = model.new_cache()
+    steps = []
+    for t in range(tgt.shape[1]):
+        steps.append(model.decode(tgt[:, t : t + 1], memory, src_mask, cache=cache))
+        assert cache.length == t + 1
+    assert max_abs_diff(torch.cat(steps, 1), full) <= TOL
+    # several tokens per step work too
+    cache = model.new_cache()
+    chunks = [model.decode(tgt[:, :2], memory, src_mask, cache=cache)]
+    chunks.append(model.decode(tgt[:, 2:], memory, src_mask, cache=cache))
+    assert max_abs_diff(torch.cat(chunks, 1), full) <= TOL
+
+
+def test_cache_reorder_follows_the_beams():
+    torch.manual_seed(0)
+    model = Transformer(12, 12, 8, 2, 2, 16, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    src = torch.tensor([[3, 4, 5], [6, 7, PAD]])
+    tgt = torch.tensor([[1, 2, 3], [1, 4, 5]])
+    memory = model.encode(src)
+    src_mask = model.make_src_mask(src)
+    cache = model.new_cache()
+    model.decode(tgt[:, :2], memory, src_mask, cache=cache)
+    rows = torch.tensor([1, 1, 0])  # beam search keeps row 1 twice and row 0 once
+    cache.reorder(rows)
+    step = model.decode(tgt[rows, 2:], memory[rows], src_mask[rows], cache=cache)
+    full = model.decode(tgt[rows], memory[rows], src_mask[rows])
+    assert max_abs_diff(step[:, 0], full[:, 2]) <= TOL
+
+
+def test_cache_errors_are_clear():
+    model = Transformer(12, 12, 8, 2, 1, 16)
+    memory = torch.randn(2, 3, 8)
+    tgt = torch.ones(2, 1, dtype=torch.long)
+    with pytest.raises(TypeError, match="cache must be a DecoderCache, got dict"):
+        model.decode(tgt, memory, cache={})
+    cache = model.new_cache()
+    with pytest.raises(ValueError, match=r"offset must be 0 with a cache .* got 3"):
+        model.decode(tgt, memory, offset=3, cache=cache)
+    model.decode(tgt, memory, cache=cache)
+    with pytest.raises(
+        ValueError, match=r"tgt must have the cache's batch size 2, got shape \(3, 1\)"
+    ):
+        model.decode(torch.ones(3, 1, dtype=torch.long), torch.randn(3, 3, 8), cache=cache)

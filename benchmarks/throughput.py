@@ -1,0 +1,252 @@
+"""Training-step throughput: companion.Transformer vs torch.nn.Transformer (CPU).
+
+Both models get the same configuration, the same batches and the same training step
+(forward, cross-entropy, backward, Adam step), dropout 0.1 in train mode. To compare the
+*stacks* only, both use the same kind of token embeddings (companion.TokenEmbedding, ×√d),
+the same sinusoidal positions and the same generator (nn.Linear to the vocabulary); only the
+encoder/decoder stacks differ:
+
+* companion: ``companion.Transformer`` (``final_norm=True``, because ``nn.Transformer``
+  always has final encoder/decoder norms - so both do the same arithmetic);
+* torch: the same embeddings + ``torch.nn.Transformer(batch_first=True)`` + generator, masks
+  passed the torch way (``*_key_padding_mask`` True = padding, ``tgt_mask`` from
+  ``generate_square_subsequent_mask`` with ``tgt_is_causal=True``).
+
+The two models run interleaved in one process - pairs of single training steps, alternating
+which goes first - and the script prints the median over pairs of the throughput ratio
+companion ÷ torch (a slow spell of a shared CPU then hits both members of a pair). It also
+counts the FLOPs of one companion step (``torch.utils.flop_counter``) and divides the achieved
+FLOP/s by the FLOP/s of a large ``torch.mm`` measured in the same run.
+
+Usage: ``python benchmarks/throughput.py [--norm-first] [--batch 16] [--length 128]``
+``[--budget 150]``: the run stops timing pairs early enough to finish within ``--budget``
+seconds (at least one pair), so it stays under 3 minutes even on a busy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_flop_count
+
+import companion
+from companion.model import TokenEmbedding
+from companion.positional import SinusoidalPositionalEncoding
+
+PAD = 0
+
+
+class TorchReference(nn.Module):
+    """Embeddings + positions + ``torch.nn.Transformer`` + generator."""
+
+    def __init__(
+        self,
+        vocab: int,
+        d_model: int,
+        heads: int,
+        layers: int,
+        d_ff: int,
+        dropout: float,
+        norm_first: bool,
+    ) -> None:
+        super().__init__()
+        self.src_embedding = TokenEmbedding(vocab, d_model)
+        self.tgt_embedding = TokenEmbedding(vocab, d_model)
+        self.src_positions = SinusoidalPositionalEncoding(d_model, dropout=dropout)
+        self.tgt_positions = SinusoidalPositionalEncoding(d_model, dropout=dropout)
+        self.transformer = nn.Transformer(
+            d_model, heads, layers, layers, d_ff, dropout, batch_first=True, norm_first=norm_first
+        )
+        self.generator = nn.Linear(d_model, vocab)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        tgt_len = tgt.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt_len)  # (tgt_len, tgt_len)
+        src_padding = src == PAD  # (batch, src_len), True = padding
+        out = self.transformer(
+            self.src_positions(self.src_embedding(src)),
+            self.tgt_positions(self.tgt_embedding(tgt)),
+            tgt_mask=causal,
+            src_key_padding_mask=src_padding,
+            tgt_key_padding_mask=tgt == PAD,
+            memory_key_padding_mask=src_padding,
+            tgt_is_causal=True,
+        )  # (batch, tgt_len, d_model)
+        return self.generator(out)  # (batch, tgt_len, vocab)
+
+
+def make_batches(
+    count: int, batch: int, length: int, vocab: int, seed: int
+) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """Random (src, tgt_in, tgt_out) batches; lengths vary in [3/4·length, length], padded."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(count):
+
+        def tokens() -> Tensor:
+            ids = torch.randint(1, vocab, (batch, length + 1), generator=gen)
+            lengths = torch.randint(3 * length // 4, length + 1, (batch,), generator=gen)
+            ids[torch.arange(length + 1) > lengths[:, None]] = PAD
+            return ids
+
+        src, tgt = tokens()[:, :length], tokens()
+        batches.append((src, tgt[:, :-1], tgt[:, 1:]))
+    return batches
+
+
+def train_step(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Tensor, Tensor, Tensor]
+) -> float:
+    src, tgt_in, tgt_out = batch
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(src, tgt_in)  # (batch, tgt_len, vocab)
+    loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def timed(
+    model: nn.Module, optimizer: torch.optim.Optimizer, batches: list, steps: int, start: int
+) -> float:
+    """Seconds for ``steps`` training steps on batches ``start, start + 1, ...``."""
+    t0 = time.perf_counter()
+    for i in range(steps):
+        train_step(model, optimizer, batches[(start + i) % len(batches)])
+    return time.perf_counter() - t0
+
+
+def matmul_flops_per_s(size: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * size**3 / statistics.median(times)
+
+
+def _register_cpu_flash_flops() -> None:
+    """``torch.utils.flop_counter`` has no formula for the CPU flash-attention kernels."""
+    aten = torch.ops.aten
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu, get_raw=True)
+    def _forward(query, key, value, *args, out_val=None, **kwargs) -> int:  # noqa: ANN001
+        return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+    @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward, get_raw=True)
+    def _backward(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:  # noqa: ANN001
+        # backward ≈ 2 × forward (the standard estimate: two products per forward product)
+        return 2 * sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def count_step_flops(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple) -> int:
+    try:
+        _register_cpu_flash_flops()
+    except Exception:  # noqa: BLE001 - older torch: attention FLOPs are then not counted
+        pass
+    with FlopCounterMode(display=False) as counter:
+        train_step(model, optimizer, batch)
+    return counter.get_total_flops()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=16, help="sentence pairs per batch")
+    parser.add_argument("--length", type=int, default=128, help="tokens per sentence")
+    parser.add_argument("--vocab", type=int, default=1000)
+    parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of Post-LN")
+    parser.add_argument("--budget", type=float, default=150.0, help="seconds for the whole run")
+    parser.add_argument("--max-pairs", type=int, default=40)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+
+    d_model, heads, layers, d_ff, dropout = 256, 8, 3, 1024, 0.1
+    torch.manual_seed(0)
+    ours = companion.Transformer(
+        args.vocab, args.vocab, d_model, heads, layers, d_ff, dropout, args.norm_first,
+        src_pad_id=PAD, tgt_pad_id=PAD, final_norm=True,
+    )  # fmt: skip
+    theirs = TorchReference(args.vocab, d_model, heads, layers, d_ff, dropout, args.norm_first)
+    models = {"companion": ours.train(), "torch": theirs.train()}
+    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
+    n_params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
+    batches = make_batches(4, args.batch, args.length, args.vocab, seed=0)
+    tokens_per_step = 2 * args.batch * args.length  # source + target positions (with padding)
+
+    load_before = os.getloadavg()
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"load average {load_before[0]:.2f}\n"
+        f"d_model={d_model}, heads={heads}, layers={layers}+{layers}, d_ff={d_ff}, "
+        f"dropout={dropout} (train mode), norm_first={args.norm_first}, vocab={args.vocab}, "
+        f"batch={args.batch} pairs x {args.length} tokens = {tokens_per_step:,} tokens (src+tgt)"
+    )
+    print(f"parameters: companion {n_params['companion']:,}, torch {n_params['torch']:,}")
+    if torch.get_num_threads() > 1 and load_before[0] > 0.5:
+        print(
+            "note: other processes are using the CPU; with several threads each operation "
+            "waits for its slowest thread, so steps can be many times slower and noisier - "
+            "--threads 1 gives steadier figures on a shared machine"
+        )
+
+    deadline = started + args.budget
+    warm_up = {name: timed(models[name], optimizers[name], batches, 1, 0) for name in models}
+
+    # Pairs of single steps in ABBA order, so that a slow spell of a shared CPU hits both.
+    # Stop in time to leave one more companion step (FLOP count) and the matrix product.
+    ratios, seconds = [], {name: [] for name in models}
+    pair, pair_seconds = 0, sum(warm_up.values())
+    while pair < args.max_pairs:
+        one_step = statistics.median(seconds["companion"] or [warm_up["companion"]])
+        if pair > 0 and time.perf_counter() + pair_seconds + one_step + 3 > deadline:
+            break
+        order = list(models) if pair % 2 == 0 else list(models)[::-1]
+        step_seconds = {
+            name: timed(models[name], optimizers[name], batches, 1, pair) for name in order
+        }
+        for name, value in step_seconds.items():
+            seconds[name].append(value)
+        ratios.append(step_seconds["torch"] / step_seconds["companion"])
+        pair_seconds = sum(step_seconds.values())
+        pair += 1
+
+    median_seconds = {name: statistics.median(values) for name, values in seconds.items()}
+    rate = {name: tokens_per_step / value for name, value in median_seconds.items()}
+    step_flops = count_step_flops(ours, optimizers["companion"], batches[0])
+    peak = matmul_flops_per_s()
+    achieved = step_flops / median_seconds["companion"]
+    load_after = os.getloadavg()
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    print(f"\n{pair} interleaved pairs of training steps")
+    print(
+        f"median step: companion {median_seconds['companion'] * 1e3:,.0f} ms "
+        f"({rate['companion']:,.0f} tokens/s), torch {median_seconds['torch'] * 1e3:,.0f} ms "
+        f"({rate['torch']:,.0f} tokens/s)"
+    )
+    print(
+        f"throughput ratio companion / torch: median {statistics.median(ratios):.3f} "
+        f"(quartiles {quartiles[0]:.3f} - {quartiles[2]:.3f})"
+    )
+    print(
+        f"companion step: {step_flops / 1e9:.1f} GFLOP -> {achieved / 1e9:.1f} GFLOP/s; "
+        f"torch.mm 2048x2048: {peak / 1e9:.1f} GFLOP/s; achieved / mm = {achieved / peak:.2f}"
+    )
+    print(
+        f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
+        f"total {time.perf_counter() - started:.0f} s"
+    )
+
+
+if __name__ == "__main__":
+    main()
