@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from pathlib import Path
@@ -111,3 +112,49 @@ def test_compare_rules():
         run_check("t", 3, _reference, _cases())
     with pytest.raises(ValueError, match="no test cases"):
         run_check("t", _reference, _reference, [])
+
+
+# ---------------------------------------------------------------- every chapter's checks
+
+CHAPTER_MODULES = [
+    importlib.import_module(f"companion.exercises.{path.stem}")
+    for path in sorted((ROOT / "companion" / "exercises").glob("ch[0-9][0-9].py"))
+]
+CHECKS = [
+    (module, name)
+    for module in CHAPTER_MODULES
+    for name in sorted(dir(module))
+    if name.startswith("check_") and callable(getattr(module, name))
+]
+CHECK_IDS = [f"{module.__name__.rsplit('.', 1)[1]}.{name}" for module, name in CHECKS]
+
+
+def test_every_chapter_has_an_exercise_module():
+    chapters = {p.stem[:2] for p in NOTEBOOKS}
+    modules = {m.__name__[-2:] for m in CHAPTER_MODULES}
+    assert chapters <= modules, (
+        f"chapters without companion/exercises/chNN.py: {chapters - modules}"
+    )
+
+
+@pytest.mark.parametrize("module,name", CHECKS, ids=CHECK_IDS)
+def test_reference_passes_its_own_check(module, name):
+    reference = getattr(module, "reference_" + name.removeprefix("check_"), None)
+    assert reference is not None, f"{module.__name__}.{name} needs reference_{name[6:]}"
+    result = getattr(module, name)(reference, verbose=False)
+    assert result and result.cases_run >= 3, result.message
+
+
+@pytest.mark.parametrize("module,name", CHECKS, ids=CHECK_IDS)
+def test_stub_and_crash_are_reported_not_raised(module, name):
+    def stub(*args, **kwargs):
+        raise NotImplementedError  # your code here
+
+    def crashes(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    check = getattr(module, name)
+    stubbed = check(stub, verbose=False)
+    assert not stubbed and "not attempted yet" in stubbed.message
+    crashed = check(crashes, verbose=False)
+    assert not crashed and "boom" in crashed.message

@@ -55,7 +55,7 @@ def masked_softmax_minus_inf(scores, mask):  # NaN for a fully blocked row
 
 
 def masked_softmax_inverted(scores, mask):  # True taken as "blocked"
-    return ch02.masked_softmax_reference(scores, ~mask)
+    return ch02.reference_masked_softmax(scores, ~mask)
 
 
 def masked_softmax_zeroed_after(scores, mask):  # rows no longer sum to 1
@@ -76,7 +76,7 @@ def weight_entropy_xlogy(weights):
 
 
 def weight_entropy_base_2(weights):
-    return ch02.weight_entropy_reference(weights) / math.log(2)
+    return ch02.reference_weight_entropy(weights) / math.log(2)
 
 
 def weight_entropy_naive(weights):  # 0 · log 0 = 0 · (-inf) = NaN
@@ -132,7 +132,7 @@ def _stub(*args, **kwargs):
 CHECKS = {
     "scaled_attention": (
         ch02.check_scaled_attention,
-        [ch02.scaled_attention_reference, scaled_attention_with_companion],
+        [ch02.reference_scaled_attention, scaled_attention_with_companion],
         [
             scaled_attention_divides_by_d_k,
             scaled_attention_unscaled,
@@ -142,7 +142,7 @@ CHECKS = {
     ),
     "masked_softmax": (
         ch02.check_masked_softmax,
-        [ch02.masked_softmax_reference, masked_softmax_with_nan_to_num],
+        [ch02.reference_masked_softmax, masked_softmax_with_nan_to_num],
         [
             masked_softmax_minus_inf,
             masked_softmax_inverted,
@@ -152,12 +152,12 @@ CHECKS = {
     ),
     "weight_entropy": (
         ch02.check_weight_entropy,
-        [ch02.weight_entropy_reference, weight_entropy_xlogy],
+        [ch02.reference_weight_entropy, weight_entropy_xlogy],
         [weight_entropy_base_2, weight_entropy_naive, weight_entropy_wrong_axis],
     ),
     "dot_product_variance": (
         ch02.check_dot_product_variance,
-        [ch02.dot_product_variance_reference, dot_product_variance_explicit],
+        [ch02.reference_dot_product_variance, dot_product_variance_explicit],
         [
             dot_product_variance_divides_by_d_k,
             dot_product_variance_biased,
@@ -187,13 +187,6 @@ def test_plausible_wrong_implementation_fails(name, fn):
 
 
 @pytest.mark.parametrize("name", list(CHECKS))
-def test_stub_is_reported_not_raised(name, capsys):
-    result = CHECKS[name][0](_stub)
-    assert not result
-    assert "not attempted yet" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("name", list(CHECKS))
 def test_cases_are_reproducible(name):
     first = CHECKS[name][0](CHECKS[name][1][0], verbose=False)
     second = CHECKS[name][0](CHECKS[name][1][0], verbose=False)
@@ -204,7 +197,7 @@ def test_masked_softmax_cases_cover_a_fully_blocked_row():
     cases = list(ch02._masked_softmax_cases())
     assert any((~c["mask"].expand_as(c["scores"])).all(-1).any() for c in cases)
     for case in cases:
-        weights = ch02.masked_softmax_reference(**case)
+        weights = ch02.reference_masked_softmax(**case)
         assert torch.isfinite(weights).all()
         sums = weights.sum(-1)
         assert torch.all(((sums - 1).abs() < 1e-5) | (sums == 0))

@@ -25,10 +25,10 @@ __all__ = [
     "check_masked_softmax",
     "check_weight_entropy",
     "check_dot_product_variance",
-    "scaled_attention_reference",
-    "masked_softmax_reference",
-    "weight_entropy_reference",
-    "dot_product_variance_reference",
+    "reference_scaled_attention",
+    "reference_masked_softmax",
+    "reference_weight_entropy",
+    "reference_dot_product_variance",
 ]
 
 Case = dict[str, Any]
@@ -39,7 +39,7 @@ Case = dict[str, Any]
 # ---------------------------------------------------------------------------------------------
 
 
-def scaled_attention_reference(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def reference_scaled_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     """Reference: ``softmax(q kᵀ / √d_k) v`` with any number of leading (batch) dimensions.
 
     Args:
@@ -88,7 +88,7 @@ def check_scaled_attention(
     return run_check(
         "scaled_attention",
         scaled_attention,
-        scaled_attention_reference,
+        reference_scaled_attention,
         _scaled_attention_cases(),
         verbose=verbose,
     )
@@ -99,7 +99,7 @@ def check_scaled_attention(
 # ---------------------------------------------------------------------------------------------
 
 
-def masked_softmax_reference(scores: Tensor, mask: Tensor) -> Tensor:
+def reference_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
     """Reference: softmax over the last axis of ``scores`` restricted to the allowed keys.
 
     Args:
@@ -155,7 +155,7 @@ def check_masked_softmax(
     return run_check(
         "masked_softmax",
         masked_softmax,
-        masked_softmax_reference,
+        reference_masked_softmax,
         _masked_softmax_cases(),
         verbose=verbose,
     )
@@ -166,7 +166,7 @@ def check_masked_softmax(
 # ---------------------------------------------------------------------------------------------
 
 
-def weight_entropy_reference(weights: Tensor) -> Tensor:
+def reference_weight_entropy(weights: Tensor) -> Tensor:
     """Reference: entropy in nats (natural log) of each row, ``-Σ_j p_j ln p_j``.
 
     Args:
@@ -189,7 +189,7 @@ def _weight_entropy_cases(seed: int = 0) -> Iterator[Case]:
     mask = torch.rand(2, 4, 6, generator=gen) < 0.5
     mask[:, :, 0] = True
     mask[1, 2] = False
-    yield {"weights": masked_softmax_reference(scores, mask)}
+    yield {"weights": reference_masked_softmax(scores, mask)}
     # 3. special rows: one-hot (entropy 0), uniform (entropy ln k_len), half-half (ln 2)
     special = torch.zeros(3, 4)
     special[0, 2] = 1.0
@@ -210,7 +210,7 @@ def check_weight_entropy(
     return run_check(
         "weight_entropy",
         weight_entropy,
-        weight_entropy_reference,
+        reference_weight_entropy,
         _weight_entropy_cases(),
         verbose=verbose,
     )
@@ -221,7 +221,7 @@ def check_weight_entropy(
 # ---------------------------------------------------------------------------------------------
 
 
-def dot_product_variance_reference(q: Tensor, k: Tensor, scaled: bool) -> float:
+def reference_dot_product_variance(q: Tensor, k: Tensor, scaled: bool) -> float:
     """Reference: unbiased sample variance of the row-wise dot products ``q[i] · k[i]``.
 
     Args:
@@ -268,7 +268,7 @@ def check_dot_product_variance(
     return run_check(
         "dot_product_variance",
         dot_product_variance,
-        dot_product_variance_reference,
+        reference_dot_product_variance,
         _dot_product_variance_cases(),
         verbose=verbose,
     )
