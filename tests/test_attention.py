@@ -8,6 +8,7 @@ exactly zero.
 
 import pytest
 import torch
+from helpers import max_abs_diff, randomize_
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -23,23 +24,6 @@ from companion.utils import count_parameters
 
 TOL = 1e-5
 MASK_KINDS = ["none", "padding", "causal", "padding+causal", "random", "random-per-head"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: extra threads only add synchronisation (costly on a loaded CPU)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def randomize_(module: nn.Module, generator: torch.Generator, std: float = 0.3) -> nn.Module:
-    """Give every parameter (biases and LayerNorm affine included) random values."""
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator) * std)
-    return module
 
 
 @st.composite
@@ -85,11 +69,6 @@ def build_masks(case, generator):
     use_is_causal = causal is not None and case["use_is_causal"]
     ours = combine_masks(padding, None if use_is_causal else causal, random)
     return ours, torch_kwargs, full, use_is_causal
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Largest absolute difference (0 for empty selections)."""
-    return (a - b).abs().max().item() if a.numel() else 0.0
 
 
 def valid_rows(full_mask, batch, heads, q_len, k_len):

@@ -4,6 +4,7 @@ attention weights for plots, weight copying."""
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import max_abs_diff, randomize_
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -17,26 +18,6 @@ from companion.masking import (
 )
 
 TOL = 1e-5
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: extra threads only add synchronisation (costly on a loaded CPU)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def randomize_(module: nn.Module, generator: torch.Generator, std: float = 0.3) -> nn.Module:
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=generator) * std)
-    return module
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item() if a.numel() else 0.0
 
 
 def rows_with_a_key(mask, batch, q_len, k_len):

@@ -14,15 +14,6 @@ from companion.positional import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: extra threads only add synchronisation (costly on a loaded CPU)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 def test_sinusoidal_table_matches_the_paper_formula():
     max_len, d_model = 50, 16
     table = sinusoidal_table(max_len, d_model)

@@ -1,7 +1,7 @@
 """Properties that must hold for every input (hypothesis, 100 examples each)."""
 
-import pytest
 import torch
+from helpers import max_abs_diff
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,19 +13,6 @@ from companion.positional import RotaryEmbedding, sinusoidal_shift_matrix, sinus
 TOL = 1e-5
 EXAMPLES = settings(max_examples=100, deadline=None)
 PAD = 0
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: extra threads only add synchronisation (costly on a loaded CPU)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item() if a.numel() else 0.0
 
 
 def tiny_model(seed: int, norm_first: bool, pad_ids: bool = True) -> Transformer:
