@@ -1,0 +1,232 @@
+"""Training configurations (chapter 7): one :class:`TrainConfig` holds everything a run needs.
+
+Three named configurations live in :data:`CONFIGS`:
+
+* ``"cpu"`` - a small Transformer for Multi30k German→English, trained for a fixed time budget
+  on a laptop-class CPU: ``d_model=256``, 4 heads, 3 + 3 Pre-LN layers, ``d_ff=512``, dropout
+  0.1, tied target embedding and output layer, label smoothing 0.1, batches of at most 3,000
+  tokens bucketed by length, the inverse-square-root warm-up over 300 steps (peak learning
+  rate 1.8e-3), and a budget of 510 s of training (the whole command, with data preparation
+  and the test-set BLEU with beam search, is meant to stay under 10 minutes on 2 cores);
+* ``"gpu"`` - a bigger model (``d_model=512``, 8 heads, 6 + 6 layers, ``d_ff=2048``) with
+  larger batches and a 30-minute budget;
+* ``"toy"`` - a tiny model (one layer each side, ``d_model=64``) on the copy task of
+  :class:`~companion.data.CopyReverseDataset`: about 90% of the test sequences come out exactly
+  right after 300 steps (a few seconds), for tests and for debugging.
+
+``"auto"`` means ``"gpu"`` when ``torch.cuda.is_available()`` and ``"cpu"`` otherwise.
+:func:`get_config` returns a named configuration with some fields changed::
+
+    config = get_config("cpu", time_budget=120.0)
+    config.to_dict()  # plain Python types: stored in every checkpoint
+
+The configuration is frozen; :meth:`TrainConfig.replace` makes a changed copy.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+
+from companion._validation import check_bool, check_choice, check_positive_int, check_probability
+
+__all__ = ["TASKS", "TrainConfig", "CONFIGS", "CONFIG_NAMES", "get_config", "resolve_config_name"]
+
+#: What a run can train on: Multi30k German→English, or one of the two toy tasks.
+TASKS: tuple[str, ...] = ("multi30k", "copy", "reverse")
+
+
+def _check_optional_positive(name: str, value: object, kind: type) -> None:
+    if value is None:
+        return
+    if kind is int:
+        check_positive_int(name, value)
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a positive number or None, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number of seconds or None, got {value}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting of a training run: model, data, optimiser, budget and decoding.
+
+    Model (see :class:`companion.model.TransformerConfig`):
+        d_model, num_heads, num_layers (encoder and decoder each), d_ff, dropout, norm_first
+        (Pre-LN), tie_embeddings (target embedding = output layer), activation.
+
+    Data:
+        task: ``"multi30k"``, ``"copy"`` or ``"reverse"``.
+        min_freq: Multi30k vocabulary: keep tokens seen this often in the training split.
+        lowercase: lowercase Multi30k before tokenizing.
+        max_tokens: token budget of one (global) batch, source + target, padding included
+            (:class:`~companion.data.TokenBatchSampler`); with several processes each takes
+            its share of every batch.
+        toy_examples, toy_max_len, toy_symbols: size of the toy task's training set (its
+            validation and test sets have ``toy_examples // 10`` examples each), longest
+            sequence, alphabet.
+
+    Optimisation:
+        label_smoothing: ε of the training loss.
+        warmup_steps, lr_factor: learning rate
+            ``lr_factor · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)``.
+        adam_beta1, adam_beta2, adam_eps: Adam's settings (the paper: 0.9, 0.98, 1e-9).
+        clip_norm: gradient clipping threshold (``None``: no clipping).
+
+    Budget (the run stops at whichever comes first; ``None`` = no limit):
+        time_budget: seconds of training (validation included, data preparation and the final
+            BLEU not).
+        max_steps: optimiser steps.
+        max_epochs: passes over the training data.
+
+    Decoding and seed:
+        beam_size: beam width of the final evaluation (1 = greedy).
+        length_penalty: α of the GNMT length penalty (:func:`companion.decode.beam_search`).
+        seed: seeds the model's initialisation, dropout and the batch shuffles.
+    """
+
+    name: str = "custom"
+    task: str = "multi30k"
+    # model
+    d_model: int = 256
+    num_heads: int = 4
+    num_layers: int = 3
+    d_ff: int = 512
+    dropout: float = 0.1
+    norm_first: bool = True
+    tie_embeddings: bool = True
+    activation: str = "relu"
+    # data
+    min_freq: int = 2
+    lowercase: bool = False
+    max_tokens: int = 3000
+    toy_examples: int = 4000
+    toy_max_len: int = 8
+    toy_symbols: int = 10
+    # optimisation
+    label_smoothing: float = 0.1
+    warmup_steps: int = 300
+    lr_factor: float = 0.5
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    clip_norm: float | None = 1.0
+    # budget
+    time_budget: float | None = None
+    max_steps: int | None = None
+    max_epochs: int | None = None
+    # decoding, seed
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        check_choice("task", self.task, TASKS)
+        for name in ("d_model", "num_heads", "num_layers", "d_ff", "min_freq", "max_tokens"):
+            check_positive_int(name, getattr(self, name))
+        for name in ("toy_examples", "toy_max_len", "toy_symbols", "warmup_steps", "beam_size"):
+            check_positive_int(name, getattr(self, name))
+        check_positive_int("seed", self.seed, minimum=0)
+        if self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model must be divisible by num_heads: got d_model={self.d_model} and "
+                f"num_heads={self.num_heads}"
+            )
+        check_probability("dropout", self.dropout)
+        check_probability("label_smoothing", self.label_smoothing)
+        for name in ("norm_first", "tie_embeddings", "lowercase"):
+            check_bool(name, getattr(self, name))
+        check_choice("activation", self.activation, ("relu", "gelu"))
+        for name in ("lr_factor", "adam_eps"):
+            _check_optional_positive(name, getattr(self, name), float)
+        for name in ("adam_beta1", "adam_beta2"):
+            check_probability(name, getattr(self, name))
+        if not isinstance(self.length_penalty, (int, float)) or self.length_penalty < 0:
+            raise ValueError(f"length_penalty must be a number >= 0, got {self.length_penalty!r}")
+        _check_optional_positive("clip_norm", self.clip_norm, float)
+        _check_optional_positive("time_budget", self.time_budget, float)
+        _check_optional_positive("max_steps", self.max_steps, int)
+        _check_optional_positive("max_epochs", self.max_epochs, int)
+
+    def replace(self, **changes: Any) -> TrainConfig:
+        """A copy with some fields changed (checked again); unknown names raise ``TypeError``."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(
+                f"unknown TrainConfig field(s) {unknown}; the fields are {sorted(known)}"
+            )
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain Python types (safe for ``torch.load(weights_only=True)``)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> TrainConfig:
+        """Rebuild a configuration from :meth:`to_dict`'s output."""
+        if not isinstance(state, Mapping):
+            raise TypeError(f"state must be a dict from to_dict(), got {type(state).__name__}")
+        return cls().replace(**dict(state))
+
+
+#: The named configurations (see the module docstring).
+CONFIGS: dict[str, TrainConfig] = {
+    "cpu": TrainConfig(name="cpu", time_budget=510.0),
+    "gpu": TrainConfig(
+        name="gpu",
+        d_model=512,
+        num_heads=8,
+        num_layers=6,
+        d_ff=2048,
+        dropout=0.2,
+        max_tokens=8000,
+        warmup_steps=1000,
+        lr_factor=1.0,
+        time_budget=1800.0,
+        max_epochs=60,
+    ),
+    "toy": TrainConfig(
+        name="toy",
+        task="copy",
+        d_model=64,
+        num_heads=4,
+        num_layers=1,
+        d_ff=128,
+        dropout=0.0,
+        tie_embeddings=False,
+        max_tokens=1200,
+        warmup_steps=40,
+        lr_factor=0.2,
+        label_smoothing=0.0,
+        max_epochs=10,
+        beam_size=1,
+    ),
+}
+#: Names :func:`get_config` accepts.
+CONFIG_NAMES: tuple[str, ...] = ("auto", *CONFIGS)
+
+
+def resolve_config_name(name: str) -> str:
+    """``"auto"`` → ``"gpu"`` if CUDA is available, else ``"cpu"``; other names unchanged."""
+    check_choice("config", name, CONFIG_NAMES)
+    if name == "auto":
+        return "gpu" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def get_config(name: str = "auto", **changes: Any) -> TrainConfig:
+    """The named configuration (``"auto"``, ``"cpu"``, ``"gpu"`` or ``"toy"``) with ``changes``.
+
+    Raises:
+        ValueError: an unknown name (the message lists the known ones).
+        TypeError: an unknown field in ``changes``.
+    """
+    return CONFIGS[resolve_config_name(name)].replace(**changes)

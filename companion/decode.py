@@ -1,0 +1,295 @@
+"""Decoding (chapter 7): turn a trained model's logits into output sentences.
+
+* :func:`greedy_decode` - batched greedy decoding: at every step take the most likely token.
+  With ``use_cache=True`` (default) the decoder keeps a **key/value cache**: each layer's
+  self-attention keys and values of the tokens generated so far, and the cross-attention keys
+  and values of the encoder output (``memory``), computed once. A step then feeds only the
+  newest token through the decoder instead of the whole prefix: ``O(t)`` work for step ``t``
+  instead of ``O(t²)``, with exactly the same tokens (``benchmarks/kv_cache.py`` measures the
+  speed-up).
+* :func:`beam_search` - keeps the ``beam_size`` best partial translations per sentence and
+  ranks finished ones with the GNMT length penalty (:func:`length_penalty`), so that short
+  translations are not favoured just because they multiply fewer probabilities.
+
+Both stop a sentence at ``<eos>`` and never generate more than ``max_len`` tokens; neither ever
+generates ``<pad>`` or ``<bos>`` (their scores are set to ``-inf``). Both return
+the generated ids ``(batch, out_len)``, without ``<bos>``, each row ending with ``<eos>`` (unless
+it ran out of ``max_len``) followed by ``pad_id``: ``vocab.decode(row)`` gives the tokens.
+They switch the model to evaluation mode (no dropout) for the call, run under
+``torch.no_grad()`` and restore the model's mode afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from companion._validation import check_bool, check_integer, check_ndim, check_positive_int
+from companion.data import BOS_ID, EOS_ID, PAD_ID
+from companion.model import Transformer
+
+__all__ = ["greedy_decode", "beam_search", "length_penalty"]
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    r"""The GNMT length penalty (Wu et al., 2016, eq. 14):
+
+    .. math:: \text{lp}(Y) = \left(\frac{5 + |Y|}{6}\right)^{\alpha}
+
+    A finished hypothesis ``Y`` (its ``|Y|`` tokens include ``<eos>``) is ranked by
+    ``log P(Y) / lp(Y)``. ``alpha = 0`` gives ``lp = 1``: plain log-probability, which favours
+    short outputs; ``alpha = 1`` is close to dividing by the length (the mean log-probability
+    per token); GNMT used 0.6-0.7.
+    """
+    check_positive_int("length", length)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
+        raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _check_model(model: object) -> Transformer:
+    if not isinstance(model, Transformer):
+        raise TypeError(
+            f"model must be a companion.model.Transformer, got {type(model).__name__} "
+            "(unwrap a DistributedDataParallel model with .module)"
+        )
+    return model
+
+
+def _check_src(src: object) -> Tensor:
+    src = check_integer("src", src)
+    check_ndim("src", src, 2, "(batch, src_len)")
+    return src
+
+
+def _max_lengths(max_len: object, batch: int, device: torch.device) -> Tensor:
+    """``max_len`` (an int, or one int per sentence) as a ``(batch,)`` LongTensor, checked."""
+    if isinstance(max_len, int) and not isinstance(max_len, bool):
+        check_positive_int("max_len", max_len)
+        return torch.full((batch,), max_len, dtype=torch.long, device=device)  # (batch,)
+    if isinstance(max_len, Tensor):
+        check_integer("max_len", max_len)
+        limits = max_len
+    elif isinstance(max_len, Sequence) and not isinstance(max_len, str):
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in max_len):
+            raise TypeError(f"max_len must be an int or a sequence of ints, got {max_len!r:.80}")
+        limits = torch.tensor(list(max_len), dtype=torch.long)  # (batch,)
+    else:
+        raise TypeError(
+            f"max_len must be an int or one int per sentence, got {type(max_len).__name__}"
+        )
+    if limits.shape != (batch,):
+        raise ValueError(
+            f"max_len must be an int or hold one limit per sentence, shape ({batch},), "
+            f"got shape {tuple(limits.shape)}"
+        )
+    if batch and int(limits.min()) < 1:
+        raise ValueError(f"max_len must be >= 1 for every sentence, got {int(limits.min())}")
+    return limits.to(device=device, dtype=torch.long)  # (batch,)
+
+
+def _check_ids(**ids: int) -> None:
+    for name, value in ids.items():
+        check_positive_int(name, value, minimum=0)
+
+
+def _forbid(logits: Tensor, ids: tuple[int, ...]) -> Tensor:
+    """``logits (rows, vocab)`` with the (in-vocabulary) ``ids`` set to ``-inf``: tokens that
+    must never be generated (``<pad>``, ``<bos>``)."""
+    blocked = [i for i in ids if i < logits.shape[-1]]
+    if not blocked:
+        return logits
+    return logits.index_fill(-1, torch.tensor(blocked, device=logits.device), -math.inf)
+
+
+class _EvalMode:
+    """Context: ``model.eval()`` + ``torch.no_grad()``, the previous mode restored on exit."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model, self.was_training = model, model.training
+        self.no_grad = torch.no_grad()
+
+    def __enter__(self) -> None:
+        self.model.eval()
+        self.no_grad.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.no_grad.__exit__(*exc)
+        self.model.train(self.was_training)
+
+
+def greedy_decode(
+    model: Transformer,
+    src: Tensor,
+    *,
+    max_len: int | Sequence[int] | Tensor = 100,
+    src_mask: Tensor | None = None,
+    use_cache: bool = True,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    pad_id: int = PAD_ID,
+) -> Tensor:
+    """Batched greedy decoding: at each step append every sentence's most likely next token.
+
+    Args:
+        model: a :class:`~companion.model.Transformer`.
+        src: source ids ``(batch, src_len)`` (padded with the model's ``src_pad_id``).
+        max_len: the most tokens generated per sentence, ``<eos>`` included: one int for
+            every sentence, or one per sentence (a list or a ``(batch,)`` tensor).
+        src_mask: boolean mask over the source, ``True`` = may attend, broadcastable to
+            ``(batch, heads, 1, src_len)``; default ``model.make_src_mask(src)``.
+        use_cache: reuse the decoder's keys and values between steps (fast); ``False``
+            re-runs the decoder on the whole prefix at every step (the reference).
+        bos_id, eos_id, pad_id: the special ids; finished rows are filled with ``pad_id``.
+
+    Returns:
+        ``(batch, out_len)`` generated ids without ``<bos>``, ``out_len <= max(max_len)``: each
+        row is its tokens, ``<eos>``, then ``pad_id``. A row that reached its ``max_len``
+        without ``<eos>`` has none.
+    """
+    model = _check_model(model)
+    src = _check_src(src)
+    limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
+    check_bool("use_cache", use_cache)
+    _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    with _EvalMode(model):
+        if src_mask is None:
+            src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len) or None
+        memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
+        batch = memory.shape[0]
+        cache = model.new_cache() if use_cache else None
+        ys = torch.full((batch, 1), bos_id, dtype=torch.long, device=memory.device)  # (batch, 1)
+        limits = limits.to(memory.device)  # (batch,)
+        finished = torch.zeros(batch, dtype=torch.bool, device=memory.device)  # (batch,)
+        for step in range(int(limits.max())):
+            if cache is not None:
+                # only the newest token; the cache holds the keys/values of the earlier ones
+                # logits: (batch, 1, vocab)
+                logits = model.decode(ys[:, -1:], memory, src_mask, cache=cache)
+            else:
+                logits = model.decode(ys, memory, src_mask)  # (batch, t, vocab)
+            next_token = _forbid(logits[:, -1], (pad_id, bos_id)).argmax(dim=-1)  # (batch,)
+            next_token = next_token.masked_fill(finished, pad_id)  # (batch,)
+            ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (batch, t + 1)
+            # a row is finished at <eos> or at its length limit
+            finished = finished | (next_token == eos_id) | (limits == step + 1)  # (batch,)
+            if bool(finished.all()):
+                break
+    return ys[:, 1:]  # (batch, out_len)
+
+
+def beam_search(
+    model: Transformer,
+    src: Tensor,
+    *,
+    beam_size: int = 4,
+    max_len: int | Sequence[int] | Tensor = 100,
+    length_penalty_alpha: float = 0.6,
+    src_mask: Tensor | None = None,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    pad_id: int = PAD_ID,
+) -> Tensor:
+    """Batched beam search with the GNMT length penalty; the decoder uses the key/value cache.
+
+    For each sentence, the ``beam_size`` highest-scoring partial translations (score = sum of
+    the tokens' log-probabilities) are extended by every token, and the best ``2·beam_size``
+    extensions are kept as candidates. A candidate ending in ``<eos>`` that ranks among the
+    top ``beam_size`` is *finished*: it is stored with the score
+    ``log P(Y) / lp(|Y|)`` (:func:`length_penalty`); the best ``beam_size`` candidates that do
+    not end in ``<eos>`` form the next beam. A sentence is done once it has ``beam_size``
+    finished hypotheses (fairseq's rule); at its ``max_len`` the hypotheses still open are
+    finished as they are. The output is the finished hypothesis with the best score.
+
+    With ``beam_size=1`` this is exactly greedy decoding (:func:`greedy_decode`).
+
+    Args:
+        model: a :class:`~companion.model.Transformer`.
+        src: source ids ``(batch, src_len)``.
+        beam_size: hypotheses kept per sentence (>= 1).
+        max_len: the most tokens generated per sentence, ``<eos>`` included (an int, or one
+            per sentence).
+        length_penalty_alpha: α of :func:`length_penalty` (0 = no length normalisation).
+        src_mask, bos_id, eos_id, pad_id: as in :func:`greedy_decode`.
+
+    Returns:
+        ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
+    """
+    model = _check_model(model)
+    src = _check_src(src)
+    check_positive_int("beam_size", beam_size)
+    limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
+    length_penalty(1, length_penalty_alpha)  # checks alpha
+    _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    k = beam_size
+    with _EvalMode(model):
+        if src_mask is None:
+            src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len) or None
+        memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
+        batch, device = memory.shape[0], memory.device
+        # every sentence gets k rows: row b*k + j is beam j of sentence b
+        memory = memory.repeat_interleave(k, dim=0)  # (batch * k, src_len, d_model)
+        if src_mask is not None and src_mask.shape[0] == batch and batch > 1:
+            src_mask = src_mask.repeat_interleave(k, dim=0)  # (batch * k, 1, 1, src_len)
+        cache = model.new_cache()
+        tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (batch*k, 1)
+        # only beam 0 is alive at the start, so the first step does not pick k copies of one token
+        scores = torch.full((batch, k), -math.inf, device=device)  # (batch, k)
+        scores[:, 0] = 0.0
+        finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+        done = torch.zeros(batch, dtype=torch.bool, device=device)  # (batch,)
+        row_offset = torch.arange(batch, device=device).unsqueeze(1) * k  # (batch, 1)
+        limits = limits.to(device)  # (batch,)
+        for step in range(int(limits.max())):
+            logits = model.decode(tokens[:, -1:], memory, src_mask, cache=cache)  # (batch*k, 1, V)
+            vocab = logits.shape[-1]
+            allowed = _forbid(logits[:, -1].float(), (pad_id, bos_id))  # (batch * k, V)
+            log_probs = torch.log_softmax(allowed, dim=-1)  # (batch * k, V)
+            candidates = scores.unsqueeze(-1) + log_probs.view(batch, k, vocab)  # (batch, k, V)
+            n_best = min(2 * k, k * vocab)
+            top_scores, top_index = candidates.view(batch, k * vocab).topk(n_best, dim=1)
+            # top_scores, top_index: (batch, n_best)
+            top_beam = top_index // vocab  # (batch, n_best) which beam it extends
+            top_token = top_index % vocab  # (batch, n_best) with which token
+            is_eos = top_token == eos_id  # (batch, n_best)
+
+            # finished hypotheses: <eos> among the top k candidates of a sentence not yet done
+            ends = is_eos[:, :k] & ~done.unsqueeze(1) & torch.isfinite(top_scores[:, :k])
+            penalty = length_penalty(step + 1, length_penalty_alpha)
+            for b, j in ends.nonzero().tolist():
+                row = b * k + int(top_beam[b, j])
+                hypothesis = tokens[row, 1:].tolist() + [eos_id]
+                finished[b].append((float(top_scores[b, j]) / penalty, hypothesis))
+                if len(finished[b]) >= k:
+                    done[b] = True
+            if bool(done.all()):
+                break
+
+            # the next beam: the best k candidates that do not end in <eos>
+            open_scores = top_scores.masked_fill(is_eos, -math.inf)  # (batch, n_best)
+            scores, pick = open_scores.topk(k, dim=1)  # (batch, k) each
+            source_rows = (row_offset + top_beam.gather(1, pick)).view(-1)  # (batch * k,)
+            new_tokens = top_token.gather(1, pick).view(-1, 1)  # (batch * k, 1)
+            tokens = torch.cat([tokens[source_rows], new_tokens], dim=1)  # (batch*k, step + 2)
+            cache.reorder(source_rows)
+
+            # sentences at their length limit: the open hypotheses finish as they are
+            for b in ((limits == step + 1) & ~done).nonzero().flatten().tolist():
+                for j in range(k):
+                    if math.isfinite(float(scores[b, j])):
+                        hypothesis = tokens[b * k + j, 1:].tolist()
+                        finished[b].append((float(scores[b, j]) / penalty, hypothesis))
+                done[b] = True
+            if bool(done.all()):
+                break
+
+    best = [max(hyps, key=lambda item: item[0])[1] if hyps else [] for hyps in finished]
+    out_len = max((len(hypothesis) for hypothesis in best), default=0)
+    output = torch.full((batch, out_len), pad_id, dtype=torch.long, device=device)
+    # output: (batch, out_len)
+    for b, hypothesis in enumerate(best):
+        output[b, : len(hypothesis)] = torch.tensor(hypothesis, dtype=torch.long)  # (len,)
+    return output

@@ -1,0 +1,330 @@
+"""Evaluation (chapter 7): translate raw sentences and score them with BLEU.
+
+Two BLEU scores, both corpus-level BLEU-4 computed by sacreBLEU, differ in what they compare:
+
+* :func:`corpus_bleu` - **the standard score**: the model's *detokenized* output (plain
+  sentences, :meth:`~companion.data.WordTokenizer.detokenize`) against the *raw* reference
+  sentences, tokenized by sacreBLEU itself (its ``13a`` tokenizer) and **case-sensitive**.
+  This is the number to compare with published results (signature
+  ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp``).
+* :func:`tokenized_bleu` - **lower-cased tokenized BLEU**, the number older tutorials report
+  (e.g. PyTorch seq2seq tutorials that score spaCy tokens with
+  ``torchtext.data.metrics.bleu_score``): hypothesis and reference are both split by the
+  course's :class:`~companion.data.WordTokenizer` and lower-cased, the tokens are joined with
+  single spaces, and sacreBLEU scores them with ``tokenize="none"`` (no further splitting).
+  Lower-casing forgives capitalisation errors, so it is usually a point or two higher than
+  :func:`corpus_bleu`. It matches torchtext's ``bleu_score`` on the same tokens whenever every
+  n-gram order has at least one match (always, on a real test set; torchtext does no
+  smoothing).
+
+:class:`Translator` bundles a model with its tokenizer and vocabularies: ``translate(sentences)``
+maps raw German strings to English strings (batched, greedy or beam search), and
+:meth:`Translator.from_checkpoint` rebuilds one from a file written by :mod:`companion.train`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import sacrebleu
+import torch
+
+from companion._validation import check_positive_int
+from companion.data import BOS_ID, EOS_ID, PAD_ID, Tokenizer, Vocab, WordTokenizer, collate_batch
+from companion.decode import beam_search, greedy_decode
+from companion.model import Transformer
+
+__all__ = [
+    "corpus_bleu",
+    "tokenized_bleu",
+    "BleuScores",
+    "bleu_scores",
+    "Translator",
+    "translate",
+    "sequence_accuracy",
+]
+
+
+def _check_sentences(name: str, value: object) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of str, got {type(value).__name__}")
+    bad = [type(s).__name__ for s in value if not isinstance(s, str)]
+    if bad:
+        raise TypeError(f"{name} must contain only str, got {bad[0]}")
+    return list(value)
+
+
+def _check_pair(hypotheses: object, references: object) -> tuple[list[str], list[str]]:
+    hyps = _check_sentences("hypotheses", hypotheses)
+    refs = _check_sentences("references", references)
+    if len(hyps) != len(refs):
+        raise ValueError(
+            f"hypotheses and references must have the same length (one reference per "
+            f"hypothesis), got {len(hyps)} hypotheses and {len(refs)} references"
+        )
+    if not hyps:
+        raise ValueError("hypotheses must hold at least one sentence, got none")
+    return hyps, refs
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """SacreBLEU (0-100) of detokenized ``hypotheses`` against raw ``references``.
+
+    Case-sensitive, sacreBLEU's default ``13a`` tokenization, one reference per sentence.
+    """
+    hyps, refs = _check_pair(hypotheses, references)
+    return float(sacrebleu.corpus_bleu(hyps, [refs]).score)
+
+
+def tokenized_bleu(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    tokenizer: Tokenizer | None = None,
+) -> float:
+    """Lower-cased tokenized BLEU (0-100), see the module docstring.
+
+    Both sides are tokenized by ``tokenizer`` (default :class:`~companion.data.WordTokenizer`),
+    lower-cased and joined with spaces; sacreBLEU then scores them with ``tokenize="none"``.
+    """
+    hyps, refs = _check_pair(hypotheses, references)
+    tokenizer = WordTokenizer() if tokenizer is None else tokenizer
+
+    def prepare(sentences: list[str]) -> list[str]:
+        return [" ".join(tokenizer.tokenize(s)).lower() for s in sentences]
+
+    # force=True: the text *is* tokenized on purpose (sacreBLEU would warn about it)
+    score = sacrebleu.corpus_bleu(prepare(hyps), [prepare(refs)], tokenize="none", force=True)
+    return float(score.score)
+
+
+@dataclass(frozen=True)
+class BleuScores:
+    """Both BLEU scores of one set of translations (0-100)."""
+
+    bleu: float  #: :func:`corpus_bleu`: detokenized, case-sensitive, sacreBLEU 13a
+    tokenized_bleu: float  #: :func:`tokenized_bleu`: lower-cased, tokenized
+    sentences: int  #: number of sentence pairs scored
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"BLEU {self.bleu:.2f} (sacreBLEU, cased, detokenized) | "
+            f"{self.tokenized_bleu:.2f} (lower-cased, tokenized) on {self.sentences} sentences"
+        )
+
+
+def bleu_scores(
+    hypotheses: Sequence[str], references: Sequence[str], tokenizer: Tokenizer | None = None
+) -> BleuScores:
+    """:func:`corpus_bleu` and :func:`tokenized_bleu` together."""
+    hyps, refs = _check_pair(hypotheses, references)
+    return BleuScores(
+        bleu=corpus_bleu(hyps, refs),
+        tokenized_bleu=tokenized_bleu(hyps, refs, tokenizer),
+        sentences=len(hyps),
+    )
+
+
+def _strip_special(ids: list[int]) -> list[int]:
+    """Ids up to the first ``<eos>``, without ``<pad>`` and ``<bos>``."""
+    kept = []
+    for i in ids:
+        if i == EOS_ID:
+            break
+        if i not in (PAD_ID, BOS_ID):
+            kept.append(i)
+    return kept
+
+
+class Translator:
+    """A trained model with its tokenizer and vocabularies: raw sentences in, sentences out.
+
+    Args:
+        model: the trained :class:`~companion.model.Transformer` (source = ``src_vocab``).
+        tokenizer: splits the source and detokenizes the output.
+        src_vocab, tgt_vocab: the vocabularies the model was trained with.
+        beam_size: 1 = :func:`~companion.decode.greedy_decode`, more =
+            :func:`~companion.decode.beam_search`.
+        length_penalty: α of the GNMT length penalty (beam search only).
+        max_len_a, max_len_b: a sentence of ``n`` source tokens gets at most
+            ``ceil(max_len_a · n) + max_len_b`` output tokens.
+        batch_size: sentences decoded together (sorted by length to waste little padding).
+
+    Example::
+
+        translator = Translator.from_checkpoint("runs/cpu/checkpoint.pt")
+        translator.translate(["Ein Hund läuft über eine Wiese."])  # ['A dog runs ...']
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        src_vocab: Vocab,
+        tgt_vocab: Vocab,
+        *,
+        beam_size: int = 1,
+        length_penalty: float = 0.6,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        batch_size: int = 128,
+    ) -> None:
+        if not isinstance(model, Transformer):
+            raise TypeError(
+                f"model must be a companion.model.Transformer, got {type(model).__name__}"
+            )
+        if not isinstance(tokenizer, Tokenizer):
+            raise TypeError(
+                "tokenizer must have tokenize() and detokenize() methods, "
+                f"got {type(tokenizer).__name__}"
+            )
+        for name, vocab in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
+            if not isinstance(vocab, Vocab):
+                raise TypeError(f"{name} must be a Vocab, got {type(vocab).__name__}")
+        if len(src_vocab) != model.config.src_vocab or len(tgt_vocab) != model.config.tgt_vocab:
+            raise ValueError(
+                f"the vocabularies must match the model: model has src_vocab="
+                f"{model.config.src_vocab}, tgt_vocab={model.config.tgt_vocab}, got "
+                f"len(src_vocab)={len(src_vocab)}, len(tgt_vocab)={len(tgt_vocab)}"
+            )
+        self.model, self.tokenizer = model, tokenizer
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
+        self.beam_size = check_positive_int("beam_size", beam_size)
+        if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
+            raise TypeError(f"length_penalty must be a number, got {type(length_penalty).__name__}")
+        if length_penalty < 0:
+            raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
+        self.length_penalty = float(length_penalty)
+        if isinstance(max_len_a, bool) or not isinstance(max_len_a, (int, float)) or max_len_a < 0:
+            raise ValueError(f"max_len_a must be a number >= 0, got {max_len_a!r}")
+        self.max_len_a = float(max_len_a)
+        self.max_len_b = check_positive_int("max_len_b", max_len_b)
+        self.batch_size = check_positive_int("batch_size", batch_size)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        map_location: str | torch.device = "cpu",
+        **kwargs: Any,
+    ) -> Translator:
+        """Rebuild model, tokenizer and vocabularies from a :mod:`companion.train` checkpoint.
+
+        ``kwargs`` go to the constructor; ``beam_size`` and ``length_penalty`` default to the
+        checkpoint's training configuration.
+        """
+        from companion.train import load_checkpoint, model_from_checkpoint
+
+        checkpoint = load_checkpoint(path, map_location=map_location)
+        model = model_from_checkpoint(checkpoint)
+        config = checkpoint["config"]
+        kwargs.setdefault("beam_size", config["beam_size"])
+        kwargs.setdefault("length_penalty", config["length_penalty"])
+        tokenizer = WordTokenizer.from_dict(checkpoint["tokenizer"])
+        src_vocab = Vocab.from_dict(checkpoint["vocab"]["src"])
+        tgt_vocab = Vocab.from_dict(checkpoint["vocab"]["tgt"])
+        return cls(model, tokenizer, src_vocab, tgt_vocab, **kwargs)
+
+    def translate_ids(self, sources: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Decode lists of source ids (no special tokens) → lists of output ids (no specials).
+
+        Sentences are sorted by length and decoded ``batch_size`` at a time; the result is in
+        the input order. An empty source gives an empty output.
+        """
+        device = next(self.model.parameters()).device
+        pad_id = PAD_ID if self.model.config.src_pad_id is None else self.model.config.src_pad_id
+        outputs: list[list[int]] = [[] for _ in sources]
+        order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            longest = max(len(sources[i]) for i in chunk)
+            src = torch.full((len(chunk), longest), pad_id, dtype=torch.long)  # (batch, src_len)
+            for row, index in enumerate(chunk):
+                src[row, : len(sources[index])] = torch.tensor(sources[index])  # (len,)
+            src = src.to(device)  # (batch, src_len)
+            # each sentence's own limit, so that a translation does not depend on its batch
+            max_len = [math.ceil(self.max_len_a * len(sources[i])) + self.max_len_b for i in chunk]
+            if self.beam_size == 1:
+                ids = greedy_decode(self.model, src, max_len=max_len)  # (batch, out_len)
+            else:
+                ids = beam_search(
+                    self.model,
+                    src,
+                    beam_size=self.beam_size,
+                    max_len=max_len,
+                    length_penalty_alpha=self.length_penalty,
+                )  # (batch, out_len)
+            for row, index in enumerate(chunk):
+                outputs[index] = _strip_special(ids[row].tolist())
+        return outputs
+
+    def translate(self, sentences: Sequence[str]) -> list[str]:
+        """Raw source sentences → detokenized translations (same order, same number)."""
+        sentences = _check_sentences("sentences", sentences)
+        sources = [self.src_vocab.encode(self.tokenizer.tokenize(s)) for s in sentences]
+        return [
+            self.tokenizer.detokenize(self.tgt_vocab.decode(ids))
+            for ids in self.translate_ids(sources)
+        ]
+
+    __call__ = translate
+
+    def evaluate(self, pairs: Sequence[tuple[str, str]]) -> tuple[BleuScores, list[str]]:
+        """Translate the sources of ``(source, reference)`` pairs and score them.
+
+        Returns:
+            ``(scores, translations)``.
+        """
+        if isinstance(pairs, str) or not isinstance(pairs, Sequence):
+            raise TypeError(
+                f"pairs must be a list of (source, reference), got {type(pairs).__name__}"
+            )
+        sources = [pair[0] for pair in pairs]
+        references = [pair[1] for pair in pairs]
+        translations = self.translate(sources)
+        return bleu_scores(translations, references, self.tokenizer), translations
+
+
+def translate(
+    model: Transformer,
+    sentences: Sequence[str],
+    tokenizer: Tokenizer,
+    src_vocab: Vocab,
+    tgt_vocab: Vocab,
+    **kwargs: Any,
+) -> list[str]:
+    """``Translator(model, tokenizer, src_vocab, tgt_vocab, **kwargs).translate(sentences)``."""
+    return Translator(model, tokenizer, src_vocab, tgt_vocab, **kwargs).translate(sentences)
+
+
+def sequence_accuracy(
+    model: Transformer,
+    dataset: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    batch_size: int = 256,
+    extra_len: int = 5,
+) -> float:
+    """Fraction of the examples of ``dataset`` (``(src_ids, tgt_ids)`` pairs, e.g. a
+    :class:`~companion.data.CopyReverseDataset`) whose greedy output equals the target exactly.
+
+    Each batch may generate up to its longest target plus ``extra_len`` tokens.
+    """
+    check_positive_int("batch_size", batch_size)
+    check_positive_int("extra_len", extra_len)
+    device = next(model.parameters()).device
+    correct = 0
+    for start in range(0, len(dataset), batch_size):
+        examples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        src, _ = collate_batch(examples)  # (batch, src_len)
+        longest = max(len(tgt) for _, tgt in examples)
+        ids = greedy_decode(model, src.to(device), max_len=longest + 1 + extra_len)
+        for row, (_, tgt) in enumerate(examples):
+            correct += _strip_special(ids[row].tolist()) == list(tgt)
+    return correct / len(dataset)
