@@ -13,15 +13,6 @@ from companion.model import Transformer
 EOS, PAD = 2, 0
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small models: one thread is fastest (and avoids thread contention on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_model(
     norm_first: bool = False, vocab: int = 20, seed: int = 0, eos_bias: float = 2.0
 ) -> Transformer:

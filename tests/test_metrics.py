@@ -19,16 +19,6 @@ from companion.metrics import (
 )
 from companion.model import Transformer
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small models: one thread is fastest (and avoids thread contention on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 REFERENCES = [
     "A man in an orange hat starring at something.",
     "Two young, White males are outside near many bushes.",

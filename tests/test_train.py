@@ -36,14 +36,6 @@ MULTI30K = Path(os.environ.get("MULTI30K_ROOT", ROOT.parent / "shared" / "data" 
 TINY = get_config("toy", toy_examples=300, max_tokens=400, dropout=0.1, max_epochs=None)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_trainer(config: TrainConfig = TINY, out_dir=None, seed: int = 0) -> Trainer:
     data = prepare_data(config)
     torch.manual_seed(seed)
