@@ -2,8 +2,11 @@
 
 One module per concept: :mod:`companion.attention`, :mod:`companion.masking`,
 :mod:`companion.positional`, :mod:`companion.layers`, :mod:`companion.model`,
-:mod:`companion.viz`, :mod:`companion.exercises`, :mod:`companion.utils` (more arrive with
-later chapters).
+:mod:`companion.data`, :mod:`companion.train` (with :mod:`companion.configs`),
+:mod:`companion.decode`, :mod:`companion.metrics`, :mod:`companion.viz`,
+:mod:`companion.exercises`, :mod:`companion.utils`. The most used names are re-exported here;
+the data, training, decoding and metrics modules are imported on their own
+(``from companion.decode import greedy_decode``) so ``import companion`` stays light.
 
 Mask convention (whole package): a boolean mask is ``True`` where a query **may attend** to a
 key; see :mod:`companion.masking`.
