@@ -6,6 +6,12 @@ and a LayerNorm, placed in one of two ways (``norm_first``):
 * **Post-LN** (``norm_first=False``, the original paper): ``x = norm(x + dropout(sublayer(x)))``;
 * **Pre-LN** (``norm_first=True``, more stable to train deep): ``x = x + dropout(sublayer(norm(x)))``.
 
+Post-LN layers take ``residual_scale`` (α, default 1), which scales the residual path:
+``x = norm(α·x + dropout(sublayer(x)))``, the residual connection of DeepNorm (Wang et al.,
+2022, "DeepNet: Scaling Transformers to 1,000 Layers"; chapter 6 pairs it with the β-scaled
+initialisation). It is an attribute that can also be set after construction, e.g. on the
+layers of a :class:`companion.model.Transformer`.
+
 The layers compute exactly what ``torch.nn.TransformerEncoderLayer`` /
 ``torch.nn.TransformerDecoderLayer`` (``batch_first=True``) compute, and can copy weights from
 and to them (``from_torch``, ``load_from_torch``, ``to_torch``).
@@ -135,11 +141,13 @@ class _ResidualLayer(nn.Module):
         norm_first: bool,
         layer_norm_eps: float,
         bias: bool,
+        residual_scale: float = 1.0,
     ) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.num_heads = check_positive_int("num_heads", num_heads)
         self.norm_first = check_bool("norm_first", norm_first)
+        self.residual_scale = residual_scale  # checked by the property below
         self.layer_norm_eps = float(layer_norm_eps)
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {layer_norm_eps}")
@@ -151,6 +159,32 @@ class _ResidualLayer(nn.Module):
 
     def _layer_norm(self) -> nn.LayerNorm:
         return nn.LayerNorm(self.d_model, eps=self.layer_norm_eps, bias=self.feed_forward_bias)
+
+    @property
+    def residual_scale(self) -> float:
+        """α of DeepNorm: Post-LN sub-layers compute ``norm(α·x + dropout(sublayer(x)))``."""
+        return self._residual_scale
+
+    @residual_scale.setter
+    def residual_scale(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"residual_scale must be a positive float, got {type(value).__name__}")
+        if not (0.0 < float(value) < float("inf")):
+            raise ValueError(f"residual_scale must be a positive finite number, got {value}")
+        if self.norm_first and value != 1:
+            raise ValueError(
+                f"residual_scale must be 1 for a Pre-LN layer (norm_first=True), got {value}: "
+                "the scaled residual (DeepNorm) is defined for Post-LN"
+            )
+        self._residual_scale = float(value)
+
+    def _check_no_residual_scale(self) -> None:
+        """``torch.nn`` layers have no residual scale: refuse to convert one that is not 1."""
+        if self.residual_scale != 1:
+            raise ValueError(
+                f"cannot convert a layer with residual_scale={self.residual_scale} to torch.nn "
+                "(which has no residual scale); only residual_scale=1 converts"
+            )
 
     @property
     def feed_forward_bias(self) -> bool:
@@ -257,6 +291,8 @@ class EncoderLayer(_ResidualLayer):
         norm_first: Pre-LN if ``True``, Post-LN (the paper) if ``False``.
         layer_norm_eps: epsilon of the LayerNorms.
         bias: biases in the linear layers and LayerNorms.
+        residual_scale: α multiplying the residual path of a Post-LN layer,
+            ``norm(α·x + dropout(sublayer(x)))`` (DeepNorm); must be 1 for Pre-LN.
     """
 
     def __init__(
@@ -269,9 +305,18 @@ class EncoderLayer(_ResidualLayer):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
+        residual_scale: float = 1.0,
     ) -> None:
         super().__init__(
-            d_model, num_heads, d_ff, dropout, activation, norm_first, layer_norm_eps, bias
+            d_model,
+            num_heads,
+            d_ff,
+            dropout,
+            activation,
+            norm_first,
+            layer_norm_eps,
+            bias,
+            residual_scale,
         )
         self.self_attention = MultiHeadAttention(d_model, num_heads, dropout, bias)
         self.self_attention.check_finite_inputs = False  # this layer checks x itself
@@ -310,10 +355,13 @@ class EncoderLayer(_ResidualLayer):
             )  # (batch, src_len, d_model)
             x = x + self._feed_forward_block(self.feed_forward_norm(x))  # (batch, src_len, d_model)
         else:
+            a = self.residual_scale  # α of DeepNorm, 1 for the plain Post-LN of the paper
             x = self.self_attention_norm(
-                x + self._self_attention_block(x, mask, need_weights, is_causal)
+                a * x + self._self_attention_block(x, mask, need_weights, is_causal)
             )  # (batch, src_len, d_model)
-            x = self.feed_forward_norm(x + self._feed_forward_block(x))  # (batch, src_len, d_model)
+            x = self.feed_forward_norm(
+                a * x + self._feed_forward_block(x)
+            )  # (batch, src_len, d_model)
         return x  # (batch, src_len, d_model)
 
     # ------------------------------------------------------------- torch.nn
@@ -348,6 +396,7 @@ class EncoderLayer(_ResidualLayer):
 
     def to_torch(self) -> nn.TransformerEncoderLayer:
         """A new ``torch.nn.TransformerEncoderLayer(batch_first=True)`` with this layer's weights."""
+        self._check_no_residual_scale()
         weight = self.feed_forward.hidden_proj.weight
         layer = nn.TransformerEncoderLayer(
             **self._config(), batch_first=True, device=weight.device, dtype=weight.dtype
@@ -396,9 +445,18 @@ class DecoderLayer(_ResidualLayer):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
+        residual_scale: float = 1.0,
     ) -> None:
         super().__init__(
-            d_model, num_heads, d_ff, dropout, activation, norm_first, layer_norm_eps, bias
+            d_model,
+            num_heads,
+            d_ff,
+            dropout,
+            activation,
+            norm_first,
+            layer_norm_eps,
+            bias,
+            residual_scale,
         )
         self.self_attention = MultiHeadAttention(d_model, num_heads, dropout, bias)
         self.cross_attention = MultiHeadAttention(d_model, num_heads, dropout, bias)
@@ -473,13 +531,17 @@ class DecoderLayer(_ResidualLayer):
             )  # (batch, tgt_len, d_model)
             x = x + self._feed_forward_block(self.feed_forward_norm(x))  # (batch, tgt_len, d_model)
         else:
+            a = self.residual_scale  # α of DeepNorm, 1 for the plain Post-LN of the paper
             x = self.self_attention_norm(
-                x + self._self_attention_block(x, tgt_mask, need_weights, is_causal, self_cache)
+                a * x + self._self_attention_block(x, tgt_mask, need_weights, is_causal, self_cache)
             )  # (batch, tgt_len, d_model)
             x = self.cross_attention_norm(
-                x + self._cross_attention_block(x, memory, memory_mask, need_weights, cross_cache)
+                a * x
+                + self._cross_attention_block(x, memory, memory_mask, need_weights, cross_cache)
             )  # (batch, tgt_len, d_model)
-            x = self.feed_forward_norm(x + self._feed_forward_block(x))  # (batch, tgt_len, d_model)
+            x = self.feed_forward_norm(
+                a * x + self._feed_forward_block(x)
+            )  # (batch, tgt_len, d_model)
         return x  # (batch, tgt_len, d_model)
 
     def _cross_attention_block(
@@ -530,6 +592,7 @@ class DecoderLayer(_ResidualLayer):
 
     def to_torch(self) -> nn.TransformerDecoderLayer:
         """A new ``torch.nn.TransformerDecoderLayer(batch_first=True)`` with this layer's weights."""
+        self._check_no_residual_scale()
         weight = self.feed_forward.hidden_proj.weight
         layer = nn.TransformerDecoderLayer(
             **self._config(), batch_first=True, device=weight.device, dtype=weight.dtype

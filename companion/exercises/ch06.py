@@ -1,0 +1,353 @@
+"""Exercises of chapter 6, "Pre-LN vs Post-LN, reproduced by experiment".
+
+Each ``check_*`` function runs *your* function next to the reference solution kept in this
+module, on cases drawn from a seeded generator (several shapes, plus the edge cases that
+separate a right answer from a nearly right one), and returns a
+:class:`~companion.exercises._checker.CheckResult` that is truthy when every case matches.
+The checks call your function with keyword arguments, so keep the parameter names of the
+stub in the notebook.
+
+===============================  ==================================================
+exercise                         check
+===============================  ==================================================
+LayerNorm by hand                :func:`check_layer_norm`
+a Pre-LN block from a Post-LN    :func:`check_pre_ln_block`
+relative updates of a stream     :func:`check_relative_updates`
+which run fails without warm-up  :func:`check_fails_without_warmup`
+DeepNorm's constants             :func:`check_deepnorm_constants`
+===============================  ==================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from companion.exercises._checker import CheckResult, run_check
+
+__all__ = [
+    "check_layer_norm",
+    "check_pre_ln_block",
+    "check_relative_updates",
+    "check_deepnorm_constants",
+    "check_fails_without_warmup",
+    "reference_layer_norm",
+    "reference_pre_ln_block",
+    "reference_relative_updates",
+    "reference_deepnorm_constants",
+    "reference_fails_without_warmup",
+    "FAILS_WITHOUT_WARMUP",
+]
+
+Case = dict[str, Any]
+
+
+def _generator(seed: int) -> torch.Generator:
+    """A private generator, so the cases are the same on every call and every machine."""
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: LayerNorm by hand
+# --------------------------------------------------------------------------------------------
+
+
+def reference_layer_norm(x: Tensor, gain: Tensor, bias: Tensor, eps: float) -> Tensor:
+    r"""LayerNorm over the last dimension, exactly as ``torch.nn.LayerNorm`` computes it:
+
+    .. math:: y = \text{gain} \odot \frac{x - \mu}{\sqrt{\sigma^2 + \varepsilon}} + \text{bias},
+
+    with the mean :math:`\mu` and the *biased* variance :math:`\sigma^2` (dividing by ``d``)
+    of each vector's ``d`` features, and :math:`\varepsilon` inside the square root.
+
+    Args:
+        x: shape ``(..., d)``; every vector along the last axis is normalised on its own.
+        gain: shape ``(d,)``.
+        bias: shape ``(d,)``.
+        eps: a small positive number.
+
+    Returns:
+        Tensor of shape ``(..., d)``.
+    """
+    mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
+    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), biased: ÷ d
+    return gain * (x - mean) / torch.sqrt(variance + eps) + bias  # (..., d)
+
+
+def _layer_norm_cases() -> list[Case]:
+    g = _generator(601)
+    cases: list[Case] = []
+    for shape, scale, eps in [
+        ((8,), 3.0, 1e-5),  # one vector
+        ((5, 16), 1.0, 1e-5),  # a sequence of 5 tokens
+        ((2, 3, 32), 10.0, 1e-5),  # a batch of sequences, large values
+        ((3, 4), 1.0, 1e-5),  # d = 4: dividing by d - 1 instead of d is 15 % off
+        ((4, 8), 1.0, 0.1),  # a large eps: where it goes matters even at unit variance
+    ]:
+        d = shape[-1]
+        cases.append(
+            {
+                "x": scale * torch.randn(shape, generator=g) + torch.randn(1, generator=g),
+                "gain": 1 + 0.5 * torch.randn(d, generator=g),
+                "bias": 0.5 * torch.randn(d, generator=g),
+                "eps": eps,
+            }
+        )
+    # Nearly constant vectors (std 1e-3, so σ² = 1e-6 < eps): eps dominates the denominator,
+    # and "std + eps" gives a result about three times larger than "sqrt(var + eps)".
+    x = 5 + 1e-3 * torch.randn(3, 16, generator=g, dtype=torch.float64)
+    gain = torch.ones(16, dtype=torch.float64)
+    cases.append({"x": x, "gain": gain, "bias": torch.zeros(16, dtype=torch.float64), "eps": 1e-5})
+    # An exactly constant vector: the output is the bias (never NaN).
+    cases.append(
+        {
+            "x": torch.full((2, 6), 3.0),
+            "gain": torch.randn(6, generator=g),
+            "bias": torch.randn(6, generator=g),
+            "eps": 1e-5,
+        }
+    )
+    return cases
+
+
+def check_layer_norm(
+    layer_norm: Callable[[Tensor, Tensor, Tensor, float], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``layer_norm(x, gain, bias, eps)``: ``x (..., d)``, ``gain, bias (d,)`` →
+    ``(..., d)``, normalised over the last axis with the biased variance and eps inside the
+    square root (what ``torch.nn.LayerNorm`` computes)."""
+    return run_check(
+        "layer_norm", layer_norm, reference_layer_norm, _layer_norm_cases(), verbose=verbose
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: a Pre-LN residual block, given the Post-LN one
+# --------------------------------------------------------------------------------------------
+
+
+def post_ln_block(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module) -> Tensor:
+    """The Post-LN residual block of the 2017 paper: ``norm(x + sublayer(x))``.
+
+    Args:
+        x: shape ``(..., d_model)``.
+        sublayer: maps ``(..., d_model)`` to ``(..., d_model)`` (attention or feed-forward).
+        norm: a LayerNorm over ``d_model``.
+    """
+    return norm(x + sublayer(x))  # (..., d_model)
+
+
+def reference_pre_ln_block(
+    x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module
+) -> Tensor:
+    """The Pre-LN residual block: ``x + sublayer(norm(x))``; the residual path is untouched.
+
+    Args:
+        x: shape ``(..., d_model)``.
+        sublayer: maps ``(..., d_model)`` to ``(..., d_model)``.
+        norm: a LayerNorm over ``d_model``.
+
+    Returns:
+        Tensor of shape ``(..., d_model)``.
+    """
+    return x + sublayer(norm(x))  # (..., d_model)
+
+
+def _seeded_linear(d_in: int, d_out: int, g: torch.Generator) -> nn.Linear:
+    """An ``nn.Linear`` whose weights come from ``g`` (not from the global random state)."""
+    linear = nn.utils.skip_init(nn.Linear, d_in, d_out)  # no draw from the global generator
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(d_out, d_in, generator=g) / math.sqrt(d_in))
+        linear.bias.copy_(0.1 * torch.randn(d_out, generator=g))
+    return linear
+
+
+def _seeded_norm(d: int, g: torch.Generator) -> nn.LayerNorm:
+    """A LayerNorm with a random gain and bias, so that it is not close to the identity."""
+    norm = nn.LayerNorm(d)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.5 * torch.randn(d, generator=g))
+        norm.bias.copy_(0.5 * torch.randn(d, generator=g))
+    return norm
+
+
+def _pre_ln_cases() -> list[Case]:
+    g = _generator(602)
+    cases: list[Case] = []
+    for shape, kind in [
+        ((6, 8), "linear"),
+        ((2, 5, 8), "tanh"),
+        ((3, 4, 16), "mlp"),
+        ((7, 12), "mlp"),
+        ((1, 1, 4), "tanh"),
+    ]:
+        d = shape[-1]
+        first = _seeded_linear(d, d if kind != "mlp" else 2 * d, g)
+        if kind == "linear":
+            sublayer: nn.Module = first
+        elif kind == "tanh":
+            sublayer = nn.Sequential(first, nn.Tanh())
+        else:
+            sublayer = nn.Sequential(first, nn.ReLU(), _seeded_linear(2 * d, d, g))
+        cases.append(
+            {
+                "x": 2 * torch.randn(shape, generator=g) + 1,  # mean 1, std 2: far from normalised
+                "sublayer": sublayer,
+                "norm": _seeded_norm(d, g),
+            }
+        )
+    return cases
+
+
+def check_pre_ln_block(
+    pre_ln_block: Callable[[Tensor, Callable[[Tensor], Tensor], nn.Module], Tensor],
+    verbose: bool = True,
+) -> CheckResult:
+    """Check ``pre_ln_block(x, sublayer, norm)``: ``x (..., d_model)`` → ``(..., d_model)``,
+    the Pre-LN counterpart of ``norm(x + sublayer(x))``."""
+    with torch.no_grad():
+        return run_check(
+            "pre_ln_block", pre_ln_block, reference_pre_ln_block, _pre_ln_cases(), verbose=verbose
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: the relative size of each sub-layer's update
+# --------------------------------------------------------------------------------------------
+
+
+def reference_relative_updates(stream: Tensor) -> Tensor:
+    r"""Mean over tokens of :math:`\lVert x_{l+1} - x_l \rVert / \lVert x_l \rVert`.
+
+    Args:
+        stream: the residual stream before and after each of ``S`` sub-layers, shape
+            ``(S + 1, ..., d)`` (one or more token axes in the middle).
+
+    Returns:
+        Tensor of shape ``(S,)``: entry ``l`` is the mean over every token of the norm of
+        the ``l``-th update divided by the norm of the stream it was added to.
+    """
+    update = stream[1:] - stream[:-1]  # (S, ..., d)
+    ratio = update.norm(dim=-1) / stream[:-1].norm(dim=-1)  # (S, ...)
+    return ratio.flatten(1).mean(dim=1)  # (S,)
+
+
+def _relative_updates_cases() -> list[Case]:
+    g = _generator(603)
+    cases: list[Case] = []
+    for sublayers, tokens, d in [(4, (6,), 8), (6, (2, 5), 16), (3, (3, 4), 4), (8, (1,), 32)]:
+        # tokens of very different sizes, so that a mean of ratios differs from a ratio of means
+        x0 = torch.randn(*tokens, d, generator=g) * torch.exp(
+            2 * torch.randn(*tokens, 1, generator=g)
+        )
+        updates = torch.randn(sublayers, *tokens, d, generator=g)  # (S, ..., d)
+        stream = torch.cat([x0[None], x0[None] + updates.cumsum(0)])  # (S + 1, ..., d)
+        cases.append({"stream": stream})
+    # one sub-layer, a single token
+    cases.append({"stream": torch.randn(2, 1, 5, generator=g)})
+    return cases
+
+
+def check_relative_updates(
+    relative_updates: Callable[[Tensor], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``relative_updates(stream)``: ``(S + 1, ..., d)`` → ``(S,)``."""
+    return run_check(
+        "relative_updates",
+        relative_updates,
+        reference_relative_updates,
+        _relative_updates_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: predict which training run fails without warm-up
+# --------------------------------------------------------------------------------------------
+
+#: What chapter 6 measured: does the 6 + 6-layer encoder-decoder on the reversal task,
+#: trained for 200 steps at this constant learning rate *without* warm-up, stall (end with a
+#: loss above 1.6, i.e. without having learned which digits to write)? Keys are
+#: ``(norm_first, learning_rate)``; ``norm_first=False`` is Post-LN.
+FAILS_WITHOUT_WARMUP: dict[tuple[bool, float], bool] = {
+    (False, 3e-4): False,
+    (False, 1e-3): False,
+    (False, 3e-3): True,
+    (True, 3e-4): False,
+    (True, 1e-3): False,
+    (True, 3e-3): False,
+}
+
+
+def reference_fails_without_warmup(norm_first: bool, learning_rate: float) -> bool:
+    """The truth table :data:`FAILS_WITHOUT_WARMUP` measured in chapter 6."""
+    return FAILS_WITHOUT_WARMUP[bool(norm_first), float(learning_rate)]
+
+
+def _fails_cases() -> list[Case]:
+    return [{"norm_first": nf, "learning_rate": lr} for nf, lr in FAILS_WITHOUT_WARMUP]
+
+
+def check_fails_without_warmup(
+    fails_without_warmup: Callable[[bool, float], bool], verbose: bool = True
+) -> CheckResult:
+    """Check ``fails_without_warmup(norm_first, learning_rate) -> bool`` against the runs of
+    chapter 6 (Post-LN is ``norm_first=False``)."""
+    return run_check(
+        "fails_without_warmup",
+        fails_without_warmup,
+        reference_fails_without_warmup,
+        _fails_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: DeepNorm's α and β for an encoder-decoder
+# --------------------------------------------------------------------------------------------
+
+
+def reference_deepnorm_constants(
+    num_encoder_layers: int, num_decoder_layers: int
+) -> tuple[float, float, float, float]:
+    r"""DeepNorm's constants for an encoder-decoder with ``N`` encoder and ``M`` decoder
+    layers (Wang et al., 2022, "DeepNet: Scaling Transformers to 1,000 Layers"):
+
+    .. math:: \alpha_\text{enc} = 0.81\,(N^4 M)^{1/16},\quad
+              \beta_\text{enc} = 0.87\,(N^4 M)^{-1/16},\quad
+              \alpha_\text{dec} = (3M)^{1/4},\quad
+              \beta_\text{dec} = (12M)^{-1/4}.
+
+    Returns:
+        ``(encoder_alpha, encoder_beta, decoder_alpha, decoder_beta)``.
+    """
+    n, m = num_encoder_layers, num_decoder_layers
+    encoder_alpha = 0.81 * (n**4 * m) ** (1 / 16)
+    encoder_beta = 0.87 * (n**4 * m) ** (-1 / 16)
+    decoder_alpha = (3 * m) ** (1 / 4)
+    decoder_beta = (12 * m) ** (-1 / 4)
+    return encoder_alpha, encoder_beta, decoder_alpha, decoder_beta
+
+
+def _deepnorm_cases() -> list[Case]:
+    pairs = [(6, 6), (1, 1), (12, 12), (18, 6), (6, 18), (100, 100), (200, 50)]
+    return [{"num_encoder_layers": n, "num_decoder_layers": m} for n, m in pairs]
+
+
+def check_deepnorm_constants(
+    deepnorm_constants: Callable[[int, int], tuple[float, float, float, float]],
+    verbose: bool = True,
+) -> CheckResult:
+    """Check ``deepnorm_constants(num_encoder_layers, num_decoder_layers)`` →
+    ``(encoder_alpha, encoder_beta, decoder_alpha, decoder_beta)``, four floats."""
+    return run_check(
+        "deepnorm_constants",
+        deepnorm_constants,
+        reference_deepnorm_constants,
+        _deepnorm_cases(),
+        verbose=verbose,
+    )
