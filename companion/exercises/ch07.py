@@ -1,0 +1,229 @@
+"""Exercises of chapter 7, "A real translator: training on Multi30k".
+
+Each ``check_*`` function runs *your* function next to the reference solution kept in this
+module, on cases drawn from a seeded generator (including the cases where a plausible wrong
+answer gives itself away), and returns a :class:`~companion.exercises._checker.CheckResult`
+that is truthy when every case matches. The checks call your function with keyword arguments,
+so keep the parameter names of the stub in the notebook.
+
+==========================================  ==================================
+exercise                                    check
+==========================================  ==================================
+the warm-up learning-rate schedule          :func:`check_noam_lr`
+the label-smoothed target distribution      :func:`check_smoothed_targets`
+the GNMT length penalty                     :func:`check_length_penalty`
+BLEU's modified (clipped) n-gram precision  :func:`check_modified_precision`
+==========================================  ==================================
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from companion.exercises._checker import CheckResult, run_check
+
+__all__ = [
+    "check_noam_lr",
+    "check_smoothed_targets",
+    "check_length_penalty",
+    "check_modified_precision",
+    "reference_noam_lr",
+    "reference_smoothed_targets",
+    "reference_length_penalty",
+    "reference_modified_precision",
+]
+
+Case = dict[str, Any]
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: the warm-up schedule
+# --------------------------------------------------------------------------------------------
+
+
+def reference_noam_lr(step: int, d_model: int, warmup: int) -> float:
+    """The learning rate of "Attention Is All You Need" at optimiser step ``step``:
+    ``d_model^-0.5 · min(s^-0.5, s · warmup^-1.5)`` with ``s = max(step, 1)`` (step 0, before
+    the first update, counts as step 1)."""
+    s = max(step, 1)
+    return d_model**-0.5 * min(s**-0.5, s * warmup**-1.5)
+
+
+def _noam_cases() -> list[Case]:
+    rng = random.Random(701)
+    cases: list[Case] = [
+        {"step": 0, "d_model": 512, "warmup": 4000},  # step 0: needs max(step, 1)
+        {"step": 1, "d_model": 256, "warmup": 300},
+        {"step": 300, "d_model": 256, "warmup": 300},  # the peak
+        {"step": 4000, "d_model": 512, "warmup": 4000},
+        {"step": 10_000, "d_model": 512, "warmup": 4000},  # decay side
+    ]
+    for _ in range(5):
+        warmup = rng.randint(10, 5000)
+        cases.append(
+            {
+                "step": rng.randint(1, 3 * warmup),
+                "d_model": rng.choice([64, 128, 256, 512, 1024]),
+                "warmup": warmup,
+            }
+        )
+    return cases
+
+
+def check_noam_lr(noam_lr: Callable[..., float], verbose: bool = True) -> CheckResult:
+    """Check ``noam_lr(step, d_model, warmup)`` against the paper's schedule."""
+    return run_check(
+        "noam_lr", noam_lr, reference_noam_lr, _noam_cases(), atol=1e-12, rtol=1e-6, verbose=verbose
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: the label-smoothed target distribution
+# --------------------------------------------------------------------------------------------
+
+
+def reference_smoothed_targets(labels: Tensor, vocab_size: int, epsilon: float) -> Tensor:
+    """The target distribution that label smoothing trains towards (PyTorch's convention).
+
+    Args:
+        labels: ``(n,)`` token ids.
+        vocab_size: ``V``.
+        epsilon: ε of label smoothing.
+
+    Returns:
+        ``(n, V)``: ``1 - ε + ε/V`` on the right token, ``ε/V`` on every other token; each row
+        sums to 1.
+    """
+    targets = torch.full((labels.shape[0], vocab_size), epsilon / vocab_size)  # (n, V)
+    rows = torch.arange(labels.shape[0])  # (n,)
+    targets[rows, labels] += 1.0 - epsilon  # (n, V)
+    return targets
+
+
+def _smoothing_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(702)
+    cases: list[Case] = []
+    for n, vocab, eps in [(4, 5, 0.1), (3, 10, 0.2), (6, 7, 0.0), (2, 3, 0.5), (5, 50, 0.1)]:
+        labels = torch.randint(0, vocab, (n,), generator=g)  # (n,)
+        cases.append({"labels": labels, "vocab_size": vocab, "epsilon": eps})
+    return cases
+
+
+def check_smoothed_targets(
+    smoothed_targets: Callable[..., Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``smoothed_targets(labels, vocab_size, epsilon)`` → ``(n, vocab_size)``."""
+    return run_check(
+        "smoothed_targets",
+        smoothed_targets,
+        reference_smoothed_targets,
+        _smoothing_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: the GNMT length penalty
+# --------------------------------------------------------------------------------------------
+
+
+def reference_length_penalty(length: int, alpha: float) -> float:
+    """``((5 + length) / 6) ** alpha`` (Wu et al., 2016); beam search ranks a finished
+    hypothesis by ``log P / length_penalty``."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _penalty_cases() -> list[Case]:
+    rng = random.Random(703)
+    cases: list[Case] = [
+        {"length": 1, "alpha": 0.6},  # lp(1) = 1 for every alpha
+        {"length": 10, "alpha": 0.0},
+        {"length": 10, "alpha": 1.0},
+        {"length": 20, "alpha": 0.6},
+    ]
+    for _ in range(6):
+        cases.append({"length": rng.randint(1, 60), "alpha": round(rng.uniform(0.0, 1.5), 3)})
+    return cases
+
+
+def check_length_penalty(length_penalty: Callable[..., float], verbose: bool = True) -> CheckResult:
+    """Check ``length_penalty(length, alpha)``."""
+    return run_check(
+        "length_penalty",
+        length_penalty,
+        reference_length_penalty,
+        _penalty_cases(),
+        atol=1e-9,
+        rtol=1e-6,
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: BLEU's modified n-gram precision
+# --------------------------------------------------------------------------------------------
+
+
+def reference_modified_precision(hypothesis: list[str], reference: list[str], n: int) -> float:
+    """Clipped n-gram precision of one hypothesis against one reference (Papineni et al.).
+
+    Each n-gram of the hypothesis counts at most as often as it occurs in the reference;
+    the sum of these clipped counts is divided by the number of n-grams in the hypothesis
+    (0.0 when the hypothesis has fewer than ``n`` tokens).
+    """
+    hyp = Counter(tuple(hypothesis[i : i + n]) for i in range(len(hypothesis) - n + 1))
+    ref = Counter(tuple(reference[i : i + n]) for i in range(len(reference) - n + 1))
+    total = sum(hyp.values())
+    if total == 0:
+        return 0.0
+    clipped = sum(min(count, ref[gram]) for gram, count in hyp.items())
+    return clipped / total
+
+
+def _precision_cases() -> list[Case]:
+    rng = random.Random(704)
+    cases: list[Case] = [
+        # Papineni et al.'s example: unclipped precision would be 7/7
+        {
+            "hypothesis": "the the the the the the the".split(),
+            "reference": "the cat is on the mat".split(),
+            "n": 1,
+        },
+        {
+            "hypothesis": "a man rides a bike".split(),
+            "reference": "a man is riding a bike".split(),
+            "n": 1,
+        },
+        {
+            "hypothesis": "a man rides a bike".split(),
+            "reference": "a man is riding a bike".split(),
+            "n": 2,
+        },
+        {"hypothesis": "a dog".split(), "reference": "a dog runs".split(), "n": 3},  # no trigram
+        {"hypothesis": "two two dogs dogs".split(), "reference": "two dogs".split(), "n": 1},
+    ]
+    words = ["a", "the", "dog", "man", "runs", "in", "park"]
+    for _ in range(6):
+        hyp = [rng.choice(words) for _ in range(rng.randint(3, 12))]
+        ref = [rng.choice(words) for _ in range(rng.randint(3, 12))]
+        cases.append({"hypothesis": hyp, "reference": ref, "n": rng.randint(1, 3)})
+    return cases
+
+
+def check_modified_precision(
+    modified_precision: Callable[..., float], verbose: bool = True
+) -> CheckResult:
+    """Check ``modified_precision(hypothesis, reference, n)`` (token lists, n-gram order)."""
+    return run_check(
+        "modified_precision",
+        modified_precision,
+        reference_modified_precision,
+        _precision_cases(),
+        verbose=verbose,
+    )
