@@ -384,8 +384,10 @@ class TransformerConfig:
             feed-forward hidden layer, residual branches).
         norm_first: Pre-LN (``True``) or Post-LN (``False``, the paper).
         tie_embeddings: share one matrix between the target embedding and the generator
-            (Press & Wolf, 2017; section 3.4 of the paper also shares it with the source
-            embedding when the vocabulary is shared - not done here).
+            (Press & Wolf, 2017).
+        tie_source_embedding: the source embedding uses the target embedding's matrix too
+            (section 3.4 of the paper, for a vocabulary shared by both languages); needs
+            ``src_vocab == tgt_vocab``. With ``tie_embeddings`` one matrix serves all three.
         num_decoder_layers: decoder layers; default ``num_layers``.
         activation: ``"relu"`` or ``"gelu"`` in the feed-forward networks.
         positional: ``"sinusoidal"`` (grows to any length) or ``"learned"`` (``max_len``).
@@ -413,6 +415,7 @@ class TransformerConfig:
     tgt_pad_id: int | None = None
     final_norm: bool | None = None
     layer_norm_eps: float = 1e-5
+    tie_source_embedding: bool = False
 
     def __post_init__(self) -> None:
         check_positive_int("src_vocab", self.src_vocab)
@@ -427,6 +430,13 @@ class TransformerConfig:
         check_probability("dropout", self.dropout)
         check_bool("norm_first", self.norm_first)
         check_bool("tie_embeddings", self.tie_embeddings)
+        check_bool("tie_source_embedding", self.tie_source_embedding)
+        if self.tie_source_embedding and self.src_vocab != self.tgt_vocab:
+            raise ValueError(
+                "tie_source_embedding needs one vocabulary shared by source and target "
+                f"(src_vocab == tgt_vocab), got src_vocab={self.src_vocab} and "
+                f"tgt_vocab={self.tgt_vocab}"
+            )
         check_choice("activation", self.activation, tuple(ACTIVATIONS))
         check_choice("positional", self.positional, POSITIONAL_KINDS)
         check_positive_int("max_len", self.max_len)
@@ -474,7 +484,7 @@ class Transformer(nn.Module):
     Args:
         src_vocab, tgt_vocab, d_model, num_heads, num_layers, d_ff, dropout, norm_first,
         tie_embeddings, num_decoder_layers, activation, positional, max_len, src_pad_id,
-        tgt_pad_id, final_norm, layer_norm_eps: see :class:`TransformerConfig` (which checks
+        tgt_pad_id, final_norm, layer_norm_eps, tie_source_embedding: see :class:`TransformerConfig` (which checks
         them all).
 
     Attributes:
@@ -504,6 +514,7 @@ class Transformer(nn.Module):
         tgt_pad_id: int | None = None,
         final_norm: bool | None = None,
         layer_norm_eps: float = 1e-5,
+        tie_source_embedding: bool = False,
     ) -> None:
         super().__init__()
         config = TransformerConfig(
@@ -524,6 +535,7 @@ class Transformer(nn.Module):
             tgt_pad_id=tgt_pad_id,
             final_norm=final_norm,
             layer_norm_eps=layer_norm_eps,
+            tie_source_embedding=tie_source_embedding,
         )
         self.config = config
         self.src_embedding = TokenEmbedding(config.src_vocab, d_model)
@@ -540,6 +552,8 @@ class Transformer(nn.Module):
         self._reset_parameters()
         if tie_embeddings:
             self.generator.weight = self.tgt_embedding.weight
+        if tie_source_embedding:
+            self.src_embedding.embedding.weight = self.tgt_embedding.weight
 
     @staticmethod
     def _positional(config: TransformerConfig) -> nn.Module:
@@ -625,6 +639,7 @@ class Transformer(nn.Module):
         offset: int = 0,
         need_weights: bool = False,
         cache: DecoderCache | None = None,
+        is_causal: bool = True,
     ) -> Tensor:
         """Decode target token ids given the encoder output; returns logits.
 
@@ -649,11 +664,15 @@ class Transformer(nn.Module):
             cache: a :meth:`new_cache` for incremental decoding: pass only the new token(s)
                 as ``tgt``; the cache keeps the keys and values of the earlier ones and is
                 updated in place. Step-by-step logits equal those of the whole prefix.
+            is_causal: apply the causal mask in self-attention (default). ``False`` lets
+                every target position see the later ones: wrong for a decoder, available
+                only to demonstrate the leak (chapter 5).
 
         Returns:
             logits of shape ``(batch, tgt_len, tgt_vocab)``.
         """
         self._check_tokens("tgt", tgt, self.config.tgt_vocab)
+        check_bool("is_causal", is_causal)
         check_floating("memory", memory)
         check_ndim("memory", memory, 3, f"(batch, src_len, {self.config.d_model})")
         check_size(
@@ -670,7 +689,9 @@ class Transformer(nn.Module):
         elif tgt_mask is None:
             tgt_mask = self.make_tgt_mask(tgt)  # (batch, 1, 1, tgt_len) or None
         y = self.tgt_positions(self.tgt_embedding(tgt, "tgt"), offset)  # (batch, tgt_len, d_model)
-        y = self.decoder(y, memory, tgt_mask, src_mask, need_weights, cache=cache)
+        y = self.decoder(
+            y, memory, tgt_mask, src_mask, need_weights, is_causal=is_causal, cache=cache
+        )  # (batch, tgt_len, d_model)
         return self.generator(y)  # (batch, tgt_len, tgt_vocab)
 
     def new_cache(self) -> DecoderCache:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from companion.decode import length_penalty as companion_length_penalty
-from companion.exercises import ch07
+from companion.exercises import ch08
 from companion.train import inverse_sqrt_warmup
 
 # --------------------------------------------------------------------------------------------
@@ -38,13 +38,13 @@ def noam_linear_decay(step, d_model, warmup):
 
 
 def test_noam_accepts_correct():
-    assert ch07.check_noam_lr(noam_correct, verbose=False)
-    assert ch07.check_noam_lr(ch07.reference_noam_lr, verbose=False)
+    assert ch08.check_noam_lr(noam_correct, verbose=False)
+    assert ch08.check_noam_lr(ch08.reference_noam_lr, verbose=False)
 
 
 @pytest.mark.parametrize("wrong", [noam_no_max, noam_wrong_power, noam_linear_decay])
 def test_noam_rejects_wrong(wrong):
-    assert not ch07.check_noam_lr(wrong, verbose=False)
+    assert not ch08.check_noam_lr(wrong, verbose=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,7 +75,7 @@ def smoothing_forgets_one_minus(labels, vocab_size, epsilon):
 
 
 def test_smoothing_accepts_correct():
-    assert ch07.check_smoothed_targets(smoothing_correct, verbose=False)
+    assert ch08.check_smoothed_targets(smoothing_correct, verbose=False)
 
 
 def test_smoothing_matches_cross_entropy():
@@ -83,7 +83,7 @@ def test_smoothing_matches_cross_entropy():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 9, generator=g)
     labels = torch.randint(0, 9, (6,), generator=g)
-    targets = ch07.reference_smoothed_targets(labels, 9, 0.1)
+    targets = ch08.reference_smoothed_targets(labels, 9, 0.1)
     manual = -(targets * logits.log_softmax(-1)).sum(-1).mean()
     builtin = torch.nn.functional.cross_entropy(logits, labels, label_smoothing=0.1)
     assert torch.allclose(manual, builtin, atol=1e-6)
@@ -93,7 +93,7 @@ def test_smoothing_matches_cross_entropy():
     "wrong", [smoothing_over_others, smoothing_not_spread, smoothing_forgets_one_minus]
 )
 def test_smoothing_rejects_wrong(wrong):
-    assert not ch07.check_smoothed_targets(wrong, verbose=False)
+    assert not ch08.check_smoothed_targets(wrong, verbose=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,12 +110,12 @@ def penalty_wrong_constants(length, alpha):
 
 
 def test_penalty_accepts_correct():
-    assert ch07.check_length_penalty(companion_length_penalty, verbose=False)
+    assert ch08.check_length_penalty(companion_length_penalty, verbose=False)
 
 
 @pytest.mark.parametrize("wrong", [penalty_divide_by_length, penalty_wrong_constants])
 def test_penalty_rejects_wrong(wrong):
-    assert not ch07.check_length_penalty(wrong, verbose=False)
+    assert not ch08.check_length_penalty(wrong, verbose=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,12 +151,12 @@ def precision_unigrams_only(hypothesis, reference, n):
 
 
 def test_precision_accepts_correct():
-    assert ch07.check_modified_precision(precision_correct, verbose=False)
+    assert ch08.check_modified_precision(precision_correct, verbose=False)
 
 
 @pytest.mark.parametrize("wrong", [precision_unclipped, precision_recall, precision_unigrams_only])
 def test_precision_rejects_wrong(wrong):
-    assert not ch07.check_modified_precision(wrong, verbose=False)
+    assert not ch08.check_modified_precision(wrong, verbose=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,10 +167,10 @@ def test_precision_rejects_wrong(wrong):
 @pytest.mark.parametrize(
     "check",
     [
-        ch07.check_noam_lr,
-        ch07.check_smoothed_targets,
-        ch07.check_length_penalty,
-        ch07.check_modified_precision,
+        ch08.check_noam_lr,
+        ch08.check_smoothed_targets,
+        ch08.check_length_penalty,
+        ch08.check_modified_precision,
     ],
 )
 def test_stub_reported_not_raised(check, capsys):
