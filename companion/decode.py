@@ -1,4 +1,5 @@
-"""Decoding (chapter 7): turn a trained model's logits into output sentences.
+"""Decoding (built step by step in chapter 7, used by the translator of chapter 8): turn a
+trained model's logits into output sentences.
 
 * :func:`greedy_decode` - batched greedy decoding: at every step take the most likely token.
   With ``use_cache=True`` (default) the decoder keeps a **key/value cache**: each layer's
@@ -9,9 +10,13 @@
   speed-up).
 * :func:`beam_search` - keeps the ``beam_size`` best partial translations per sentence and
   ranks finished ones with the GNMT length penalty (:func:`length_penalty`), so that short
-  translations are not favoured just because they multiply fewer probabilities.
+  translations are not favoured just because they multiply fewer probabilities. Pass a list
+  as ``history`` to see every step's beams (:class:`BeamStep`), e.g. to draw the beam tree.
+* :func:`sample_decode` - draw each next token at random from the model's distribution,
+  sharpened or flattened by a ``temperature`` and optionally restricted to the ``top_k`` most
+  likely tokens; ``temperature=0`` is greedy decoding.
 
-Both stop a sentence at ``<eos>`` and never generate more than ``max_len`` tokens; neither ever
+All three stop a sentence at ``<eos>`` and never generate more than ``max_len`` tokens; neither ever
 generates ``<pad>`` or ``<bos>`` (their scores are set to ``-inf``). Both return
 the generated ids ``(batch, out_len)``, without ``<bos>``, each row ending with ``<eos>`` (unless
 it ran out of ``max_len``) followed by ``pad_id``: ``vocab.decode(row)`` gives the tokens.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -31,7 +37,7 @@ from companion._validation import check_bool, check_integer, check_ndim, check_p
 from companion.data import BOS_ID, EOS_ID, PAD_ID
 from companion.model import Transformer
 
-__all__ = ["greedy_decode", "beam_search", "length_penalty"]
+__all__ = ["greedy_decode", "beam_search", "BeamStep", "length_penalty", "sample_decode"]
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -181,6 +187,31 @@ def greedy_decode(
     return ys[:, 1:]  # (batch, out_len)
 
 
+@dataclass
+class BeamStep:
+    """One step of :func:`beam_search`, recorded when a ``history`` list is passed.
+
+    Row ``b`` describes sentence ``b``; column ``j`` is beam ``j`` after this step.
+
+    Attributes:
+        step: 0 for the first generated token.
+        parents: ``(batch, beam_size)`` the beam (of the previous step) each beam extends.
+        tokens: ``(batch, beam_size)`` the token each beam appended.
+        scores: ``(batch, beam_size)`` each beam's log-probability so far (``-inf``: no beam).
+        finished: ``(sentence, parent, log_prob, score)`` for every hypothesis that ended
+            here with ``<eos>``, ``score = log_prob / length_penalty``.
+
+    When the search ends because every sentence has enough finished hypotheses, the last
+    step has no open beams: its ``parents`` and ``tokens`` are ``-1`` and its scores ``-inf``.
+    """
+
+    step: int
+    parents: Tensor
+    tokens: Tensor
+    scores: Tensor
+    finished: list[tuple[int, int, float, float]] = field(default_factory=list)
+
+
 def beam_search(
     model: Transformer,
     src: Tensor,
@@ -192,6 +223,7 @@ def beam_search(
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
     pad_id: int = PAD_ID,
+    history: list[BeamStep] | None = None,
 ) -> Tensor:
     """Batched beam search with the GNMT length penalty; the decoder uses the key/value cache.
 
@@ -214,6 +246,7 @@ def beam_search(
             per sentence).
         length_penalty_alpha: α of :func:`length_penalty` (0 = no length normalisation).
         src_mask, bos_id, eos_id, pad_id: as in :func:`greedy_decode`.
+        history: a list to which one :class:`BeamStep` per step is appended (for plots).
 
     Returns:
         ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
@@ -221,6 +254,8 @@ def beam_search(
     model = _check_model(model)
     src = _check_src(src)
     check_positive_int("beam_size", beam_size)
+    if history is not None and not isinstance(history, list):
+        raise TypeError(f"history must be a list (or None), got {type(history).__name__}")
     limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
     length_penalty(1, length_penalty_alpha)  # checks alpha
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
@@ -259,13 +294,20 @@ def beam_search(
             # finished hypotheses: <eos> among the top k candidates of a sentence not yet done
             ends = is_eos[:, :k] & ~done.unsqueeze(1) & torch.isfinite(top_scores[:, :k])
             penalty = length_penalty(step + 1, length_penalty_alpha)
+            ended: list[tuple[int, int, float, float]] = []
             for b, j in ends.nonzero().tolist():
                 row = b * k + int(top_beam[b, j])
                 hypothesis = tokens[row, 1:].tolist() + [eos_id]
-                finished[b].append((float(top_scores[b, j]) / penalty, hypothesis))
+                log_prob = float(top_scores[b, j])
+                finished[b].append((log_prob / penalty, hypothesis))
+                ended.append((b, int(top_beam[b, j]), log_prob, log_prob / penalty))
                 if len(finished[b]) >= k:
                     done[b] = True
             if bool(done.all()):
+                if history is not None:
+                    nothing = torch.full((batch, k), -1, dtype=torch.long, device=device)
+                    no_scores = torch.full((batch, k), -math.inf, device=device)
+                    history.append(BeamStep(step, nothing, nothing.clone(), no_scores, ended))
                 break
 
             # the next beam: the best k candidates that do not end in <eos>
@@ -275,6 +317,9 @@ def beam_search(
             new_tokens = top_token.gather(1, pick).view(-1, 1)  # (batch * k, 1)
             tokens = torch.cat([tokens[source_rows], new_tokens], dim=1)  # (batch*k, step + 2)
             cache.reorder(source_rows)
+            if history is not None:
+                parents = top_beam.gather(1, pick)  # (batch, k)
+                history.append(BeamStep(step, parents, new_tokens.view(batch, k), scores, ended))
 
             # sentences at their length limit: the open hypotheses finish as they are
             for b in ((limits == step + 1) & ~done).nonzero().flatten().tolist():
@@ -293,3 +338,79 @@ def beam_search(
     for b, hypothesis in enumerate(best):
         output[b, : len(hypothesis)] = torch.tensor(hypothesis, dtype=torch.long)  # (len,)
     return output
+
+
+def _check_temperature(temperature: object) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise TypeError(f"temperature must be a number >= 0, got {type(temperature).__name__}")
+    if not (0 <= temperature < math.inf):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
+    return float(temperature)
+
+
+def sample_decode(
+    model: Transformer,
+    src: Tensor,
+    *,
+    max_len: int | Sequence[int] | Tensor = 100,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    src_mask: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
+    pad_id: int = PAD_ID,
+) -> Tensor:
+    """Batched sampling: draw every next token from ``softmax(logits / temperature)``.
+
+    ``temperature < 1`` sharpens the distribution towards the most likely token (``0`` *is*
+    greedy decoding), ``> 1`` flattens it. ``top_k`` first removes every token but the ``k``
+    most likely ones (the rest of the probability is renormalised over those ``k``). The
+    decoder uses the key/value cache, as :func:`greedy_decode` does.
+
+    Args:
+        model, src, max_len, src_mask, bos_id, eos_id, pad_id: as in :func:`greedy_decode`.
+        temperature: ``>= 0``; ``0`` takes the most likely token (no randomness).
+        top_k: sample among the ``top_k`` most likely tokens only (``>= 1``), or ``None``
+            for all of them.
+        generator: a ``torch.Generator`` on the model's device, for reproducible samples.
+
+    Returns:
+        ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
+    """
+    model = _check_model(model)
+    src = _check_src(src)
+    temperature = _check_temperature(temperature)
+    if top_k is not None:
+        check_positive_int("top_k", top_k)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
+    _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
+    with _EvalMode(model):
+        if src_mask is None:
+            src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len) or None
+        memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
+        batch, device = memory.shape[0], memory.device
+        cache = model.new_cache()
+        ys = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)  # (batch, 1)
+        limits = limits.to(device)  # (batch,)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (batch,)
+        for step in range(int(limits.max())):
+            logits = model.decode(ys[:, -1:], memory, src_mask, cache=cache)  # (batch, 1, V)
+            logits = _forbid(logits[:, -1].float(), (pad_id, bos_id))  # (batch, V)
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1)  # (batch,)
+            else:
+                if top_k is not None and top_k < logits.shape[-1]:
+                    kth_best = logits.topk(top_k, dim=-1).values[:, -1:]  # (batch, 1)
+                    logits = logits.masked_fill(logits < kth_best, -math.inf)  # (batch, V)
+                probs = torch.softmax(logits / temperature, dim=-1)  # (batch, V)
+                next_token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                # next_token: (batch,)
+            next_token = next_token.masked_fill(finished, pad_id)  # (batch,)
+            ys = torch.cat([ys, next_token.unsqueeze(1)], dim=1)  # (batch, t + 1)
+            finished = finished | (next_token == eos_id) | (limits == step + 1)  # (batch,)
+            if bool(finished.all()):
+                break
+    return ys[:, 1:]  # (batch, out_len)

@@ -1,17 +1,19 @@
-"""Small helpers used throughout the book: reproducible seeds and d2l-style shape checks."""
+"""Small helpers used throughout the book: reproducible seeds, d2l-style shape checks,
+parameter counts, and a trace of the shapes every sub-module sees (chapter 7)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from companion._validation import check_tensor, shape_str
 
-__all__ = ["set_seed", "check_shape", "count_parameters"]
+__all__ = ["set_seed", "check_shape", "count_parameters", "ShapeRecord", "trace_shapes"]
 
 
 def set_seed(seed: int = 0) -> None:
@@ -41,3 +43,74 @@ def check_shape(tensor: Tensor, shape: Sequence[int | None], name: str = "tensor
 def count_parameters(module: torch.nn.Module, trainable_only: bool = True) -> int:
     """Number of (trainable) scalar parameters in ``module``."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+@dataclass(frozen=True)
+class ShapeRecord:
+    """One call of one sub-module during :func:`trace_shapes`.
+
+    Attributes:
+        name: the sub-module's dotted name in the model, e.g. ``"encoder.layers.0.feed_forward"``.
+        kind: its class name, e.g. ``"FeedForward"``.
+        inputs: the shapes of the tensors passed to it, in order (masks included).
+        output: the shape of its output (for a module returning a tuple, of the first element).
+    """
+
+    name: str
+    kind: str
+    inputs: tuple[tuple[int, ...], ...]
+    output: tuple[int, ...]
+
+
+def _default_include(name: str, module: nn.Module) -> bool:
+    """Every sub-module except containers and dropout (they only pass shapes through)."""
+    return not isinstance(module, (nn.ModuleList, nn.ModuleDict, nn.Sequential, nn.Dropout))
+
+
+def trace_shapes(
+    model: nn.Module,
+    *args: object,
+    include: Callable[[str, nn.Module], bool] | None = None,
+    **kwargs: object,
+) -> list[ShapeRecord]:
+    """Run ``model(*args, **kwargs)`` once and record what every sub-module received and
+    returned, in the order the calls happened.
+
+    Args:
+        model: any ``nn.Module``; it is run under ``torch.no_grad()``, in its current mode.
+        args, kwargs: the inputs of one forward call.
+        include: ``include(name, module)`` picks the sub-modules to record; default: all but
+            containers (``ModuleList``, ...) and ``Dropout``.
+
+    Returns:
+        One :class:`ShapeRecord` per call (a module called twice appears twice).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if include is not None and not callable(include):
+        raise TypeError(f"include must be a function (name, module) -> bool, got {include!r}")
+    choose = _default_include if include is None else include
+    records: list[ShapeRecord] = []
+
+    def hook(name: str):
+        def record(module: nn.Module, inputs: tuple, kw: dict, output: object) -> None:
+            given = [*inputs, *kw.values()]
+            shapes = tuple(tuple(t.shape) for t in given if isinstance(t, Tensor))
+            first = output[0] if isinstance(output, (tuple, list)) and output else output
+            out_shape = tuple(first.shape) if isinstance(first, Tensor) else ()
+            records.append(ShapeRecord(name, type(module).__name__, shapes, out_shape))
+
+        return record
+
+    handles = [
+        module.register_forward_hook(hook(name), with_kwargs=True)
+        for name, module in model.named_modules()
+        if name and choose(name, module)
+    ]
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return records

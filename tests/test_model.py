@@ -290,3 +290,63 @@ def test_cache_errors_are_clear():
         ValueError, match=r"tgt must have the cache's batch size 2, got shape \(3, 1\)"
     ):
         model.decode(torch.ones(3, 1, dtype=torch.long), torch.randn(3, 3, 8), cache=cache)
+
+
+# ------------------------------------------------- shared source embedding, is_causal
+
+
+def test_tie_source_embedding_shares_one_matrix_three_ways():
+    model = Transformer(50, 50, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                        tie_embeddings=True, tie_source_embedding=True)  # fmt: skip
+    table = model.tgt_embedding.weight
+    assert model.src_embedding.weight is table and model.generator.weight is table
+    untied = Transformer(50, 50, d_model=16, num_heads=2, num_layers=1, d_ff=32)
+    assert count_parameters(untied) - count_parameters(model) == 2 * 50 * 16
+    # the shared matrix receives the gradient of all three uses
+    src = torch.randint(0, 50, (2, 5))
+    tgt = torch.randint(0, 50, (2, 4))
+    model(src, tgt).sum().backward()
+    assert table.grad is not None and table.grad[src.unique()].abs().sum() > 0
+
+
+def test_tie_source_embedding_survives_a_state_dict_round_trip():
+    kwargs = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, tie_source_embedding=True)
+    a, b = Transformer(30, 30, **kwargs), Transformer(30, 30, **kwargs)
+    b.load_state_dict(a.state_dict())
+    assert b.src_embedding.weight is b.tgt_embedding.weight
+    assert torch.equal(b.src_embedding.weight, a.tgt_embedding.weight)
+
+
+def test_tie_source_embedding_needs_one_vocabulary():
+    with pytest.raises(ValueError, match=r"tie_source_embedding.*src_vocab=30.*tgt_vocab=40"):
+        TransformerConfig(src_vocab=30, tgt_vocab=40, tie_source_embedding=True)
+    with pytest.raises(TypeError, match="tie_source_embedding"):
+        TransformerConfig(src_vocab=30, tgt_vocab=30, tie_source_embedding="yes")
+
+
+def test_paper_base_and_big_counts_on_the_meta_device():
+    """Vaswani et al. (2017), Table 3 reports ~65M and ~213M parameters with a shared
+    37,000-token vocabulary; with all three embeddings shared the count is 63.1M / 214.3M."""
+    counts = []
+    for d, heads, d_ff in ((512, 8, 2048), (1024, 16, 4096)):
+        with torch.device("meta"):
+            model = Transformer(37000, 37000, d, heads, 6, d_ff, tie_embeddings=True,
+                                tie_source_embedding=True)  # fmt: skip
+        assert model.generator.weight.is_meta
+        counts.append(count_parameters(model))
+    assert counts == [63_119_496, 214_282_376]
+
+
+def test_decode_is_causal_false_lets_positions_see_the_future():
+    torch.manual_seed(0)
+    model = Transformer(20, 20, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    src, tgt = torch.randint(0, 20, (2, 5)), torch.randint(0, 20, (2, 6))
+    memory = model.encode(src)
+    causal = model.decode(tgt, memory)
+    leaky = model.decode(tgt, memory, is_causal=False)
+    assert torch.allclose(causal, model(src, tgt), atol=1e-6)
+    # the last position sees everything either way; the earlier ones do not
+    assert torch.allclose(leaky[:, -1], causal[:, -1], atol=1e-5)
+    assert (leaky[:, :-1] - causal[:, :-1]).abs().max() > 1e-3
+    with pytest.raises(TypeError, match="is_causal"):
+        model.decode(tgt, memory, is_causal=None)

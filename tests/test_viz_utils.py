@@ -47,3 +47,40 @@ def test_utils():
     with pytest.raises(AssertionError, match=r"scores should have shape \(2, 4\), got \(2, 3\)"):
         check_shape(torch.zeros(2, 3), (2, 4), "scores")
     assert count_parameters(torch.nn.Linear(3, 2)) == 8
+
+
+def test_trace_shapes_records_every_sub_layer_in_call_order():
+    from companion.model import Transformer
+    from companion.utils import trace_shapes
+
+    torch.manual_seed(0)
+    model = Transformer(30, 40, d_model=16, num_heads=2, num_layers=2, d_ff=24, src_pad_id=0)
+    src, tgt = torch.randint(1, 30, (3, 5)), torch.randint(1, 40, (3, 4))
+    records = trace_shapes(model, src, tgt)
+    names = [r.name for r in records]
+    assert names.index("src_embedding") < names.index("encoder") < names.index("tgt_embedding")
+    assert names[-1] == "generator" and records[-1].output == (3, 4, 40)
+    cross = next(r for r in records if r.name == "decoder.layers.1.cross_attention")
+    assert cross.inputs[:3] == ((3, 4, 16), (3, 5, 16), (3, 5, 16))  # queries: target
+    assert cross.kind == "MultiHeadAttention" and cross.output == (3, 4, 16)
+    assert not any("dropout" in n for n in names)
+    chosen = trace_shapes(model, src, tgt, include=lambda name, m: name.count(".") == 0)
+    assert [r.name for r in chosen] == [
+        "src_embedding", "src_positions", "encoder", "tgt_embedding", "tgt_positions",
+        "decoder", "generator",
+    ]  # fmt: skip
+    assert all(not m._forward_hooks for m in model.modules())  # hooks removed
+
+
+def test_trace_shapes_removes_hooks_when_the_model_raises():
+    from companion.model import Transformer
+    from companion.utils import trace_shapes
+
+    model = Transformer(10, 10, d_model=8, num_heads=2, num_layers=1, d_ff=8)
+    with pytest.raises(ValueError, match="src"):
+        trace_shapes(model, torch.tensor([[11]]), torch.tensor([[1]]))  # id out of range
+    assert all(not m._forward_hooks for m in model.modules())
+    with pytest.raises(TypeError, match="model"):
+        trace_shapes("model")
+    with pytest.raises(TypeError, match="include"):
+        trace_shapes(model, include=3)
