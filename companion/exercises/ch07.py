@@ -1,0 +1,475 @@
+"""Exercises of chapter 7, "The whole Transformer".
+
+Each ``check_*`` function runs *your* function next to the reference solution kept in this
+module, on cases drawn from a seeded generator (several shapes and settings, including the
+edge cases where a plausible wrong answer gives itself away), and returns a
+:class:`~companion.exercises._checker.CheckResult` that is truthy when every case matches.
+The checks call your function with keyword arguments, so keep the parameter names of the stub
+in the notebook.
+
+==============================================  =====================================
+exercise                                        check
+==============================================  =====================================
+the forward pass of a Pre-LN decoder layer      :func:`check_decoder_layer_forward`
+the parameters of a whole Transformer           :func:`check_parameter_count`
+one decoding step with a key/value cache        :func:`check_cached_attention_step`
+one step of beam search                         :func:`check_beam_step`
+the distribution of temperature + top-k         :func:`check_sampling_distribution`
+==============================================  =====================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from companion.exercises._checker import CheckResult, run_check
+from companion.layers import DecoderLayer
+from companion.model import Transformer, TransformerConfig
+from companion.utils import count_parameters
+
+__all__ = [
+    "check_decoder_layer_forward",
+    "check_parameter_count",
+    "check_cached_attention_step",
+    "check_beam_step",
+    "check_sampling_distribution",
+    "reference_decoder_layer_forward",
+    "reference_parameter_count",
+    "reference_cached_attention_step",
+    "reference_beam_step",
+    "reference_sampling_distribution",
+]
+
+Case = dict[str, Any]
+
+
+def _generator(seed: int) -> torch.Generator:
+    """A private generator, so the cases are the same on every call and every machine."""
+    return torch.Generator().manual_seed(seed)
+
+
+def _lengths_mask(lengths: list[int], max_len: int) -> Tensor:
+    """``(batch, 1, 1, max_len)`` boolean, ``True`` for the first ``lengths[b]`` positions."""
+    positions = torch.arange(max_len)  # (max_len,)
+    real = positions[None, :] < torch.tensor(lengths)[:, None]  # (batch, max_len)
+    return real[:, None, None, :]  # (batch, 1, 1, max_len)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: the forward pass of a Pre-LN decoder layer
+# --------------------------------------------------------------------------------------------
+
+
+def reference_decoder_layer_forward(
+    layer: DecoderLayer,
+    x: Tensor,
+    memory: Tensor,
+    tgt_mask: Tensor | None,
+    memory_mask: Tensor,
+) -> Tensor:
+    """One Pre-LN decoder layer: the layer's own forward pass.
+
+    Written out with the layer's sub-modules, it computes::
+
+        h = self_attention_norm(x)
+        x = x + self_attention(h, h, h, mask=tgt_mask, is_causal=True)      # masked self-attn
+        h = cross_attention_norm(x)
+        x = x + cross_attention(h, memory, memory, mask=memory_mask)        # queries from x
+        x = x + feed_forward(feed_forward_norm(x))
+
+    (each attention returns ``(output, weights)``: only the output is added). The causal mask
+    is not a tensor argument: ``is_causal=True`` makes the attention module build it and
+    combine it with ``tgt_mask`` (a query may attend a key only if both allow it), exactly as
+    ``layer(x, memory, tgt_mask, memory_mask)`` does by default.
+
+    Args:
+        layer: a :class:`~companion.layers.DecoderLayer` with ``norm_first=True`` and
+            ``dropout=0.0``, in evaluation mode.
+        x: the target sequence, shape ``(batch, tgt_len, d_model)``.
+        memory: the encoder output, shape ``(batch, src_len, d_model)``.
+        tgt_mask: target padding ``(batch, 1, 1, tgt_len)`` (``True`` = may attend) or ``None``.
+        memory_mask: source padding ``(batch, 1, 1, src_len)`` (``True`` = may attend).
+
+    Returns:
+        Shape ``(batch, tgt_len, d_model)``.
+    """
+    return layer(x, memory, tgt_mask, memory_mask)  # (batch, tgt_len, d_model)
+
+
+class _ReportedLayer(DecoderLayer):
+    """A :class:`~companion.layers.DecoderLayer` whose repr fits on one line of a check's
+    report (the module tree of ``nn.Module`` takes a screen)."""
+
+    def __repr__(self) -> str:
+        return (
+            f"DecoderLayer(d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"d_ff={self.feed_forward.d_ff}, norm_first={self.norm_first}, dropout=0.0)"
+        )
+
+
+_ReportedLayer.__name__ = _ReportedLayer.__qualname__ = "DecoderLayer"
+
+
+def _randomize_layer(layer: DecoderLayer, g: torch.Generator) -> DecoderLayer:
+    """Random weights, biases *and* LayerNorm gains/shifts, so that every term matters."""
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if p.dim() > 1:  # (out, in) matrices
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif "norm" in name and name.endswith("weight"):  # LayerNorm gain around 1
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            else:  # biases and LayerNorm shifts
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return layer.eval()
+
+
+def _decoder_layer_cases() -> list[Case]:
+    g = _generator(711)
+    settings = [
+        # (batch, tgt_len, src_len, d_model, heads, d_ff, source lengths, target lengths or None)
+        (2, 5, 7, 16, 4, 32, [7, 4], None),  # source padding in one sentence
+        (3, 4, 4, 16, 2, 32, [2, 4, 3], [4, 2, 3]),  # src_len = tgt_len; both paddings
+        (1, 1, 3, 8, 2, 16, [2], None),  # one target position (a decoding step)
+        (2, 6, 5, 24, 3, 48, [5, 1], [6, 6]),  # a source of one token; target mask all True
+        (2, 3, 6, 32, 8, 64, [6, 6], [3, 1]),  # no source padding
+    ]
+    cases: list[Case] = []
+    with torch.random.fork_rng(devices=[]):  # building layers must not move the global seed
+        for batch, tgt_len, src_len, d_model, heads, d_ff, src_lengths, tgt_lengths in settings:
+            layer = _ReportedLayer(d_model, heads, d_ff, dropout=0.0, norm_first=True)
+            _randomize_layer(layer, g)
+            x = 0.5 + 1.5 * torch.randn(batch, tgt_len, d_model, generator=g)  # not normalised
+            memory = torch.randn(batch, src_len, d_model, generator=g)
+            tgt_mask = None if tgt_lengths is None else _lengths_mask(tgt_lengths, tgt_len)
+            cases.append(
+                {
+                    "layer": layer,
+                    "x": x,  # (batch, tgt_len, d_model)
+                    "memory": memory,  # (batch, src_len, d_model)
+                    "tgt_mask": tgt_mask,  # (batch, 1, 1, tgt_len) or None
+                    "memory_mask": _lengths_mask(src_lengths, src_len),  # (batch, 1, 1, src_len)
+                }
+            )
+    return cases
+
+
+def check_decoder_layer_forward(
+    decoder_layer_forward: Callable[..., Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``decoder_layer_forward(layer, x, memory, tgt_mask, memory_mask)`` →
+    ``(batch, tgt_len, d_model)``, the Pre-LN forward pass built from ``layer``'s sub-modules."""
+    return run_check(
+        "decoder_layer_forward",
+        decoder_layer_forward,
+        reference_decoder_layer_forward,
+        _decoder_layer_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: the parameters of a whole Transformer
+# --------------------------------------------------------------------------------------------
+
+
+def reference_parameter_count(config: TransformerConfig) -> int:
+    """Trainable parameters of ``Transformer.from_config(config)``, shared matrices once.
+
+    Counted on an actual model built on the ``meta`` device (shapes only, no memory), so even
+    the paper's big model costs nothing. Written out, with ``d = d_model``, ``f = d_ff``:
+
+    * attention block ``4d² + 4d``, feed-forward ``2df + f + d``, LayerNorm ``2d``;
+    * encoder layer: attention + feed-forward + 2 LayerNorms; decoder layer: 2 attentions +
+      feed-forward + 3 LayerNorms;
+    * a final LayerNorm after each stack when it is Pre-LN (``final_norm``, default
+      ``norm_first``);
+    * embeddings ``src_vocab·d`` and ``tgt_vocab·d``, generator ``tgt_vocab·d + tgt_vocab``;
+      ``tie_embeddings`` shares the generator's matrix with the target embedding,
+      ``tie_source_embedding`` the source embedding's; sinusoidal positions have none.
+    """
+    with torch.device("meta"):
+        model = Transformer.from_config(config)
+    return count_parameters(model)
+
+
+class _ReportedConfig(TransformerConfig):
+    """A :class:`~companion.model.TransformerConfig` whose repr lists the sizes and only the
+    other fields that differ from their defaults, so that it fits in a check's report."""
+
+    _ALWAYS = ("src_vocab", "tgt_vocab", "d_model", "num_heads", "num_layers", "d_ff")
+
+    def __repr__(self) -> str:
+        shown = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)
+            if f.name in self._ALWAYS or getattr(self, f.name) != f.default
+        ]
+        return f"TransformerConfig({', '.join(shown)})"
+
+
+_ReportedConfig.__name__ = _ReportedConfig.__qualname__ = "TransformerConfig"
+
+
+def _parameter_cases() -> list[Case]:
+    # small models first: their counts are short enough to compare digit by digit in a report
+    settings: list[dict[str, Any]] = [
+        dict(src_vocab=100, tgt_vocab=120, d_model=16, num_heads=4, num_layers=2, d_ff=32),
+        dict(src_vocab=100, tgt_vocab=120, d_model=16, num_heads=2, num_layers=2, d_ff=64,
+             num_decoder_layers=3, norm_first=True),  # Pre-LN: two final LayerNorms
+        dict(src_vocab=50, tgt_vocab=50, d_model=32, num_heads=8, num_layers=1, d_ff=48,
+             norm_first=True, tie_embeddings=True, tie_source_embedding=True),  # one matrix
+        dict(src_vocab=80, tgt_vocab=60, d_model=24, num_heads=3, num_layers=3, d_ff=24,
+             num_decoder_layers=1, tie_embeddings=True),
+        dict(src_vocab=64, tgt_vocab=64, d_model=8, num_heads=1, num_layers=1, d_ff=16,
+             tie_source_embedding=True),  # a single head; shared source/target embedding
+        dict(src_vocab=30, tgt_vocab=40, d_model=12, num_heads=6, num_layers=4, d_ff=20,
+             num_decoder_layers=2, norm_first=True, tie_embeddings=True),
+        # the paper's base model, one 37000-token matrix for both embeddings and the generator
+        dict(src_vocab=37000, tgt_vocab=37000, tie_embeddings=True, tie_source_embedding=True),
+        dict(src_vocab=37000, tgt_vocab=37000),  # the same without any sharing
+        # the paper's big model
+        dict(src_vocab=37000, tgt_vocab=37000, d_model=1024, num_heads=16, d_ff=4096,
+             tie_embeddings=True, tie_source_embedding=True),
+    ]  # fmt: skip
+    return [{"config": _ReportedConfig(**setting)} for setting in settings]
+
+
+def check_parameter_count(
+    parameter_count: Callable[[TransformerConfig], int], verbose: bool = True
+) -> CheckResult:
+    """Check ``parameter_count(config)`` (exact), the trainable parameters of
+    ``Transformer.from_config(config)``."""
+    return run_check(
+        "parameter_count",
+        parameter_count,
+        reference_parameter_count,
+        _parameter_cases(),
+        atol=0.0,
+        rtol=0.0,
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: one decoding step with a key/value cache
+# --------------------------------------------------------------------------------------------
+
+
+def reference_cached_attention_step(
+    q_new: Tensor, k_new: Tensor, v_new: Tensor, past_keys: Tensor, past_values: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Append the newest key/value to the cache and attend the newest query over all of them.
+
+    The newest token is the last one, so it may see every key: no mask is needed.
+
+    Args:
+        q_new, k_new, v_new: the newest position's query, key and value, each
+            ``(batch, heads, 1, d_head)``.
+        past_keys, past_values: the cache, each ``(batch, heads, t, d_head)`` (``t`` may be 0).
+
+    Returns:
+        ``(output, keys, values)``: ``output (batch, heads, 1, d_head)`` is
+        ``softmax(q_new keysᵀ / √d_head) values``; ``keys, values (batch, heads, t + 1,
+        d_head)`` are the updated cache, the new position last.
+    """
+    keys = torch.cat([past_keys, k_new], dim=-2)  # (batch, heads, t + 1, d_head)
+    values = torch.cat([past_values, v_new], dim=-2)  # (batch, heads, t + 1, d_head)
+    d_head = q_new.shape[-1]
+    scores = q_new @ keys.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, 1, t + 1)
+    weights = torch.softmax(scores, dim=-1)  # (batch, heads, 1, t + 1)
+    output = weights @ values  # (batch, heads, 1, d_head)
+    return output, keys, values
+
+
+def _cache_cases() -> list[Case]:
+    g = _generator(713)
+    shapes = [
+        # (batch, heads, t, d_head)
+        (2, 3, 5, 4),  # all sizes different: a concatenation on the wrong axis cannot run
+        (3, 2, 0, 8),  # empty cache: the first decoding step
+        (1, 1, 1, 6),  # batch = heads = t = 1: cat on dim 0 or 1 runs, with a plausible shape
+        (2, 4, 1, 3),  # t = 1: cat on the heads axis runs
+        (4, 2, 9, 16),
+        (1, 3, 2, 2),
+    ]
+    cases: list[Case] = []
+    for batch, heads, t, d_head in shapes:
+        cases.append(
+            {
+                "q_new": 1.5 * torch.randn(batch, heads, 1, d_head, generator=g),
+                "k_new": torch.randn(batch, heads, 1, d_head, generator=g),
+                "v_new": torch.randn(batch, heads, 1, d_head, generator=g),
+                "past_keys": torch.randn(batch, heads, t, d_head, generator=g),
+                "past_values": torch.randn(batch, heads, t, d_head, generator=g),
+            }
+        )
+    return cases
+
+
+def check_cached_attention_step(
+    cached_attention_step: Callable[..., tuple[Tensor, Tensor, Tensor]], verbose: bool = True
+) -> CheckResult:
+    """Check ``cached_attention_step(q_new, k_new, v_new, past_keys, past_values)`` →
+    ``(output (batch, heads, 1, d_head), keys, values (batch, heads, t + 1, d_head))``."""
+    return run_check(
+        "cached_attention_step",
+        cached_attention_step,
+        reference_cached_attention_step,
+        _cache_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: one step of beam search
+# --------------------------------------------------------------------------------------------
+
+
+def reference_beam_step(
+    scores: Tensor, log_probs: Tensor, beam_size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Keep the ``beam_size`` best one-token extensions of the beams, over all beams at once.
+
+    A candidate "beam ``j`` + token ``w``" scores ``scores[b, j] + log_probs[b, j, w]`` (log
+    probabilities add: probabilities multiply). All ``beam_size · vocab`` candidates of a
+    sentence compete together, so one strong beam may supply several of the new beams.
+
+    Args:
+        scores: ``(batch, beam_size)`` cumulative log-probabilities of the beams; ``-inf`` for
+            a beam that does not exist (at the first step only beam 0 does).
+        log_probs: ``(batch, beam_size, vocab)`` log-probabilities of the next token.
+        beam_size: number of beams kept.
+
+    Returns:
+        ``(new_scores, beams, tokens)``, each ``(batch, beam_size)``, best first:
+        ``new_scores`` the candidates' scores, ``beams`` (long) which beam each extends,
+        ``tokens`` (long) with which token.
+    """
+    batch, _, vocab = log_probs.shape
+    candidates = scores[..., None] + log_probs  # (batch, beam_size, vocab)
+    new_scores, index = candidates.view(batch, -1).topk(beam_size, dim=-1)  # (batch, beam_size)
+    beams = index // vocab  # (batch, beam_size)
+    tokens = index % vocab  # (batch, beam_size)
+    return new_scores, beams, tokens
+
+
+def _beam_cases() -> list[Case]:
+    g = _generator(714)
+
+    def log_probs(batch: int, beam: int, vocab: int) -> Tensor:
+        logits = 2.0 * torch.randn(batch, beam, vocab, generator=g)  # (batch, beam, vocab)
+        return torch.log_softmax(logits, dim=-1)  # (batch, beam, vocab)
+
+    def first_step(batch: int, beam: int) -> Tensor:
+        scores = torch.full((batch, beam), -math.inf)  # (batch, beam)
+        scores[:, 0] = 0.0
+        return scores
+
+    def running(batch: int, beam: int, low: float, high: float) -> Tensor:
+        scores = low + (high - low) * torch.rand(batch, beam, generator=g)  # (batch, beam)
+        return scores.sort(dim=-1, descending=True).values
+
+    cases: list[Case] = [
+        # the first step: only beam 0 exists, the others are -inf
+        {"scores": first_step(2, 3), "log_probs": log_probs(2, 3, 7), "beam_size": 3},
+        # vocab = beam_size at the first step: every token of beam 0 is kept
+        {"scores": first_step(1, 4), "log_probs": log_probs(1, 4, 4), "beam_size": 4},
+        # one sentence at its first step, the other in the middle of its search
+        {
+            "scores": torch.cat([first_step(1, 4), running(1, 4, -6.0, -2.0)]),
+            "log_probs": log_probs(2, 4, 6),
+            "beam_size": 4,
+        },
+        # beam_size = 1: greedy decoding
+        {"scores": running(3, 1, -5.0, -1.0), "log_probs": log_probs(3, 1, 5), "beam_size": 1},
+        # one dominant beam supplies several new beams
+        {
+            "scores": torch.tensor([[-1.0, -6.0, -7.5], [-2.0, -2.5, -9.0]]),
+            "log_probs": log_probs(2, 3, 10),
+            "beam_size": 3,
+        },
+        {"scores": running(2, 3, -8.0, -3.0), "log_probs": log_probs(2, 3, 10), "beam_size": 3},
+        # long hypotheses: exp(scores) is 0 in float32
+        {"scores": running(2, 3, -320.0, -280.0), "log_probs": log_probs(2, 3, 8), "beam_size": 3},
+        # very long hypotheses: exp(scores) is 0 even in float64
+        {"scores": running(1, 2, -900.0, -780.0), "log_probs": log_probs(1, 2, 6), "beam_size": 2},
+    ]
+    return cases
+
+
+def check_beam_step(
+    beam_step: Callable[..., tuple[Tensor, Tensor, Tensor]], verbose: bool = True
+) -> CheckResult:
+    """Check ``beam_step(scores, log_probs, beam_size)`` →
+    ``(new_scores, beams, tokens)``, each ``(batch, beam_size)``, best first."""
+    return run_check("beam_step", beam_step, reference_beam_step, _beam_cases(), verbose=verbose)
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: the distribution that temperature + top-k sampling draws from
+# --------------------------------------------------------------------------------------------
+
+
+def reference_sampling_distribution(
+    logits: Tensor, temperature: float, top_k: int | None
+) -> Tensor:
+    """``softmax(logits / temperature)`` restricted to the ``top_k`` largest logits.
+
+    Args:
+        logits: ``(batch, vocab)`` next-token logits.
+        temperature: ``> 0``; below 1 sharpens the distribution, above 1 flattens it.
+        top_k: keep only the ``top_k`` most likely tokens of each row (``1 <= top_k <=
+            vocab``), or ``None`` to keep all.
+
+    Returns:
+        ``(batch, vocab)`` probabilities: zero outside the top ``top_k`` tokens, the rest
+        renormalised so that every row sums to 1.
+    """
+    scaled = logits / temperature  # (batch, vocab)
+    if top_k is not None:
+        kth_best = scaled.topk(top_k, dim=-1).values[..., -1:]  # (batch, 1)
+        scaled = scaled.masked_fill(scaled < kth_best, -math.inf)  # (batch, vocab)
+    return torch.softmax(scaled, dim=-1)  # (batch, vocab)
+
+
+def _sampling_cases() -> list[Case]:
+    g = _generator(715)
+    settings = [
+        # (batch, vocab, temperature, top_k)
+        (2, 10, 1.0, None),  # plain softmax
+        (3, 8, 0.5, 3),
+        (2, 12, 2.0, 5),
+        (1, 6, 0.7, 1),  # top_k = 1: greedy, a one-hot distribution
+        (4, 5, 1.5, 5),  # top_k = vocab: nothing removed
+        (2, 20, 0.8, None),
+        (5, 7, 3.0, 2),  # a high temperature; batch > top_k
+        (3, 9, 0.25, 4),  # a low temperature
+    ]
+    return [
+        {
+            "logits": 2.0 * torch.randn(batch, vocab, generator=g),  # (batch, vocab)
+            "temperature": temperature,
+            "top_k": top_k,
+        }
+        for batch, vocab, temperature, top_k in settings
+    ]
+
+
+def check_sampling_distribution(
+    sampling_distribution: Callable[..., Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``sampling_distribution(logits, temperature, top_k)`` → ``(batch, vocab)``
+    probabilities."""
+    return run_check(
+        "sampling_distribution",
+        sampling_distribution,
+        reference_sampling_distribution,
+        _sampling_cases(),
+        verbose=verbose,
+    )

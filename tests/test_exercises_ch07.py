@@ -1,0 +1,667 @@
+"""Chapter 7 exercise checks: right answers pass, plausible wrong answers (a decoder layer
+without the cross-attention mask or in Post-LN order, a parameter count that forgets biases or
+counts a tied matrix twice, a cache grown on the wrong axis, a beam step that multiplies
+log-probabilities or picks per beam, top-k sampling without renormalising, ...) fail, stubs
+are reported without raising."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from companion.decode import beam_search
+from companion.exercises import ch07
+from companion.layers import DecoderLayer
+from companion.masking import causal_mask
+from companion.model import Transformer, TransformerConfig
+from companion.utils import count_parameters
+
+# --------------------------------------------------------------------------------------------
+# decoder_layer_forward
+# --------------------------------------------------------------------------------------------
+
+
+def layer_correct(layer, x, memory, tgt_mask, memory_mask):
+    h = layer.self_attention_norm(x)
+    x = x + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
+    h = layer.cross_attention_norm(x)
+    x = x + layer.cross_attention(h, memory, memory, memory_mask)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))
+
+
+def layer_explicit_causal_mask(layer, x, memory, tgt_mask, memory_mask):
+    """The causal mask as a tensor, combined with the padding by hand."""
+    causal = causal_mask(x.shape[1], x.shape[1])  # (tgt_len, tgt_len)
+    mask = causal if tgt_mask is None else tgt_mask & causal
+    h = layer.self_attention_norm(x)
+    x = x + layer.self_attention(h, h, h, mask=mask, need_weights=True)[0]
+    h = layer.cross_attention_norm(x)
+    x = x + layer.cross_attention(h, memory, memory, mask=memory_mask)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))
+
+
+def layer_no_memory_mask(layer, x, memory, tgt_mask, memory_mask):
+    return layer_correct(layer, x, memory, tgt_mask, None)
+
+
+def layer_no_causal_mask(layer, x, memory, tgt_mask, memory_mask):
+    h = layer.self_attention_norm(x)
+    x = x + layer.self_attention(h, h, h, tgt_mask)[0]  # every position sees the future
+    h = layer.cross_attention_norm(x)
+    x = x + layer.cross_attention(h, memory, memory, memory_mask)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))
+
+
+def layer_cross_arguments_swapped(layer, x, memory, tgt_mask, memory_mask):
+    # queries from memory, keys/values from x: runs only where src_len = tgt_len
+    h = layer.self_attention_norm(x)
+    x = x + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
+    h = layer.cross_attention_norm(x)
+    x = x + layer.cross_attention(memory, h, h, memory_mask)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))
+
+
+def layer_self_attention_on_memory(layer, x, memory, tgt_mask, memory_mask):
+    h = layer.self_attention_norm(memory)
+    x = x + layer.self_attention(h, h, h, memory_mask)[0]
+    h = layer.cross_attention_norm(x)
+    x = x + layer.cross_attention(h, memory, memory, memory_mask)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))
+
+
+def layer_residual_from_normalised(layer, x, memory, tgt_mask, memory_mask):
+    h = layer.self_attention_norm(x)
+    x = h + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
+    h = layer.cross_attention_norm(x)
+    x = h + layer.cross_attention(h, memory, memory, memory_mask)[0]
+    h = layer.feed_forward_norm(x)
+    return h + layer.feed_forward(h)
+
+
+def layer_post_ln(layer, x, memory, tgt_mask, memory_mask):
+    x = layer.self_attention_norm(x + layer.self_attention(x, x, x, tgt_mask, is_causal=True)[0])
+    x = layer.cross_attention_norm(x + layer.cross_attention(x, memory, memory, memory_mask)[0])
+    return layer.feed_forward_norm(x + layer.feed_forward(x))
+
+
+def layer_no_cross_attention(layer, x, memory, tgt_mask, memory_mask):
+    h = layer.self_attention_norm(x)
+    x = x + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))
+
+
+def layer_one_norm_for_all(layer, x, memory, tgt_mask, memory_mask):
+    norm = layer.self_attention_norm  # the same LayerNorm before every sub-layer
+    h = norm(x)
+    x = x + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
+    h = norm(x)
+    x = x + layer.cross_attention(h, memory, memory, memory_mask)[0]
+    return x + layer.feed_forward(norm(x))
+
+
+def test_decoder_layer_accepts_correct():
+    assert ch07.check_decoder_layer_forward(layer_correct, verbose=False)
+    assert ch07.check_decoder_layer_forward(layer_explicit_causal_mask, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        layer_no_memory_mask,
+        layer_no_causal_mask,
+        layer_cross_arguments_swapped,
+        layer_self_attention_on_memory,
+        layer_residual_from_normalised,
+        layer_post_ln,
+        layer_no_cross_attention,
+        layer_one_norm_for_all,
+    ],
+)
+def test_decoder_layer_rejects_wrong(wrong):
+    assert not ch07.check_decoder_layer_forward(wrong, verbose=False)
+
+
+@pytest.mark.parametrize("wrong", [layer_cross_arguments_swapped, layer_self_attention_on_memory])
+def test_swapped_arguments_fail_on_values_not_only_by_crashing(wrong):
+    """Where src_len = tgt_len the wrong order runs: only its values give it away."""
+    cases = [c for c in ch07._decoder_layer_cases() if c["x"].shape[1] == c["memory"].shape[1]]
+    assert cases
+    result = ch07.run_check("t", wrong, ch07.reference_decoder_layer_forward, cases, verbose=False)
+    assert not result and "entries differ" in result.message
+
+
+def test_decoder_layer_cases_have_padding_that_matters():
+    cases = ch07._decoder_layer_cases()
+    assert any(not bool(c["memory_mask"].all()) for c in cases)
+    assert any(c["tgt_mask"] is not None and not bool(c["tgt_mask"].all()) for c in cases)
+    assert any(c["tgt_mask"] is None for c in cases)
+    assert any(c["x"].shape[1] == 1 for c in cases)
+    for case in cases:
+        layer = case["layer"]
+        assert layer.norm_first and not layer.training
+        assert layer.residual_dropout.p == 0.0 and layer.feed_forward.dropout.p == 0.0
+        assert bool(case["memory_mask"].any(dim=-1).all()), "every sentence has a real token"
+
+
+def test_decoder_layer_reference_is_the_layer_with_a_causal_mask():
+    """The reference equals the layer called with the padding and causal masks combined."""
+    for case in ch07._decoder_layer_cases():
+        layer, x, memory = case["layer"], case["x"], case["memory"]
+        tgt_len = x.shape[1]
+        causal = causal_mask(tgt_len, tgt_len)
+        mask = causal if case["tgt_mask"] is None else case["tgt_mask"] & causal
+        expected = layer(x, memory, mask, case["memory_mask"], is_causal=False)
+        got = ch07.reference_decoder_layer_forward(**case)
+        torch.testing.assert_close(got, expected)
+
+
+def test_decoder_layer_cases_leave_the_global_seed_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    ch07._decoder_layer_cases()
+    assert torch.equal(torch.rand(3), expected)
+
+
+# --------------------------------------------------------------------------------------------
+# parameter_count
+# --------------------------------------------------------------------------------------------
+
+
+def _count(config, *, linear_bias=True, norms=True, generator_bias=True, final=True, tie=True):
+    """The count written out, with switches for the classic mistakes."""
+    d, f = config.d_model, config.d_ff
+    layer_norm = 2 * d if norms else 0
+    attention = 4 * d * d + (4 * d if linear_bias else 0)
+    feed_forward = 2 * d * f + (f + d if linear_bias else 0)
+    encoder = config.num_layers * (attention + feed_forward + 2 * layer_norm)
+    decoder = config.decoder_layers * (2 * attention + feed_forward + 3 * layer_norm)
+    final_norm = config.norm_first if config.final_norm is None else config.final_norm
+    stacks = encoder + decoder + (2 * layer_norm if final and final_norm else 0)
+    src = 0 if tie and config.tie_source_embedding else config.src_vocab * d
+    tgt = config.tgt_vocab * d
+    generator = (0 if tie and config.tie_embeddings else config.tgt_vocab * d) + (
+        config.tgt_vocab if generator_bias else 0
+    )
+    return stacks + src + tgt + generator
+
+
+def count_correct(config):
+    return _count(config)
+
+
+def count_by_building(config):
+    return count_parameters(Transformer.from_config(config)) if config.d_model < 512 else 0
+
+
+def count_no_biases(config):
+    return _count(config, linear_bias=False, generator_bias=False)
+
+
+def count_no_linear_biases(config):
+    return _count(config, linear_bias=False)
+
+
+def count_no_layer_norms(config):
+    return _count(config, norms=False)
+
+
+def count_no_generator_bias(config):
+    return _count(config, generator_bias=False)
+
+
+def count_ignores_tying(config):
+    return _count(config, tie=False)
+
+
+def count_no_final_norms(config):
+    return _count(config, final=False)
+
+
+def count_per_head_projections(config):
+    # gives every head its own d_model × d_model query, key and value projections
+    d, h = config.d_model, config.num_heads
+    extra = 3 * (h - 1) * d * d
+    return _count(config) + (config.num_layers + 2 * config.decoder_layers) * extra
+
+
+def test_parameter_count_accepts_correct():
+    assert ch07.check_parameter_count(count_correct, verbose=False)
+
+
+def test_parameter_count_building_small_models_agrees():
+    """Building the real (small) models gives the same counts as the reference."""
+    for case in ch07._parameter_cases():
+        config = case["config"]
+        if config.d_model < 512:
+            assert count_by_building(config) == ch07.reference_parameter_count(config)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        count_no_biases,
+        count_no_linear_biases,
+        count_no_layer_norms,
+        count_no_generator_bias,
+        count_ignores_tying,
+        count_no_final_norms,
+        count_per_head_projections,
+    ],
+)
+def test_parameter_count_rejects_wrong(wrong):
+    assert not ch07.check_parameter_count(wrong, verbose=False)
+
+
+def test_parameter_count_is_exact():
+    assert not ch07.check_parameter_count(lambda config: count_correct(config) + 1, verbose=False)
+    assert not ch07.check_parameter_count(
+        lambda config: float(count_correct(config)) + 0.5, verbose=False
+    )
+
+
+def test_parameter_count_of_the_paper_models():
+    base = TransformerConfig(37000, 37000, tie_embeddings=True, tie_source_embedding=True)
+    assert ch07.reference_parameter_count(base) == 63_119_496  # "65M" in the paper's table 3
+    cases = [case["config"] for case in ch07._parameter_cases()]
+    assert asdict(base) in [asdict(config) for config in cases]
+    assert all(config.positional == "sinusoidal" for config in cases)
+    for flag in ("norm_first", "tie_embeddings", "tie_source_embedding"):
+        assert {getattr(config, flag) for config in cases} == {False, True}
+    assert any(config.num_decoder_layers not in (None, config.num_layers) for config in cases)
+    assert any(config.src_vocab != config.tgt_vocab for config in cases)
+
+
+def test_parameter_cases_are_configs_with_a_short_report():
+    for case in ch07._parameter_cases():
+        config = case["config"]
+        assert isinstance(config, TransformerConfig)
+        assert type(TransformerConfig(**asdict(config))) is TransformerConfig  # same fields
+        assert repr(config).startswith("TransformerConfig(src_vocab=")
+        assert len(repr(config)) < 180, "the engine cuts an input's description at 200 characters"
+        if config.tie_source_embedding:
+            assert "tie_source_embedding=True" in repr(config)
+    result = ch07.check_parameter_count(count_no_final_norms, verbose=False)
+    assert "expected 25384, got 25320" in result.message and "norm_first=True" in result.message
+
+
+def test_parameter_count_returns_an_int():
+    config = ch07._parameter_cases()[0]["config"]
+    assert type(ch07.reference_parameter_count(config)) is int
+
+
+# --------------------------------------------------------------------------------------------
+# cached_attention_step
+# --------------------------------------------------------------------------------------------
+
+
+def cache_correct(q_new, k_new, v_new, past_keys, past_values):
+    keys = torch.cat([past_keys, k_new], dim=2)
+    values = torch.cat([past_values, v_new], dim=2)
+    return F.scaled_dot_product_attention(q_new, keys, values), keys, values
+
+
+def _cache_step(q_new, k_new, v_new, past_keys, past_values, dim=-2, scale=True, prepend=False):
+    parts_k, parts_v = [past_keys, k_new], [past_values, v_new]
+    if prepend:
+        parts_k, parts_v = parts_k[::-1], parts_v[::-1]
+    keys, values = torch.cat(parts_k, dim=dim), torch.cat(parts_v, dim=dim)
+    scores = q_new @ keys.transpose(-2, -1)
+    if scale:
+        scores = scores / math.sqrt(q_new.shape[-1])
+    return torch.softmax(scores, dim=-1) @ values, keys, values
+
+
+def cache_on_heads_axis(q_new, k_new, v_new, past_keys, past_values):
+    return _cache_step(q_new, k_new, v_new, past_keys, past_values, dim=1)
+
+
+def cache_on_batch_axis(q_new, k_new, v_new, past_keys, past_values):
+    return _cache_step(q_new, k_new, v_new, past_keys, past_values, dim=0)
+
+
+def cache_on_feature_axis(q_new, k_new, v_new, past_keys, past_values):
+    return _cache_step(q_new, k_new, v_new, past_keys, past_values, dim=-1)
+
+
+def cache_prepended(q_new, k_new, v_new, past_keys, past_values):
+    return _cache_step(q_new, k_new, v_new, past_keys, past_values, prepend=True)
+
+
+def cache_unscaled(q_new, k_new, v_new, past_keys, past_values):
+    return _cache_step(q_new, k_new, v_new, past_keys, past_values, scale=False)
+
+
+def cache_new_key_only(q_new, k_new, v_new, past_keys, past_values):
+    _, keys, values = _cache_step(q_new, k_new, v_new, past_keys, past_values)
+    return v_new, keys, values  # softmax over the single new key is 1: the output is v_new
+
+
+def test_cached_attention_accepts_correct():
+    assert ch07.check_cached_attention_step(cache_correct, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        cache_on_heads_axis,
+        cache_on_batch_axis,
+        cache_on_feature_axis,
+        cache_prepended,
+        cache_unscaled,
+        cache_new_key_only,
+    ],
+)
+def test_cached_attention_rejects_wrong(wrong):
+    assert not ch07.check_cached_attention_step(wrong, verbose=False)
+
+
+@pytest.mark.parametrize("wrong", [cache_on_heads_axis, cache_on_batch_axis])
+def test_cache_on_a_wrong_axis_runs_somewhere_and_is_caught_by_shape(wrong):
+    """Where batch = heads = t = 1 the wrong concatenation runs: the shape gives it away."""
+    cases = [c for c in ch07._cache_cases() if tuple(c["past_keys"].shape[:3]) == (1, 1, 1)]
+    assert cases
+    result = ch07.run_check("t", wrong, ch07.reference_cached_attention_step, cases, verbose=False)
+    assert not result and "wrong shape" in result.message
+
+
+def test_cache_cases_cover_the_edges():
+    shapes = [tuple(c["past_keys"].shape) for c in ch07._cache_cases()]
+    assert any(t == 0 for _, _, t, _ in shapes)
+    assert any(b != h and h != t and b != t and 1 not in (b, h, t) for b, h, t, _ in shapes)
+    assert all(d > 1 for *_, d in shapes)
+
+
+def test_cached_step_is_the_last_row_of_full_causal_attention():
+    g = torch.Generator().manual_seed(0)
+    batch, heads, length, d_head = 2, 3, 6, 4
+    q, k, v = (torch.randn(batch, heads, length, d_head, generator=g) for _ in range(3))
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, heads, len, d)
+    past_k, past_v = k[:, :, :0], v[:, :, :0]
+    for t in range(length):
+        out, past_k, past_v = ch07.reference_cached_attention_step(
+            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], past_k, past_v
+        )
+        torch.testing.assert_close(out, full[:, :, t : t + 1])
+    torch.testing.assert_close(past_k, k)
+    torch.testing.assert_close(past_v, v)
+
+
+# --------------------------------------------------------------------------------------------
+# beam_step
+# --------------------------------------------------------------------------------------------
+
+
+def beam_correct(scores, log_probs, beam_size):
+    batch, beams, vocab = log_probs.shape
+    candidates = (scores.unsqueeze(-1) + log_probs).reshape(batch, beams * vocab)
+    values, order = candidates.sort(dim=-1, descending=True)
+    index = order[:, :beam_size]
+    return values[:, :beam_size], torch.div(index, vocab, rounding_mode="floor"), index % vocab
+
+
+def _beam_from(candidates, vocab, beam_size):
+    top, index = candidates.reshape(candidates.shape[0], -1).topk(beam_size, dim=-1)
+    return top, index // vocab, index % vocab
+
+
+def beam_not_accumulated(scores, log_probs, beam_size):
+    return _beam_from(log_probs, log_probs.shape[-1], beam_size)
+
+
+def beam_multiplied(scores, log_probs, beam_size):
+    return _beam_from(scores[..., None] * log_probs, log_probs.shape[-1], beam_size)
+
+
+def beam_probability_space(scores, log_probs, beam_size):
+    # multiplies probabilities: right in exact arithmetic, but exp(-300) is 0 in float32
+    products = scores.exp()[..., None] * log_probs.exp()
+    top, beams, tokens = _beam_from(products, log_probs.shape[-1], beam_size)
+    return top.log(), beams, tokens
+
+
+def beam_probability_space_float64(scores, log_probs, beam_size):
+    products = scores.double().exp()[..., None] * log_probs.double().exp()
+    top, beams, tokens = _beam_from(products, log_probs.shape[-1], beam_size)
+    return top.log().float(), beams, tokens
+
+
+def beam_per_beam(scores, log_probs, beam_size):
+    # every beam keeps its own best token
+    batch = scores.shape[0]
+    best, tokens = (scores[..., None] + log_probs).max(dim=-1)  # (batch, beam_size)
+    top, order = best.sort(dim=-1, descending=True)
+    beams = torch.arange(beam_size).expand(batch, -1).gather(1, order)
+    return top, beams, tokens.gather(1, order)
+
+
+def beam_index_mod_beam_size(scores, log_probs, beam_size):
+    vocab = log_probs.shape[-1]
+    top, index = (scores[..., None] + log_probs).reshape(scores.shape[0], -1).topk(beam_size)
+    return top, index % beam_size, index % vocab
+
+
+def test_beam_step_accepts_correct():
+    assert ch07.check_beam_step(beam_correct, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        beam_not_accumulated,
+        beam_multiplied,
+        beam_probability_space,
+        beam_probability_space_float64,
+        beam_per_beam,
+        beam_index_mod_beam_size,
+    ],
+)
+def test_beam_step_rejects_wrong(wrong):
+    assert not ch07.check_beam_step(wrong, verbose=False)
+
+
+@pytest.mark.parametrize("wrong", [beam_probability_space, beam_probability_space_float64])
+def test_probability_space_passes_short_hypotheses(wrong):
+    """Multiplying probabilities is only wrong through underflow: the long cases catch it."""
+    short = [c for c in ch07._beam_cases() if bool((c["scores"] > -50).all())]
+    assert ch07.run_check("t", wrong, ch07.reference_beam_step, short, verbose=False)
+
+
+def test_beam_cases_have_no_ties_and_a_first_step():
+    cases = ch07._beam_cases()
+    for case in cases:
+        scores, log_probs, k = case["scores"], case["log_probs"], case["beam_size"]
+        assert log_probs.shape[-1] >= k
+        candidates = (scores[..., None] + log_probs).view(scores.shape[0], -1)
+        top = candidates.topk(min(k + 1, candidates.shape[1]), dim=-1).values
+        finite = top[torch.isfinite(top)]
+        gaps = (top[:, :-1] - top[:, 1:])[torch.isfinite(top[:, 1:])]
+        assert finite.numel() and bool((gaps > 1e-4).all()), "a near-tie could flip the order"
+    first = [c for c in cases if bool(torch.isinf(c["scores"]).any())]
+    assert first and any(c["beam_size"] == 1 for c in cases)
+
+
+def test_beam_reference_matches_companion_beam_search_first_step():
+    """The same lines as beam_search: with one sentence, the first step's beams agree."""
+    torch.manual_seed(0)
+    model = Transformer(20, 20, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    history = []
+    src = torch.tensor([[5, 6, 7, 8]])
+    beam_search(model, src, beam_size=3, max_len=3, length_penalty_alpha=0.0, history=history)
+    model.eval()
+    with torch.no_grad():
+        memory = model.encode(src)
+        logits = model.decode(torch.tensor([[1]]), memory)[:, -1]  # BOS_ID = 1
+    logits[:, [0, 1]] = -math.inf  # beam_search never generates <pad> or <bos>
+    log_probs = logits.log_softmax(-1)[:, None].expand(1, 3, 20)
+    scores = torch.tensor([[0.0, -math.inf, -math.inf]])
+    new_scores, beams, tokens = ch07.reference_beam_step(scores, log_probs, 3)
+    assert torch.equal(tokens, history[0].tokens) and torch.equal(beams, history[0].parents)
+    torch.testing.assert_close(new_scores, history[0].scores)
+
+
+# --------------------------------------------------------------------------------------------
+# sampling_distribution
+# --------------------------------------------------------------------------------------------
+
+
+def sampling_correct(logits, temperature, top_k):
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_k is not None:
+        top, index = probs.topk(top_k, dim=-1)
+        probs = torch.zeros_like(probs).scatter(-1, index, top)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _top_k(logits, k, dim=-1):
+    kth = logits.topk(k, dim=dim).values.narrow(dim, k - 1, 1)
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def sampling_multiplied(logits, temperature, top_k):
+    scaled = logits * temperature
+    return torch.softmax(scaled if top_k is None else _top_k(scaled, top_k), dim=-1)
+
+
+def sampling_power_not_renormalised(logits, temperature, top_k):
+    kept = logits if top_k is None else _top_k(logits, top_k)
+    return torch.softmax(kept, dim=-1) ** (1 / temperature)
+
+
+def sampling_softmax_twice(logits, temperature, top_k):
+    kept = logits if top_k is None else _top_k(logits, top_k)
+    probs = torch.softmax(torch.softmax(kept, dim=-1) / temperature, dim=-1)
+    return probs if top_k is None else probs.masked_fill(kept == -math.inf, 0.0)
+
+
+def sampling_not_renormalised(logits, temperature, top_k):
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_k is not None:
+        probs = probs.masked_fill(_top_k(logits, top_k) == -math.inf, 0.0)
+    return probs
+
+
+def sampling_k_plus_one(logits, temperature, top_k):
+    k = None if top_k is None else min(top_k + 1, logits.shape[-1])
+    return ch07.reference_sampling_distribution(logits, temperature, k)
+
+
+def sampling_k_minus_one(logits, temperature, top_k):
+    k = None if top_k is None else top_k - 1  # top_k = 1 keeps nothing (and crashes)
+    return ch07.reference_sampling_distribution(logits, temperature, k)
+
+
+def sampling_top_k_over_batch(logits, temperature, top_k):
+    scaled = logits / temperature
+    return torch.softmax(scaled if top_k is None else _top_k(scaled, top_k, dim=0), dim=-1)
+
+
+def test_sampling_accepts_correct():
+    assert ch07.check_sampling_distribution(sampling_correct, verbose=False)
+    assert ch07.check_sampling_distribution(
+        lambda logits, temperature, top_k: (
+            sampling_correct(logits, 1.0, top_k) ** (1 / temperature)
+        ).div_((sampling_correct(logits, 1.0, top_k) ** (1 / temperature)).sum(-1, keepdim=True)),
+        verbose=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        sampling_multiplied,
+        sampling_power_not_renormalised,
+        sampling_softmax_twice,
+        sampling_not_renormalised,
+        sampling_k_plus_one,
+        sampling_k_minus_one,
+        sampling_top_k_over_batch,
+    ],
+)
+def test_sampling_rejects_wrong(wrong):
+    assert not ch07.check_sampling_distribution(wrong, verbose=False)
+
+
+def test_sampling_top_k_over_batch_runs_and_fails_on_values():
+    cases = [
+        c
+        for c in ch07._sampling_cases()
+        if c["top_k"] is not None and c["logits"].shape[0] >= c["top_k"]
+    ]
+    assert cases
+    result = ch07.run_check(
+        "t", sampling_top_k_over_batch, ch07.reference_sampling_distribution, cases, verbose=False
+    )
+    assert not result and "entries differ" in result.message
+
+
+def test_sampling_reference_is_what_sample_decode_draws_from():
+    # sample_decode masks the logits below the k-th best, then takes softmax(logits / T)
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 11, generator=g)
+    kth = logits.topk(4, dim=-1).values[:, -1:]
+    expected = torch.softmax(logits.masked_fill(logits < kth, -math.inf) / 0.6, dim=-1)
+    probs = ch07.reference_sampling_distribution(logits, 0.6, 4)
+    torch.testing.assert_close(probs, expected)
+    assert bool(((probs > 0).sum(-1) == 4).all())
+    torch.testing.assert_close(probs.sum(-1), torch.ones(3))
+
+
+def test_sampling_cases_have_no_ties():
+    for case in ch07._sampling_cases():
+        logits = case["logits"].sort(dim=-1).values
+        assert bool((logits[:, 1:] - logits[:, :-1] > 1e-4).all())
+
+
+# --------------------------------------------------------------------------------------------
+# stubs and reproducibility
+# --------------------------------------------------------------------------------------------
+
+CHECKS = [
+    ch07.check_decoder_layer_forward,
+    ch07.check_parameter_count,
+    ch07.check_cached_attention_step,
+    ch07.check_beam_step,
+    ch07.check_sampling_distribution,
+]
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_stub_reported_not_raised(check, capsys):
+    def stub(**kwargs):
+        raise NotImplementedError
+
+    result = check(stub)
+    assert not result
+    assert "not attempted yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_references_pass(check):
+    reference = getattr(ch07, "reference_" + check.__name__.removeprefix("check_"))
+    result = check(reference, verbose=False)
+    assert result and result.cases_run >= 5
+
+
+def test_cases_are_reproducible():
+    first, second = ch07._decoder_layer_cases(), ch07._decoder_layer_cases()
+    for a, b in zip(first, second):
+        assert torch.equal(a["x"], b["x"])
+        for p, q in zip(a["layer"].parameters(), b["layer"].parameters()):
+            assert torch.equal(p, q)
+    for make in (ch07._cache_cases, ch07._beam_cases, ch07._sampling_cases):
+        for a, b in zip(make(), make()):
+            assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+
+
+def test_decoder_layer_cases_use_decoder_layers_with_a_one_line_report():
+    for case in ch07._decoder_layer_cases():
+        assert isinstance(case["layer"], DecoderLayer)
+        assert "\n" not in repr(case["layer"])
+    result = ch07.check_decoder_layer_forward(layer_post_ln, verbose=False)
+    assert "layer: DecoderLayer DecoderLayer(d_model=16, num_heads=4" in result.message
