@@ -6,8 +6,9 @@
 * :class:`Transformer` - embeddings + positions + encoder + decoder + the ``generator``
   (the final linear layer to vocabulary logits), built from a :class:`TransformerConfig`.
 
-The model returns **logits**, never probabilities: the loss (cross-entropy on logits) and the
-decoding strategies live in chapter 7's modules.
+The model returns **logits**, never probabilities: the loss (cross-entropy on logits) lives in
+:mod:`companion.train` (chapter 8) and the decoding strategies in :mod:`companion.decode`
+(chapter 7). Chapter 7 assembles this module's model piece by piece.
 
 Final LayerNorms. A Pre-LN stack (``norm_first=True``) leaves its output un-normalised, so it
 needs a final LayerNorm; a Post-LN stack already ends with one. ``final_norm=None`` (default)
