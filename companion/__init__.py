@@ -42,6 +42,7 @@ from companion.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    sinusoidal_frequencies,
     sinusoidal_shift_matrix,
     sinusoidal_table,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "from_torch_attn_mask",
     "to_torch_attn_mask",
     # positional
+    "sinusoidal_frequencies",
     "sinusoidal_table",
     "sinusoidal_shift_matrix",
     "SinusoidalPositionalEncoding",

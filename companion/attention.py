@@ -7,6 +7,8 @@
   batch-first, weight-compatible with ``torch.nn.MultiheadAttention``.
 * :class:`KeyValueCache` - the projected keys and values one attention keeps between the
   steps of incremental (token-by-token) decoding.
+* :func:`fused_linear` - several linear layers applied to one input as a single matrix product
+  (the q, k and v projections of self-attention).
 
 Mask convention for the whole package: a boolean mask is ``True`` where a query **may attend**
 to a key, ``False`` where it is blocked (the convention of
@@ -20,6 +22,7 @@ all-zero output vector - never NaN.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,11 +41,18 @@ from companion._validation import (
     check_probability,
     check_same_dtype,
     check_size,
+    check_tensor,
     shape_str,
 )
 from companion.masking import causal_mask
 
-__all__ = ["scaled_dot_product_attention", "AdditiveScore", "MultiHeadAttention", "KeyValueCache"]
+__all__ = [
+    "scaled_dot_product_attention",
+    "AdditiveScore",
+    "MultiHeadAttention",
+    "KeyValueCache",
+    "fused_linear",
+]
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -221,8 +231,10 @@ class MultiHeadAttention(nn.Module):
       ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels), weights ``None``.
 
     For self-attention (``query is key is value``) the three projections run as one matrix
-    product on the concatenated weights, as ``torch.nn.MultiheadAttention`` does; likewise
-    keys and values when ``key is value``. The parameters stay separate and readable.
+    product on the concatenated weights (:func:`fused_linear`), as
+    ``torch.nn.MultiheadAttention`` does; likewise keys and values when ``key is value``. The
+    parameters stay separate and readable. :meth:`split_heads` and :meth:`merge_heads` do the
+    reshapes between ``(batch, len, d_model)`` and ``(batch, heads, len, head_dim)``.
 
     Args:
         d_model: size of the input and output vectors; must be divisible by ``num_heads``.
@@ -337,8 +349,7 @@ class MultiHeadAttention(nn.Module):
             if has_key is not None:
                 per_head = per_head.masked_fill(~has_key, 0.0)  # (batch, heads, q_len, head_dim)
             weights = None
-        heads_last = per_head.transpose(1, 2)  # (batch, q_len, heads, head_dim)
-        merged = heads_last.reshape(batch, q_len, self.d_model)  # (batch, q_len, d_model)
+        merged = self.merge_heads(per_head)  # (batch, q_len, d_model)
         output = self.out_proj(merged)  # (batch, q_len, d_model)
         if has_key is not None:
             # A query that no head lets attend anywhere gets a zero vector (not out_proj's bias).
@@ -398,7 +409,7 @@ class MultiHeadAttention(nn.Module):
         """
         if cache is not None and not cache.growing and cache.keys is not None:
             # cross-attention, memory already projected at an earlier step
-            q = self._split_heads(self.query_proj(query))  # (batch, heads, q_len, head_dim)
+            q = self.split_heads(self.query_proj(query))  # (batch, heads, q_len, head_dim)
             return q, cache.keys, cache.values
         q, k, v = self._project_all(query, key, value)  # each (batch, heads, len, head_dim)
         if cache is not None:
@@ -414,23 +425,57 @@ class MultiHeadAttention(nn.Module):
         """Project query, key and value and split them into heads."""
         projections = (self.query_proj, self.key_proj, self.value_proj)
         if query is key and key is value:  # self-attention: one matrix product for q, k and v
-            qkv = _fused_linear(query, projections)  # (batch, len, 3 * d_model)
+            qkv = fused_linear(query, projections)  # (batch, len, 3 * d_model)
             q, k, v = qkv.chunk(3, dim=-1)  # each (batch, len, d_model)
         elif key is value:  # cross-attention: one product for k and v
             q = self.query_proj(query)  # (batch, q_len, d_model)
-            kv = _fused_linear(key, projections[1:])  # (batch, k_len, 2 * d_model)
+            kv = fused_linear(key, projections[1:])  # (batch, k_len, 2 * d_model)
             k, v = kv.chunk(2, dim=-1)  # each (batch, k_len, d_model)
         else:
             q = self.query_proj(query)  # (batch, q_len, d_model)
             k = self.key_proj(key)  # (batch, k_len, d_model)
             v = self.value_proj(value)  # (batch, k_len, d_model)
-        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
 
-    def _split_heads(self, x: Tensor) -> Tensor:
-        """``(batch, len, d_model)`` → ``(batch, heads, len, head_dim)`` (a view, no copy)."""
+    def split_heads(self, x: Tensor) -> Tensor:
+        """Cut projected queries, keys or values into heads.
+
+        Head ``i`` gets features ``i·head_dim`` to ``(i+1)·head_dim - 1`` of every position:
+        ``view`` splits the last axis, ``transpose`` puts the heads in front of the positions.
+        The result is a view of ``x`` (no copy); :meth:`merge_heads` is the inverse.
+
+        Args:
+            x: shape ``(batch, len, d_model)``.
+
+        Returns:
+            Tensor of shape ``(batch, heads, len, head_dim)``.
+        """
+        layout = f"(batch, len, {self.d_model})"
+        check_ndim("x", check_tensor("x", x), 3, layout)
+        check_size("x", x, 2, self.d_model, layout)
         batch, length, _ = x.shape
         split = x.view(batch, length, self.num_heads, -1)  # (batch, len, heads, head_dim)
         return split.transpose(1, 2)  # (batch, heads, len, head_dim)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """Concatenate the heads of every position: the inverse of :meth:`split_heads`.
+
+        Position ``t`` becomes ``[x[:, 0, t] | x[:, 1, t] | ... ]``. After attention ``x`` is
+        not contiguous in this order, so ``reshape`` makes a copy.
+
+        Args:
+            x: shape ``(batch, heads, len, head_dim)``.
+
+        Returns:
+            Tensor of shape ``(batch, len, d_model)``.
+        """
+        layout = f"(batch, {self.num_heads}, len, {self.head_dim})"
+        check_ndim("x", check_tensor("x", x), 4, layout)
+        check_size("x", x, 1, self.num_heads, layout)
+        check_size("x", x, 3, self.head_dim, layout)
+        batch, _, length, _ = x.shape
+        heads_last = x.transpose(1, 2)  # (batch, len, heads, head_dim)
+        return heads_last.reshape(batch, length, self.d_model)  # (batch, len, d_model)
 
     # ------------------------------------------------- torch.nn.MultiheadAttention
 
@@ -505,16 +550,51 @@ class MultiHeadAttention(nn.Module):
             )
 
 
-def _fused_linear(x: Tensor, projections: tuple[nn.Linear, ...]) -> Tensor:
-    """Apply several ``nn.Linear(d, d)`` to the same ``x (..., d)`` as one product → ``(..., n·d)``."""
-    weight = torch.cat([p.weight for p in projections])  # (n * d_model, d_model)
-    return F.linear(x, weight, _concat_bias(projections))  # (..., n * d_model)
+def fused_linear(x: Tensor, projections: Sequence[nn.Linear]) -> Tensor:
+    """Apply several linear layers to the same input with one matrix product.
+
+    The weights ``(out_i, d_in)`` are stacked into one ``(out_1 + out_2 + ..., d_in)`` matrix,
+    so one product computes every layer's output, side by side: the same numbers as calling
+    the layers one by one and concatenating, with one call instead of several.
+
+    Args:
+        x: input of shape ``(..., d_in)``.
+        projections: one or more ``nn.Linear(d_in, out_i)``, all with biases or all without.
+
+    Returns:
+        Tensor of shape ``(..., out_1 + out_2 + ...)``:
+        ``[projections[0](x) | projections[1](x) | ...]``.
+    """
+    projections = _check_projections(x, projections)
+    weight = torch.cat([p.weight for p in projections])  # (out_1 + out_2 + ..., d_in)
+    return F.linear(x, weight, _concat_bias(projections))  # (..., out_1 + out_2 + ...)
+
+
+def _check_projections(x: object, projections: object) -> tuple[nn.Linear, ...]:
+    """Validate the arguments of :func:`fused_linear`; return the layers as a tuple."""
+    if not isinstance(projections, (Sequence, nn.ModuleList)) or len(projections) == 0:
+        raise TypeError(
+            f"projections must be a non-empty sequence of nn.Linear, got {projections!r:.80}"
+        )
+    for i, layer in enumerate(projections):
+        if not isinstance(layer, nn.Linear):
+            raise TypeError(f"projections[{i}] must be an nn.Linear, got {type(layer).__name__}")
+    d_in = projections[0].in_features
+    if any(p.in_features != d_in for p in projections):
+        sizes = [p.in_features for p in projections]
+        raise ValueError(f"projections must share one input size in_features, got {sizes}")
+    if len({p.bias is None for p in projections}) > 1:
+        raise ValueError("projections must all have biases or all have none")
+    check_floating("x", x)
+    check_min_ndim("x", x, 1, f"(..., {d_in})")
+    check_size("x", x, -1, d_in, f"(..., {d_in})")
+    return tuple(projections)
 
 
 def _concat_bias(projections: tuple[nn.Linear, ...]) -> Tensor | None:
     if projections[0].bias is None:
         return None
-    return torch.cat([p.bias for p in projections])  # (n * d_model,)
+    return torch.cat([p.bias for p in projections])  # (out_1 + out_2 + ...,)
 
 
 def _check_torch_mha(name: str, mha: object) -> None:

@@ -1,4 +1,4 @@
-"""Training configurations (chapter 7): one :class:`TrainConfig` holds everything a run needs.
+"""Training configurations (chapter 8): one :class:`TrainConfig` holds everything a run needs.
 
 Three named configurations live in :data:`CONFIGS`:
 

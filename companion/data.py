@@ -1,4 +1,4 @@
-"""Data for the course (chapter 7): a toy copy/reverse task and Multi30k German→English.
+"""Data for the course (chapter 8): a toy copy/reverse task and Multi30k German→English.
 
 The pieces, in the order a training script uses them:
 
@@ -1073,7 +1073,7 @@ def padding_waste(batches: Iterable[Sequence[int]], lengths: Sequence[tuple[int,
 
 
 # ---------------------------------------------------------------------------------------------
-# Everything for chapter 7 in one call
+# Everything for chapter 8 in one call
 # ---------------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Evaluation (chapter 7): translate raw sentences and score them with BLEU.
+"""Evaluation (chapter 8): translate raw sentences and score them with BLEU.
 
 Two BLEU scores, both corpus-level BLEU-4 computed by sacreBLEU, differ in what they compare:
 

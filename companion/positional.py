@@ -3,6 +3,8 @@
 Attention by itself ignores order (permuting the tokens permutes the outputs), so the model
 needs to be told where each token is:
 
+* :func:`sinusoidal_frequencies` - the angular frequencies ``ω_i = 10000^(-2i/d)`` that the
+  sinusoidal table and RoPE share.
 * :func:`sinusoidal_table` / :class:`SinusoidalPositionalEncoding` - the fixed encoding of
   "Attention Is All You Need" (section 3.5), *added* to the token embeddings:
   ``PE[p, 2i] = sin(p / 10000^(2i/d_model))``, ``PE[p, 2i+1] = cos(p / 10000^(2i/d_model))``,
@@ -38,6 +40,7 @@ from companion._validation import (
 )
 
 __all__ = [
+    "sinusoidal_frequencies",
     "sinusoidal_table",
     "sinusoidal_shift_matrix",
     "SinusoidalPositionalEncoding",
@@ -52,9 +55,31 @@ def _check_even(name: str, value: int) -> int:
     return value
 
 
-def _frequencies(dim: int, base: float) -> Tensor:
-    """Angular frequencies ``ω_i = base^(-2i/dim)`` for ``i = 0 .. dim/2 - 1`` (float64)."""
-    two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (dim/2,)
+def _check_base(base: object) -> float:
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"base must be a float, got {type(base).__name__} ({base!r})")
+    if not 0.0 < float(base) < float("inf"):
+        raise ValueError(f"base must be a positive finite number, got {base}")
+    return float(base)
+
+
+def sinusoidal_frequencies(dim: int, *, base: float = 10000.0) -> Tensor:
+    """The angular frequencies ``ω_i = base^(-2i/dim)``, ``i = 0 .. dim/2 - 1``, in float64.
+
+    Pair ``i`` of dimensions ``(2i, 2i+1)`` turns by ``ω_i`` radians per position: ``ω_0 = 1``
+    (wavelength ``2π``) down to almost ``1 / base`` (wavelength almost ``2π · base``). The
+    sinusoidal table uses them with ``dim = d_model``, RoPE with ``dim = head_dim``.
+
+    Args:
+        dim: size of the vectors; must be even (dimensions come in pairs).
+        base: ``10000`` in the paper.
+
+    Returns:
+        Tensor of shape ``(dim/2,)``, dtype float64.
+    """
+    _check_even("dim", check_positive_int("dim", dim))
+    base = _check_base(base)
+    two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (dim/2,) the even indices 2i
     return base ** (-two_i / dim)  # (dim/2,)
 
 
@@ -65,7 +90,8 @@ def sinusoidal_table(
 
     ``PE[p, 2i] = sin(p · ω_i)`` and ``PE[p, 2i+1] = cos(p · ω_i)`` with
     ``ω_i = 1 / base^(2i/d_model)``: sine on even, cosine on odd dimensions, wavelengths
-    ``2π / ω_i = 2π · base^(2i/d_model)``. Computed in float64, then cast to ``dtype``.
+    ``2π / ω_i = 2π · base^(2i/d_model)`` (:func:`sinusoidal_frequencies`). Computed in
+    float64, then cast to ``dtype``.
 
     Args:
         max_len: number of positions ``0 .. max_len - 1``.
@@ -79,7 +105,7 @@ def sinusoidal_table(
     check_positive_int("max_len", max_len)
     _check_even("d_model", check_positive_int("d_model", d_model))
     positions = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-    angles = positions * _frequencies(d_model, base)  # (max_len, d_model/2)
+    angles = positions * sinusoidal_frequencies(d_model, base=base)  # (max_len, d_model/2)
     table = torch.empty(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
     table[:, 0::2] = torch.sin(angles)  # even dimensions
     table[:, 1::2] = torch.cos(angles)  # odd dimensions
@@ -105,7 +131,7 @@ def sinusoidal_shift_matrix(
     if isinstance(shift, bool) or not isinstance(shift, int):
         raise TypeError(f"shift must be an int, got {type(shift).__name__} ({shift!r})")
     _check_even("d_model", check_positive_int("d_model", d_model))
-    angles = shift * _frequencies(d_model, base)  # (d_model/2,)
+    angles = shift * sinusoidal_frequencies(d_model, base=base)  # (d_model/2,)
     cos, sin = torch.cos(angles), torch.sin(angles)  # (d_model/2,) each
     blocks = torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -2)
     # blocks: (d_model/2, 2, 2), one rotation per frequency
@@ -237,7 +263,8 @@ class RotaryEmbedding(nn.Module):
 
     def _tables(self, max_len: int) -> tuple[Tensor, Tensor]:
         positions = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-        angles = positions * _frequencies(self.head_dim, self.base)  # (max_len, head_dim/2)
+        frequencies = sinusoidal_frequencies(self.head_dim, base=self.base)  # (head_dim/2,)
+        angles = positions * frequencies  # (max_len, head_dim/2)
         return torch.cos(angles).float(), torch.sin(angles).float()  # (max_len, head_dim/2) each
 
     @property

@@ -1,7 +1,7 @@
 """Training: teacher forcing, label-smoothed loss, the inverse-square-root warm-up schedule,
-and the whole training loop of chapter 7.
+and the whole training loop of chapter 8.
 
-The core pieces every chapter that trains a model uses (chapters 3, 6 and 7):
+The core pieces every chapter that trains a model uses (chapters 3, 5, 6, 7 and 8):
 
 - :func:`shift_targets` splits a target batch ``<bos> y1 … yn <eos>`` into the decoder input
   ``<bos> y1 … yn`` and the labels ``y1 … yn <eos>`` (teacher forcing);
@@ -9,7 +9,7 @@ The core pieces every chapter that trains a model uses (chapters 3, 6 and 7):
 - :func:`inverse_sqrt_warmup` is the learning-rate schedule of "Attention Is All You Need";
 - :func:`train_step` does one forward + backward + clipped optimiser step.
 
-The training loop (chapter 7):
+The training loop (chapter 8):
 
 - :class:`Trainer` runs epochs over token-bucketed batches (Adam + the warm-up schedule,
   gradient clipping, dropout, label smoothing) with a progress bar (loss, target tokens per

@@ -13,7 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from companion.attention import KeyValueCache, MultiHeadAttention, scaled_dot_product_attention
+from companion.attention import (
+    KeyValueCache,
+    MultiHeadAttention,
+    fused_linear,
+    scaled_dot_product_attention,
+)
 from companion.masking import (
     causal_mask,
     combine_masks,
@@ -169,6 +174,34 @@ def test_self_attention_uses_fused_projection_with_same_result():
     fused, _ = attention(x, x, x)  # query is key is value: one matrix product
     separate, _ = attention(x, x.clone(), x.clone())  # three products
     assert (fused - separate).abs().max().item() <= TOL
+
+
+def test_fused_linear_equals_the_layers_one_by_one():
+    torch.manual_seed(0)
+    for bias in (True, False):
+        layers = [
+            nn.Linear(6, 6, bias=bias),
+            nn.Linear(6, 4, bias=bias),
+            nn.Linear(6, 2, bias=bias),
+        ]
+        x = torch.randn(2, 5, 6)  # (batch, len, d_in)
+        fused = fused_linear(x, layers)  # (batch, len, 6 + 4 + 2)
+        assert fused.shape == (2, 5, 12)
+        torch.testing.assert_close(fused, torch.cat([layer(x) for layer in layers], dim=-1))
+        torch.testing.assert_close(fused_linear(x, layers[:1]), layers[0](x))
+
+
+def test_split_heads_and_merge_heads():
+    """Head i holds features i·head_dim … (i+1)·head_dim - 1; merge_heads undoes split_heads."""
+    attention = MultiHeadAttention(12, 3)
+    x = torch.randn(2, 5, 12)  # (batch, len, d_model)
+    heads = attention.split_heads(x)  # (batch, heads, len, head_dim)
+    assert heads.shape == (2, 3, 5, 4)
+    assert heads.data_ptr() == x.data_ptr()  # a view, no copy
+    for i in range(3):
+        assert torch.equal(heads[:, i], x[..., 4 * i : 4 * (i + 1)])
+    assert torch.equal(attention.merge_heads(heads), x)
+    assert torch.equal(attention.merge_heads(heads.contiguous()), x)
 
 
 def test_cross_attention_with_different_lengths():

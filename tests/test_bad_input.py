@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from companion.attention import MultiHeadAttention
+from companion.attention import MultiHeadAttention, fused_linear
 from companion.layers import DecoderLayer, EncoderLayer, FeedForward
 from companion.masking import (
     causal_mask,
@@ -23,6 +23,7 @@ from companion.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    sinusoidal_frequencies,
     sinusoidal_table,
 )
 
@@ -82,6 +83,27 @@ CASES = [
      ValueError, r"k_len must be >= q_len .* got q_len=3 and k_len=2"),
     ("mha-load-mismatch", lambda: MHA.load_from_torch(nn.MultiheadAttention(8, 4)), ValueError,
      r"mha must have embed_dim=8, num_heads=2, bias=True .* got embed_dim=8, num_heads=4"),
+    # --- MultiHeadAttention: the head reshapes, fused_linear
+    ("split-heads-rank", lambda: MHA.split_heads(X[0]), ValueError,
+     r"x must have shape \(batch, len, 8\) \(3-D\), got a 2-D tensor of shape \(3, 8\)"),
+    ("split-heads-d_model", lambda: MHA.split_heads(X[..., :6]), ValueError,
+     r"x must have shape \(batch, len, 8\) \(size 8 in dimension 2\), got shape \(2, 3, 6\)"),
+    ("split-heads-not-tensor", lambda: MHA.split_heads([[1.0]]), TypeError,
+     r"x must be a torch.Tensor, got list"),
+    ("merge-heads-heads", lambda: MHA.merge_heads(torch.zeros(2, 4, 3, 4)), ValueError,
+     r"x must have shape \(batch, 2, len, 4\) \(size 2 in dimension 1\), got shape \(2, 4, 3, 4\)"),
+    ("merge-heads-rank", lambda: MHA.merge_heads(X), ValueError,
+     r"x must have shape \(batch, 2, len, 4\) \(4-D\), got a 3-D tensor of shape \(2, 3, 8\)"),
+    ("fused-linear-empty", lambda: fused_linear(X, []), TypeError,
+     r"projections must be a non-empty sequence of nn.Linear, got \[\]"),
+    ("fused-linear-not-linear", lambda: fused_linear(X, [nn.Linear(8, 8), nn.ReLU()]), TypeError,
+     r"projections\[1\] must be an nn.Linear, got ReLU"),
+    ("fused-linear-in-features", lambda: fused_linear(X, [nn.Linear(8, 8), nn.Linear(6, 8)]),
+     ValueError, r"projections must share one input size in_features, got \[8, 6\]"),
+    ("fused-linear-bias", lambda: fused_linear(X, [nn.Linear(8, 8), nn.Linear(8, 8, bias=False)]),
+     ValueError, r"projections must all have biases or all have none"),
+    ("fused-linear-x-size", lambda: fused_linear(X[..., :6], [nn.Linear(8, 8)]), ValueError,
+     r"x must have shape \(\.\.\., 8\) \(size 8 in dimension -1\), got shape \(2, 3, 6\)"),
     # --- masking
     ("causal-q_len-zero", lambda: causal_mask(0), ValueError, r"q_len must be >= 1, got 0"),
     ("padding-float-tokens", lambda: padding_mask(torch.zeros(2, 3), 0), TypeError,
@@ -102,6 +124,14 @@ CASES = [
      lambda: to_torch_key_padding_mask(torch.ones(2, 1, 3, 4, dtype=torch.bool)), ValueError,
      r"mask must have shape \(batch, 1, 1, k_len\) to be a key padding mask, got shape \(2, 1, 3, 4\)"),
     # --- positional
+    ("frequencies-odd-dim", lambda: sinusoidal_frequencies(7), ValueError,
+     r"dim must be even \(dimensions come in sin/cos pairs\), got 7"),
+    ("frequencies-dim-float", lambda: sinusoidal_frequencies(8.0), TypeError,
+     r"dim must be an int, got float \(8.0\)"),
+    ("frequencies-base-negative", lambda: sinusoidal_frequencies(8, base=-1.0), ValueError,
+     r"base must be a positive finite number, got -1.0"),
+    ("frequencies-base-tensor", lambda: sinusoidal_frequencies(8, base=torch.tensor(1e4)),
+     TypeError, r"base must be a float, got Tensor"),
     ("table-odd-d_model", lambda: sinusoidal_table(10, 7), ValueError,
      r"d_model must be even \(dimensions come in sin/cos pairs\), got 7"),
     ("table-negative-max_len", lambda: sinusoidal_table(-1, 8), ValueError,

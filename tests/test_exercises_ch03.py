@@ -62,7 +62,7 @@ def test_split_without_transpose_fails_on_values_not_only_shapes():
 def test_reference_split_matches_the_companion_module():
     module = MultiHeadAttention(12, 3)
     x = torch.randn(2, 5, 12)
-    torch.testing.assert_close(ch03.reference_split_heads(x, 3), module._split_heads(x))
+    torch.testing.assert_close(ch03.reference_split_heads(x, 3), module.split_heads(x))
 
 
 # --------------------------------------------------------------------------------------------

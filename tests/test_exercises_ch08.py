@@ -1,4 +1,4 @@
-"""Chapter 7 exercise checks: right answers pass, plausible wrong answers (the schedule
+"""Chapter 8 exercise checks: right answers pass, plausible wrong answers (the schedule
 without ``max(step, 1)`` or with ``d_model^-1``, ε spread over the wrong tokens, unclipped
 n-gram counts, ...) fail, stubs are reported without raising."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -92,3 +93,84 @@ def test_each_widget_has_a_static_figure(path):
         assert "plt.show()" in code or "savefig" in code, (
             f"{path.name}: pair each widget with a static figure"
         )
+
+
+def _is_private(name: str) -> bool:
+    """``_x`` and ``__x`` are private; dunders such as ``__init__`` and ``__name__`` are not."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_names(code: str) -> list[str]:
+    """The private names a code cell uses, each as ``"line N: name"``.
+
+    Flagged: an attribute ``obj._name`` (so also ``obj._name(...)`` and
+    ``inspect.getsource(module._helper)``), an import of a private module or name, and a
+    private bare name passed to ``inspect.getsource``. Dunders are allowed.
+    """
+    # IPython magics and shell escapes are not Python; blank them, keeping the line numbers.
+    lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in code.splitlines()]
+    tree = ast.parse("\n".join(lines))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_private(node.attr):
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                found += [
+                    (node.lineno, part) for part in alias.name.split(".") if _is_private(part)
+                ]
+        elif isinstance(node, ast.ImportFrom):
+            parts = (node.module or "").split(".") + [alias.name for alias in node.names]
+            found += [(node.lineno, part) for part in parts if _is_private(part)]
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "getsource"
+        ):
+            for arg in node.args:
+                found += [
+                    (sub.lineno, sub.id)
+                    for sub in ast.walk(arg)
+                    if isinstance(sub, ast.Name) and _is_private(sub.id)
+                ]
+    return [f"line {line}: {name}" for line, name in sorted(set(found))]
+
+
+def test_private_names_are_found():
+    code = (
+        "%matplotlib inline\n"
+        "print(inspect.getsource(companion.attention._fused_linear))\n"
+        "print(inspect.getsource(companion.layers._ResidualLayer._layer_norm))\n"
+        "heads = mha._split_heads(q)\n"
+        "from companion._validation import check_bool\n"
+        "from companion.positional import _frequencies\n"
+        "print(inspect.getsource(_helper))\n"
+    )
+    assert private_names(code) == [
+        "line 2: _fused_linear",
+        "line 3: _ResidualLayer",
+        "line 3: _layer_norm",
+        "line 4: _split_heads",
+        "line 5: _validation",
+        "line 6: _frequencies",
+        "line 7: _helper",
+    ]
+    public = (
+        "print(inspect.getsource(MultiHeadAttention.split_heads))\n"
+        "print(inspect.getsource(EncoderLayer.__init__), type(x).__name__)\n"
+        "_, weights = mha(x, x, x, need_weights=True)\n"
+        "def _local(): pass\n"
+    )
+    assert private_names(public) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapters_use_and_print_no_private_names(path):
+    """A chapter shows and calls only public API: what it prints is what a reader may use."""
+    for i, cell in enumerate(_cells(path)):
+        if cell["cell_type"] == "code":
+            names = private_names(_source(cell))
+            assert not names, (
+                f"{path.name} cell {i} uses private names {names}; make them public in "
+                "companion (type hints, a docstring with shapes) or show the public API instead"
+            )

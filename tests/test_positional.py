@@ -9,6 +9,7 @@ from companion.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
     SinusoidalPositionalEncoding,
+    sinusoidal_frequencies,
     sinusoidal_shift_matrix,
     sinusoidal_table,
 )
@@ -34,6 +35,17 @@ def test_sinusoidal_wavelengths():
     wavelengths = 2 * math.pi / angle_per_position
     expected = [2 * math.pi * 10000 ** (2 * i / d_model) for i in range(d_model // 2)]
     assert wavelengths.tolist() == pytest.approx(expected, rel=1e-9)
+
+
+def test_sinusoidal_frequencies():
+    """ω_i = base^(-2i/dim) in float64, from 1 down to almost 1/base."""
+    frequencies = sinusoidal_frequencies(8)
+    assert frequencies.shape == (4,) and frequencies.dtype == torch.float64
+    expected = [10000 ** (-2 * i / 8) for i in range(4)]
+    assert frequencies.tolist() == pytest.approx(expected, rel=1e-12)
+    assert sinusoidal_frequencies(4, base=100.0).tolist() == pytest.approx([1.0, 0.1], rel=1e-12)
+    table = sinusoidal_table(3, 8, dtype=torch.float64)  # (3, 8)
+    assert torch.allclose(table[2, 0::2], torch.sin(2 * frequencies))
 
 
 def test_shift_matrix_is_block_diagonal_rotation():

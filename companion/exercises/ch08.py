@@ -1,4 +1,4 @@
-"""Exercises of chapter 7, "A real translator: training on Multi30k".
+"""Exercises of chapter 8, "A real translator: training on Multi30k".
 
 Each ``check_*`` function runs *your* function next to the reference solution kept in this
 module, on cases drawn from a seeded generator (including the cases where a plausible wrong
