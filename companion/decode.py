@@ -21,7 +21,9 @@ generates ``<pad>`` or ``<bos>`` (their scores are set to ``-inf``). Both return
 the generated ids ``(batch, out_len)``, without ``<bos>``, each row ending with ``<eos>`` (unless
 it ran out of ``max_len``) followed by ``pad_id``: ``vocab.decode(row)`` gives the tokens.
 They switch the model to evaluation mode (no dropout) for the call, run under
-``torch.no_grad()`` and restore the model's mode afterwards.
+``torch.no_grad()`` and restore the model's mode afterwards. ``src`` and ``src_mask`` may be on
+any device (a CPU tensor for a model on a GPU, say): they are moved to the model's device,
+and the output is on the model's device.
 """
 
 from __future__ import annotations
@@ -69,6 +71,17 @@ def _check_src(src: object) -> Tensor:
     src = check_integer("src", src)
     check_ndim("src", src, 2, "(batch, src_len)")
     return src
+
+
+def _to_model_device(
+    model: Transformer, src: Tensor, src_mask: Tensor | None
+) -> tuple[Tensor, Tensor | None]:
+    """``src`` and ``src_mask`` on the device of the model's parameters."""
+    device = next(model.parameters()).device
+    src = src.to(device)  # (batch, src_len)
+    if src_mask is not None:
+        src_mask = src_mask.to(device)  # (batch or 1, heads or 1, 1, src_len)
+    return src, src_mask
 
 
 def _max_lengths(max_len: object, batch: int, device: torch.device) -> Tensor:
@@ -158,6 +171,7 @@ def greedy_decode(
     """
     model = _check_model(model)
     src = _check_src(src)
+    src, src_mask = _to_model_device(model, src, src_mask)
     limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
     check_bool("use_cache", use_cache)
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
@@ -253,6 +267,7 @@ def beam_search(
     """
     model = _check_model(model)
     src = _check_src(src)
+    src, src_mask = _to_model_device(model, src, src_mask)
     check_positive_int("beam_size", beam_size)
     if history is not None and not isinstance(history, list):
         raise TypeError(f"history must be a list (or None), got {type(history).__name__}")
@@ -380,11 +395,17 @@ def sample_decode(
     """
     model = _check_model(model)
     src = _check_src(src)
+    src, src_mask = _to_model_device(model, src, src_mask)
     temperature = _check_temperature(temperature)
     if top_k is not None:
         check_positive_int("top_k", top_k)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator is not None and generator.device.type != src.device.type:
+        raise ValueError(
+            f"generator must be on the model's device ({src.device}), got a generator on "
+            f"{generator.device}: create it with torch.Generator(device={str(src.device)!r})"
+        )
     limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
     with _EvalMode(model):

@@ -152,3 +152,36 @@ def test_history_scores_never_increase_and_first_step_has_one_parent():
 def test_history_must_be_a_list():
     with pytest.raises(TypeError, match="history"):
         beam_search(make_model(), sources(), beam_size=2, max_len=4, history=())
+
+
+# ------------------------------------------------------------------ devices
+
+
+class _Stop(Exception):
+    """Raised by a patched ``encode`` once it has seen its inputs."""
+
+
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search, sample_decode])
+def test_inputs_are_moved_to_the_model_device(decode, monkeypatch):
+    """A model on another device (``meta`` here, a GPU on Colab) gets its inputs there."""
+    with torch.device("meta"):
+        model = Transformer(12, 12, d_model=16, num_heads=2, num_layers=1, d_ff=16, src_pad_id=PAD)
+    seen = {}
+
+    def encode(src, src_mask=None, need_weights=False):
+        seen["src"], seen["src_mask"] = src.device.type, src_mask.device.type
+        raise _Stop
+
+    monkeypatch.setattr(model, "encode", encode)
+    src = torch.randint(3, 12, (2, 5))  # (2, 5) on the CPU
+    src_mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)  # on the CPU
+    with pytest.raises(_Stop):
+        decode(model, src, max_len=4, src_mask=src_mask)
+    assert seen == {"src": "meta", "src_mask": "meta"}
+
+
+def test_sampling_generator_must_be_on_the_model_device():
+    with torch.device("meta"):
+        model = Transformer(12, 12, d_model=16, num_heads=2, num_layers=1, d_ff=16)
+    with pytest.raises(ValueError, match=r"generator must be on the model's device \(meta\)"):
+        sample_decode(model, sources(), generator=torch.Generator())
