@@ -450,9 +450,10 @@ class MultiHeadAttention(nn.Module):
         Returns:
             Tensor of shape ``(batch, heads, len, head_dim)``.
         """
-        layout = f"(batch, len, {self.d_model})"
-        check_ndim("x", check_tensor("x", x), 3, layout)
-        check_size("x", x, 2, self.d_model, layout)
+        if not (isinstance(x, Tensor) and x.dim() == 3 and x.shape[2] == self.d_model):
+            layout = f"(batch, len, {self.d_model})"  # checks that raise a clear error
+            check_ndim("x", check_tensor("x", x), 3, layout)
+            check_size("x", x, 2, self.d_model, layout)
         batch, length, _ = x.shape
         split = x.view(batch, length, self.num_heads, -1)  # (batch, len, heads, head_dim)
         return split.transpose(1, 2)  # (batch, heads, len, head_dim)
@@ -469,10 +470,12 @@ class MultiHeadAttention(nn.Module):
         Returns:
             Tensor of shape ``(batch, len, d_model)``.
         """
-        layout = f"(batch, {self.num_heads}, len, {self.head_dim})"
-        check_ndim("x", check_tensor("x", x), 4, layout)
-        check_size("x", x, 1, self.num_heads, layout)
-        check_size("x", x, 3, self.head_dim, layout)
+        shape_ok = isinstance(x, Tensor) and x.dim() == 4
+        if not (shape_ok and x.shape[1] == self.num_heads and x.shape[3] == self.head_dim):
+            layout = f"(batch, {self.num_heads}, len, {self.head_dim})"  # a clear error
+            check_ndim("x", check_tensor("x", x), 4, layout)
+            check_size("x", x, 1, self.num_heads, layout)
+            check_size("x", x, 3, self.head_dim, layout)
         batch, _, length, _ = x.shape
         heads_last = x.transpose(1, 2)  # (batch, len, heads, head_dim)
         return heads_last.reshape(batch, length, self.d_model)  # (batch, len, d_model)
@@ -585,9 +588,10 @@ def _check_projections(x: object, projections: object) -> tuple[nn.Linear, ...]:
         raise ValueError(f"projections must share one input size in_features, got {sizes}")
     if len({p.bias is None for p in projections}) > 1:
         raise ValueError("projections must all have biases or all have none")
-    check_floating("x", x)
-    check_min_ndim("x", x, 1, f"(..., {d_in})")
-    check_size("x", x, -1, d_in, f"(..., {d_in})")
+    if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() and x.shape[-1] == d_in):
+        check_floating("x", x)  # these raise the clear error
+        check_min_ndim("x", x, 1, f"(..., {d_in})")
+        check_size("x", x, -1, d_in, f"(..., {d_in})")
     return tuple(projections)
 
 

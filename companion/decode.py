@@ -39,7 +39,14 @@ from companion._validation import check_bool, check_integer, check_ndim, check_p
 from companion.data import BOS_ID, EOS_ID, PAD_ID
 from companion.model import Transformer
 
-__all__ = ["greedy_decode", "beam_search", "BeamStep", "length_penalty", "sample_decode"]
+__all__ = [
+    "greedy_decode",
+    "beam_search",
+    "BeamStep",
+    "length_penalty",
+    "sampling_distribution",
+    "sample_decode",
+]
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -363,6 +370,29 @@ def _check_temperature(temperature: object) -> float:
     return float(temperature)
 
 
+def sampling_distribution(logits: Tensor, temperature: float, top_k: int | None = None) -> Tensor:
+    """The distribution that temperature + top-k sampling draws the next token from.
+
+    Args:
+        logits: ``(..., vocab)``; tokens that must never be drawn can be set to ``-inf``.
+        temperature: ``> 0``; the logits are divided by it before the softmax.
+        top_k: keep only the ``top_k`` largest logits of each row (``>= 1``), or ``None``.
+
+    Returns:
+        ``(..., vocab)`` probabilities: ``softmax(logits / temperature)`` over the kept
+        tokens, renormalised, exactly 0 elsewhere.
+    """
+    temperature = _check_temperature(temperature)
+    if temperature == 0:
+        raise ValueError("temperature must be > 0 for a distribution (0 means greedy: argmax)")
+    if top_k is not None:
+        check_positive_int("top_k", top_k)
+        if top_k < logits.shape[-1]:
+            kth_best = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
+            logits = logits.masked_fill(logits < kth_best, -math.inf)  # (..., vocab)
+    return torch.softmax(logits / temperature, dim=-1)  # (..., vocab)
+
+
 def sample_decode(
     model: Transformer,
     src: Tensor,
@@ -423,10 +453,7 @@ def sample_decode(
             if temperature == 0:
                 next_token = logits.argmax(dim=-1)  # (batch,)
             else:
-                if top_k is not None and top_k < logits.shape[-1]:
-                    kth_best = logits.topk(top_k, dim=-1).values[:, -1:]  # (batch, 1)
-                    logits = logits.masked_fill(logits < kth_best, -math.inf)  # (batch, V)
-                probs = torch.softmax(logits / temperature, dim=-1)  # (batch, V)
+                probs = sampling_distribution(logits, temperature, top_k)  # (batch, V)
                 next_token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
                 # next_token: (batch,)
             next_token = next_token.masked_fill(finished, pad_id)  # (batch,)

@@ -238,7 +238,6 @@ class Translator:
         Sentences are sorted by length and decoded ``batch_size`` at a time; the result is in
         the input order. An empty source gives an empty output.
         """
-        device = next(self.model.parameters()).device
         pad_id = PAD_ID if self.model.config.src_pad_id is None else self.model.config.src_pad_id
         outputs: list[list[int]] = [[] for _ in sources]
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
@@ -248,7 +247,6 @@ class Translator:
             src = torch.full((len(chunk), longest), pad_id, dtype=torch.long)  # (batch, src_len)
             for row, index in enumerate(chunk):
                 src[row, : len(sources[index])] = torch.tensor(sources[index])  # (len,)
-            src = src.to(device)  # (batch, src_len)
             # each sentence's own limit, so that a translation does not depend on its batch
             max_len = [math.ceil(self.max_len_a * len(sources[i])) + self.max_len_b for i in chunk]
             if self.beam_size == 1:
@@ -318,13 +316,12 @@ def sequence_accuracy(
     """
     check_positive_int("batch_size", batch_size)
     check_positive_int("extra_len", extra_len)
-    device = next(model.parameters()).device
     correct = 0
     for start in range(0, len(dataset), batch_size):
         examples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
         src, _ = collate_batch(examples)  # (batch, src_len)
         longest = max(len(tgt) for _, tgt in examples)
-        ids = greedy_decode(model, src.to(device), max_len=longest + 1 + extra_len)
+        ids = greedy_decode(model, src, max_len=longest + 1 + extra_len)  # moved to its device
         for row, (_, tgt) in enumerate(examples):
             correct += _strip_special(ids[row].tolist()) == list(tgt)
     return correct / len(dataset)

@@ -185,3 +185,14 @@ def test_sampling_generator_must_be_on_the_model_device():
         model = Transformer(12, 12, d_model=16, num_heads=2, num_layers=1, d_ff=16)
     with pytest.raises(ValueError, match=r"generator must be on the model's device \(meta\)"):
         sample_decode(model, sources(), generator=torch.Generator())
+
+
+def test_sampling_distribution_needs_a_positive_temperature_and_k():
+    from companion.decode import sampling_distribution
+
+    logits = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        sampling_distribution(logits, 0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        sampling_distribution(logits, 1.0, top_k=0)
+    assert torch.equal(sampling_distribution(logits, 1.0, top_k=9), torch.softmax(logits, -1))

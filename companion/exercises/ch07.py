@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from companion.decode import sampling_distribution
 from companion.exercises._checker import CheckResult, run_check
 from companion.layers import DecoderLayer
 from companion.model import Transformer, TransformerConfig
@@ -431,11 +432,9 @@ def reference_sampling_distribution(
         ``(batch, vocab)`` probabilities: zero outside the top ``top_k`` tokens, the rest
         renormalised so that every row sums to 1.
     """
-    scaled = logits / temperature  # (batch, vocab)
-    if top_k is not None:
-        kth_best = scaled.topk(top_k, dim=-1).values[..., -1:]  # (batch, 1)
-        scaled = scaled.masked_fill(scaled < kth_best, -math.inf)  # (batch, vocab)
-    return torch.softmax(scaled, dim=-1)  # (batch, vocab)
+    return sampling_distribution(
+        logits, temperature, top_k
+    )  # (batch, vocab): what sample_decode uses
 
 
 def _sampling_cases() -> list[Case]:
