@@ -17,6 +17,14 @@ Two BLEU scores, both corpus-level BLEU-4 computed by sacreBLEU, differ in what 
   n-gram order has at least one match (always, on a real test set; torchtext does no
   smoothing).
 
+How sure is a BLEU score? A test set is a sample of sentences, so a score has sampling error.
+:func:`bleu_signature` is sacreBLEU's description of the settings (print it with every score);
+:func:`bootstrap_bleu` gives a 95% confidence interval by resampling the test sentences
+(Koehn, 2004), and :func:`paired_bootstrap` compares two systems on the *same* resamples,
+which is far more sensitive than comparing two intervals. Both work on
+:func:`bleu_statistics`, each sentence's n-gram counts; summed, they give :func:`corpus_bleu`
+exactly.
+
 :class:`Translator` bundles a model with its tokenizer and vocabularies: ``translate(sentences)``
 maps raw German strings to English strings (batched, greedy or beam search), and
 :meth:`Translator.from_checkpoint` rebuilds one from a file written by :mod:`companion.train`.
@@ -30,11 +38,22 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import sacrebleu
 import torch
+from sacrebleu.metrics import BLEU
 
 from companion._validation import check_positive_int
-from companion.data import BOS_ID, EOS_ID, PAD_ID, Tokenizer, Vocab, WordTokenizer, collate_batch
+from companion.data import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    Vocab,
+    WordTokenizer,
+    collate_batch,
+)
 from companion.decode import beam_search, greedy_decode
 from companion.model import Transformer
 
@@ -43,6 +62,12 @@ __all__ = [
     "tokenized_bleu",
     "BleuScores",
     "bleu_scores",
+    "bleu_signature",
+    "bleu_statistics",
+    "BleuInterval",
+    "bootstrap_bleu",
+    "PairedBootstrap",
+    "paired_bootstrap",
     "Translator",
     "translate",
     "sequence_accuracy",
@@ -131,6 +156,149 @@ def bleu_scores(
     )
 
 
+def bleu_signature() -> str:
+    """sacreBLEU's signature of :func:`corpus_bleu`'s settings, e.g.
+    ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``: print it with the score."""
+    bleu = BLEU()
+    bleu.corpus_score(["a"], [["a"]])  # the signature records the number of references
+    return str(bleu.get_signature())
+
+
+def bleu_statistics(hypotheses: Sequence[str], references: Sequence[str]) -> np.ndarray:
+    """Each sentence's BLEU counts: ``(sentences, 10)`` integers.
+
+    Columns: hypothesis length, reference length (tokens after sacreBLEU's ``13a``
+    tokenization), then the matched (clipped) n-gram counts for n = 1…4, then the numbers of
+    hypothesis n-grams for n = 1…4. Corpus BLEU depends only on the column sums: sacreBLEU's
+    ``BLEU.compute_bleu`` on them gives :func:`corpus_bleu` exactly.
+    """
+    hyps, refs = _check_pair(hypotheses, references)
+    bleu = BLEU(effective_order=True)  # changes only sentence scores, not the counts we keep
+    rows = []
+    for hyp, ref in zip(hyps, refs):
+        s = bleu.sentence_score(hyp, [ref])
+        rows.append([s.sys_len, s.ref_len, *s.counts, *s.totals])
+    return np.array(rows, dtype=np.int64)  # (sentences, 10)
+
+
+def _score_statistics(totals: np.ndarray) -> float:
+    """Corpus BLEU (0-100) of summed statistics ``(10,)``, by sacreBLEU's own formula."""
+    sys_len, ref_len = int(totals[0]), int(totals[1])
+    return float(
+        BLEU.compute_bleu(
+            totals[2:6].tolist(), totals[6:10].tolist(), sys_len, ref_len, smooth_method="exp"
+        ).score
+    )
+
+
+def _resample_scores(stats: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """BLEU of each resample: ``stats (sentences, 10)``, ``indices (samples, sentences)``."""
+    sums = stats[indices].sum(axis=1)  # (samples, 10)
+    return np.array([_score_statistics(row) for row in sums])  # (samples,)
+
+
+def _check_samples(samples: object) -> int:
+    check_positive_int("samples", samples)
+    if samples < 100:
+        raise ValueError(f"samples must be at least 100 for a 95% interval, got {samples}")
+    return int(samples)
+
+
+@dataclass(frozen=True)
+class BleuInterval:
+    """A BLEU score with its 95% bootstrap confidence interval (:func:`bootstrap_bleu`)."""
+
+    score: float  #: corpus BLEU of the whole test set
+    low: float  #: 2.5th percentile of the resampled scores
+    high: float  #: 97.5th percentile
+    samples: int  #: number of bootstrap resamples
+
+    def __str__(self) -> str:
+        return (
+            f"BLEU {self.score:.1f} (95% CI {self.low:.1f}-{self.high:.1f}, "
+            f"{self.samples} bootstrap resamples)"
+        )
+
+
+def bootstrap_bleu(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+) -> BleuInterval:
+    """Corpus BLEU with a 95% confidence interval from bootstrap resampling (Koehn, 2004).
+
+    Draws ``samples`` test sets of the same size from the sentences, with replacement, scores
+    each, and reports the 2.5th and 97.5th percentiles: the range the score would likely
+    fall in on another test set of the same kind.
+    """
+    stats = bleu_statistics(hypotheses, references)  # (sentences, 10)
+    samples = _check_samples(samples)
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, len(stats), size=(samples, len(stats)))  # (samples, sentences)
+    scores = _resample_scores(stats, indices)  # (samples,)
+    low, high = np.percentile(scores, [2.5, 97.5])
+    return BleuInterval(_score_statistics(stats.sum(0)), float(low), float(high), samples)
+
+
+@dataclass(frozen=True)
+class PairedBootstrap:
+    """Two systems compared on the same bootstrap resamples (:func:`paired_bootstrap`)."""
+
+    baseline: float  #: corpus BLEU of the baseline
+    system: float  #: corpus BLEU of the system
+    low: float  #: 2.5th percentile of the resampled differences system - baseline
+    high: float  #: 97.5th percentile
+    p_value: float  #: fraction of resamples where the system does not beat the baseline
+    samples: int  #: number of bootstrap resamples
+
+    @property
+    def difference(self) -> float:
+        """``system - baseline`` on the whole test set."""
+        return self.system - self.baseline
+
+    def __str__(self) -> str:
+        return (
+            f"{self.system:.1f} vs {self.baseline:.1f}: difference {self.difference:+.1f} "
+            f"(95% CI {self.low:+.1f} to {self.high:+.1f}), p = {self.p_value:.3f} "
+            f"({self.samples} paired resamples)"
+        )
+
+
+def paired_bootstrap(
+    baseline: Sequence[str],
+    system: Sequence[str],
+    references: Sequence[str],
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+) -> PairedBootstrap:
+    """Paired bootstrap test (Koehn, 2004): is ``system`` better than ``baseline``?
+
+    Both systems translated the same sentences. Every resample draws one set of sentence
+    indices and scores *both* systems on it, so the difference is measured on identical
+    test sets. ``p_value`` is the fraction of resamples in which the system's BLEU is not
+    higher than the baseline's (one-sided); below 0.05 the improvement is significant at
+    the 5% level.
+    """
+    base_stats = bleu_statistics(baseline, references)  # (sentences, 10)
+    sys_stats = bleu_statistics(system, references)  # (sentences, 10)
+    samples = _check_samples(samples)
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, len(base_stats), size=(samples, len(base_stats)))
+    differences = _resample_scores(sys_stats, indices) - _resample_scores(base_stats, indices)
+    low, high = np.percentile(differences, [2.5, 97.5])
+    return PairedBootstrap(
+        baseline=_score_statistics(base_stats.sum(0)),
+        system=_score_statistics(sys_stats.sum(0)),
+        low=float(low),
+        high=float(high),
+        p_value=float(np.mean(differences <= 0)),
+        samples=samples,
+    )
+
+
 def _strip_special(ids: list[int]) -> list[int]:
     """Ids up to the first ``<eos>``, without ``<pad>`` and ``<bos>``."""
     kept = []
@@ -155,6 +323,11 @@ class Translator:
         max_len_a, max_len_b: a sentence of ``n`` source tokens gets at most
             ``ceil(max_len_a · n) + max_len_b`` output tokens.
         batch_size: sentences decoded together (sorted by length to waste little padding).
+        keep_unk: keep the ``<unk>`` tokens the model outputs in the translated text. By default
+            they are left out: a literal ``<unk>`` can never match a reference word, and
+            sacreBLEU's ``13a`` tokenizer even splits it into three wrong tokens (``< unk >``),
+            so keeping it scores one unknown word as three errors. :meth:`translate_ids`
+            always returns the raw ids, ``<unk>`` included.
 
     Example::
 
@@ -174,6 +347,7 @@ class Translator:
         max_len_a: float = 1.5,
         max_len_b: int = 10,
         batch_size: int = 128,
+        keep_unk: bool = False,
     ) -> None:
         if not isinstance(model, Transformer):
             raise TypeError(
@@ -206,6 +380,9 @@ class Translator:
         self.max_len_a = float(max_len_a)
         self.max_len_b = check_positive_int("max_len_b", max_len_b)
         self.batch_size = check_positive_int("batch_size", batch_size)
+        if not isinstance(keep_unk, bool):
+            raise TypeError(f"keep_unk must be a bool, got {type(keep_unk).__name__}")
+        self.keep_unk = keep_unk
 
     @classmethod
     def from_checkpoint(
@@ -267,10 +444,10 @@ class Translator:
         """Raw source sentences → detokenized translations (same order, same number)."""
         sentences = _check_sentences("sentences", sentences)
         sources = [self.src_vocab.encode(self.tokenizer.tokenize(s)) for s in sentences]
-        return [
-            self.tokenizer.detokenize(self.tgt_vocab.decode(ids))
-            for ids in self.translate_ids(sources)
-        ]
+        outputs = self.translate_ids(sources)
+        if not self.keep_unk:
+            outputs = [[i for i in ids if i != UNK_ID] for ids in outputs]
+        return [self.tokenizer.detokenize(self.tgt_vocab.decode(ids)) for ids in outputs]
 
     __call__ = translate
 

@@ -4,9 +4,11 @@ n-gram counts, ...) fail, stubs are reported without raising."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
 import pytest
+import sacrebleu
 import torch
 
 from companion.decode import length_penalty as companion_length_penalty
@@ -180,3 +182,84 @@ def test_stub_reported_not_raised(check, capsys):
     result = check(stub)
     assert not result
     assert "not attempted yet" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# corpus_bleu
+# --------------------------------------------------------------------------------------------
+
+
+def _clipped(hyp, ref, n):
+    h = Counter(tuple(hyp[i : i + n]) for i in range(len(hyp) - n + 1))
+    r = Counter(tuple(ref[i : i + n]) for i in range(len(ref) - n + 1))
+    return sum(min(c, r[g]) for g, c in h.items()), sum(h.values())
+
+
+def _bleu(
+    hypotheses, references, *, brevity="corpus", mean="geometric", per_sentence_precision=False
+):
+    """A configurable BLEU for the wrong answers below (right with the defaults)."""
+    hyps, refs = hypotheses, references
+    stats = [[_clipped(h, r, n) for n in range(1, 5)] for h, r in zip(hyps, refs)]
+    if per_sentence_precision:  # average the sentences' precisions instead of pooling counts
+        precisions = [sum(s[n][0] / max(s[n][1], 1) for s in stats) / len(stats) for n in range(4)]
+    else:
+        precisions = [sum(s[n][0] for s in stats) / sum(s[n][1] for s in stats) for n in range(4)]
+    if min(precisions) == 0:
+        return 0.0
+    if mean == "geometric":
+        combined = math.exp(sum(math.log(p) for p in precisions) / 4)
+    else:
+        combined = sum(precisions) / 4
+    c, r = sum(map(len, hyps)), sum(map(len, refs))
+    if brevity == "corpus":
+        bp = 1.0 if c > r else math.exp(1 - r / c)
+    elif brevity == "inverted":
+        bp = 1.0 if c > r else math.exp(1 - c / r)
+    elif brevity == "none":
+        bp = 1.0
+    else:  # "per sentence": the mean of the sentences' penalties
+        bp = sum(
+            1.0 if len(h) > len(ref) else math.exp(1 - len(ref) / len(h))
+            for h, ref in zip(hyps, refs)
+        ) / len(hyps)
+    return 100 * bp * combined
+
+
+def corpus_bleu_by_sacrebleu(hypotheses, references):
+    hyps = [" ".join(h) for h in hypotheses]
+    refs = [" ".join(r) for r in references]
+    return sacrebleu.corpus_bleu(hyps, [refs], tokenize="none", smooth_method="none").score
+
+
+def corpus_bleu_mean_of_sentences(hypotheses, references):
+    return sum(_bleu([h], [r]) for h, r in zip(hypotheses, references)) / len(hypotheses)
+
+
+WRONG_CORPUS_BLEU = [
+    corpus_bleu_mean_of_sentences,
+    lambda hypotheses, references: _bleu(hypotheses, references, brevity="inverted"),
+    lambda hypotheses, references: _bleu(hypotheses, references, brevity="none"),
+    lambda hypotheses, references: _bleu(hypotheses, references, brevity="per sentence"),
+    lambda hypotheses, references: _bleu(hypotheses, references, mean="arithmetic"),
+    lambda hypotheses, references: _bleu(hypotheses, references, per_sentence_precision=True),
+]
+
+
+def test_corpus_bleu_accepts_correct():
+    assert ch08.check_corpus_bleu(ch08.reference_corpus_bleu, verbose=False)
+    assert ch08.check_corpus_bleu(corpus_bleu_by_sacrebleu, verbose=False)  # the real thing
+    assert ch08.check_corpus_bleu(_bleu, verbose=False)
+
+
+@pytest.mark.parametrize("wrong", WRONG_CORPUS_BLEU)
+def test_corpus_bleu_rejects_wrong(wrong):
+    assert not ch08.check_corpus_bleu(wrong, verbose=False)
+
+
+def test_corpus_bleu_cases_exercise_the_brevity_penalty():
+    cases = ch08._corpus_cases()
+    assert len(cases) >= 6
+    short = [c for c in cases if sum(map(len, c["hypotheses"])) < sum(map(len, c["references"]))]
+    long = [c for c in cases if sum(map(len, c["hypotheses"])) > sum(map(len, c["references"]))]
+    assert short and long

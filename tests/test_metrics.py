@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
+import sacrebleu
 import torch
+from sacrebleu.metrics import BLEU
 
 from companion.data import CopyReverseDataset, Vocab, WordTokenizer
 from companion.metrics import (
     BleuScores,
     Translator,
     bleu_scores,
+    bleu_signature,
+    bleu_statistics,
+    bootstrap_bleu,
     corpus_bleu,
+    paired_bootstrap,
     sequence_accuracy,
     tokenized_bleu,
     translate,
@@ -118,3 +125,111 @@ def test_sequence_accuracy_of_a_random_model():
         14, 14, d_model=16, num_heads=2, num_layers=1, d_ff=16, src_pad_id=0, tgt_pad_id=0
     )
     assert 0.0 <= sequence_accuracy(model, data, batch_size=7) <= 0.2
+
+
+# ---------------------------------------------------------------- confidence and significance
+
+
+def _noisy_corpus(seed: int, sentences: int = 200) -> tuple[list[str], list[str], list[str]]:
+    """References and two systems: ``worse`` drops one word per sentence, ``better`` keeps
+    every word in half the sentences and drops one in the others."""
+    rng = np.random.default_rng(seed)
+    words = "a man woman dog runs sits on the grass in park with red ball child plays".split()
+    refs, worse, better = [], [], []
+    for i in range(sentences):
+        sentence = list(rng.choice(words, size=int(rng.integers(6, 12))))
+        refs.append(" ".join(sentence) + ".")
+        cut = sentence[:]
+        del cut[int(rng.integers(0, len(cut)))]
+        worse.append(" ".join(cut) + ".")
+        better.append(refs[-1] if i % 2 else worse[-1])
+    return refs, worse, better
+
+
+def test_bleu_statistics_sum_to_the_corpus_score():
+    refs, worse, _ = _noisy_corpus(0)
+    stats = bleu_statistics(worse, refs)
+    assert stats.shape == (200, 10) and stats.dtype == np.int64
+    totals = stats.sum(0)
+    rebuilt = BLEU.compute_bleu(totals[2:6].tolist(), totals[6:].tolist(), totals[0], totals[1])
+    assert rebuilt.score == pytest.approx(corpus_bleu(worse, refs), abs=1e-9)
+    # hypothesis length = number of unigrams; a dropped word makes every row one shorter
+    assert (stats[:, 0] == stats[:, 6]).all() and (stats[:, 0] == stats[:, 1] - 1).all()
+
+
+def test_bleu_signature_names_the_settings():
+    signature = bleu_signature()
+    for part in (
+        "nrefs:1",
+        "case:mixed",
+        "tok:13a",
+        "smooth:exp",
+        f"version:{sacrebleu.__version__}",
+    ):
+        assert part in signature
+
+
+def test_bootstrap_interval_contains_the_score_and_is_reproducible():
+    refs, worse, _ = _noisy_corpus(1)
+    interval = bootstrap_bleu(worse, refs, samples=500, seed=3)
+    assert interval.score == pytest.approx(corpus_bleu(worse, refs))
+    assert interval.low < interval.score < interval.high
+    assert interval == bootstrap_bleu(worse, refs, samples=500, seed=3)
+    assert interval != bootstrap_bleu(worse, refs, samples=500, seed=4)
+    assert "95% CI" in str(interval)
+    # the same resampling as sacreBLEU's own: its half-width agrees within sampling noise
+    theirs = BLEU().corpus_score(worse, [refs], n_bootstrap=1000)
+    half_width = (interval.high - interval.low) / 2
+    assert half_width == pytest.approx(theirs._ci, rel=0.25)
+
+
+def test_a_perfect_system_has_a_degenerate_interval():
+    refs, _, _ = _noisy_corpus(2)
+    interval = bootstrap_bleu(refs, refs, samples=100)
+    assert interval.low == interval.score == interval.high == pytest.approx(100.0)
+
+
+def test_paired_bootstrap_finds_a_real_improvement_and_not_a_fake_one():
+    refs, worse, better = _noisy_corpus(5)
+    result = paired_bootstrap(worse, better, refs, samples=500)
+    assert result.system > result.baseline and result.difference > 0
+    assert 0 < result.low < result.difference < result.high
+    assert result.p_value < 0.01
+    # the other way round: never better
+    reverse = paired_bootstrap(better, worse, refs, samples=500)
+    assert reverse.p_value > 0.99 and reverse.high < 0
+    # a system against itself is never better: p = 1, difference exactly 0
+    same = paired_bootstrap(worse, worse, refs, samples=200)
+    assert same.difference == 0 and same.low == same.high == 0 and same.p_value == 1.0
+    assert "p = " in str(result)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda r: bootstrap_bleu(r, r, samples=10), ValueError, "samples must be at least 100"),
+        (lambda r: bootstrap_bleu(r, r, samples=1.5), TypeError, "samples"),
+        (lambda r: bootstrap_bleu(r[:2], r), ValueError, "same length"),
+        (lambda r: paired_bootstrap(r, r[:2], r), ValueError, "same length"),
+        (lambda r: paired_bootstrap(r, [1] * len(r), r), TypeError, "only str"),
+        (lambda r: bleu_statistics("a b", r), TypeError, "list of str"),
+    ],
+)
+def test_significance_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call(REFERENCES)
+
+
+def test_unknown_words_are_left_out_of_the_text_unless_asked_for():
+    """``<unk>`` would score as three wrong tokens under 13a (``< unk >``); by default the
+    translated text leaves it out, ``keep_unk=True`` keeps it; the ids always have it."""
+    ids = [[3, 6, 3, 7, 8]]  # <unk> a <unk> dog .
+    dropped, kept = small_translator(), small_translator(keep_unk=True)
+    for translator in (dropped, kept):
+        translator.translate_ids = lambda sources: [list(i) for i in ids]
+    assert dropped.translate(["ein hund ."]) == ["a dog."]
+    assert kept.translate(["ein hund ."]) == ["<unk> a <unk> dog."]
+    stats = bleu_statistics(kept.translate(["x"]), ["a dog."])
+    assert stats[0, 0] == 9  # 2 × 3 tokens for the two <unk>, plus "a", "dog", "."
+    with pytest.raises(TypeError, match="keep_unk must be a bool, got int"):
+        small_translator(keep_unk=1)

@@ -13,11 +13,13 @@ the warm-up learning-rate schedule          :func:`check_noam_lr`
 the label-smoothed target distribution      :func:`check_smoothed_targets`
 the GNMT length penalty                     :func:`check_length_penalty`
 BLEU's modified (clipped) n-gram precision  :func:`check_modified_precision`
+corpus BLEU with the brevity penalty        :func:`check_corpus_bleu`
 ==========================================  ==================================
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -33,10 +35,12 @@ __all__ = [
     "check_smoothed_targets",
     "check_length_penalty",
     "check_modified_precision",
+    "check_corpus_bleu",
     "reference_noam_lr",
     "reference_smoothed_targets",
     "reference_length_penalty",
     "reference_modified_precision",
+    "reference_corpus_bleu",
 ]
 
 Case = dict[str, Any]
@@ -225,5 +229,87 @@ def check_modified_precision(
         modified_precision,
         reference_modified_precision,
         _precision_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: corpus BLEU from its parts, with the brevity penalty
+# --------------------------------------------------------------------------------------------
+
+
+def _ngram_counts(tokens: list[str], n: int) -> Counter:
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+
+
+def reference_corpus_bleu(hypotheses: list[list[str]], references: list[list[str]]) -> float:
+    """Corpus BLEU-4 (0-100) of tokenized sentences, one reference each (Papineni et al.).
+
+    For n = 1…4 the clipped n-gram matches and the hypothesis n-grams are **summed over the
+    corpus** before dividing; BLEU is the geometric mean of the four precisions times the
+    brevity penalty ``exp(1 - r / c)`` when the total hypothesis length ``c`` is at most the
+    total reference length ``r`` (1 when longer). 0.0 when some order has no match at all.
+    """
+    matches, totals = [0] * 4, [0] * 4
+    for hyp, ref in zip(hypotheses, references):
+        for n in range(1, 5):
+            hyp_counts, ref_counts = _ngram_counts(hyp, n), _ngram_counts(ref, n)
+            matches[n - 1] += sum(min(c, ref_counts[g]) for g, c in hyp_counts.items())
+            totals[n - 1] += sum(hyp_counts.values())
+    if min(matches) == 0:
+        return 0.0
+    log_precision = sum(math.log(m / t) for m, t in zip(matches, totals)) / 4
+    c = sum(len(h) for h in hypotheses)
+    r = sum(len(ref) for ref in references)
+    brevity = 1.0 if c > r else math.exp(1 - r / c)
+    return 100 * brevity * math.exp(log_precision)
+
+
+def _corpus_cases() -> list[Case]:
+    rng = random.Random(705)
+    words = "a man woman dog runs sits on the grass in park with red ball".split()
+    cases: list[Case] = [
+        # one short hypothesis: only the brevity penalty is below 1 (c = 6, r = 8)
+        {
+            "hypotheses": ["a man sits on the grass".split()],
+            "references": ["a man sits on the grass in park".split()],
+        },
+        # longer than the reference: no penalty, precision pays instead
+        {
+            "hypotheses": ["a man sits on the green grass in the park".split()],
+            "references": ["a man sits on the grass in park".split()],
+        },
+        # one sentence too short, one too long: the corpus lengths cancel (BP = 1), while
+        # per-sentence penalties would punish the short one
+        {
+            "hypotheses": ["a dog runs".split(), "a woman with a red ball sits on grass".split()],
+            "references": [
+                "a dog runs in park".split(),
+                "a woman with a ball sits on grass".split(),
+            ],
+        },
+    ]
+    for _ in range(5):  # corpora of 3-6 sentences, every hypothesis a noisy copy
+        hyps, refs = [], []
+        for _ in range(rng.randint(3, 6)):
+            ref = [rng.choice(words) for _ in range(rng.randint(5, 12))]
+            hyp = [w for w in ref if rng.random() > 0.2]  # drops words: shorter
+            if rng.random() < 0.3:
+                hyp += [rng.choice(words) for _ in range(rng.randint(1, 4))]  # or longer
+            hyps.append(hyp if len(hyp) >= 4 else ref[:4])
+            refs.append(ref)
+        cases.append({"hypotheses": hyps, "references": refs})
+    return [case for case in cases if reference_corpus_bleu(**case) > 0]
+
+
+def check_corpus_bleu(corpus_bleu: Callable[..., float], verbose: bool = True) -> CheckResult:
+    """Check ``corpus_bleu(hypotheses, references)`` (lists of token lists) → BLEU 0-100."""
+    return run_check(
+        "corpus_bleu",
+        corpus_bleu,
+        reference_corpus_bleu,
+        _corpus_cases(),
+        atol=1e-6,
+        rtol=1e-6,
         verbose=verbose,
     )
