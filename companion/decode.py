@@ -387,9 +387,14 @@ def sampling_distribution(logits: Tensor, temperature: float, top_k: int | None 
         raise ValueError("temperature must be > 0 for a distribution (0 means greedy: argmax)")
     if top_k is not None:
         check_positive_int("top_k", top_k)
-        if top_k < logits.shape[-1]:
-            kth_best = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
-            logits = logits.masked_fill(logits < kth_best, -math.inf)  # (..., vocab)
+    return _sampling_probs(logits, temperature, top_k)
+
+
+def _sampling_probs(logits: Tensor, temperature: float, top_k: int | None) -> Tensor:
+    """:func:`sampling_distribution` without the checks (``sample_decode`` checks once)."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth_best = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth_best, -math.inf)  # (..., vocab)
     return torch.softmax(logits / temperature, dim=-1)  # (..., vocab)
 
 
@@ -453,7 +458,7 @@ def sample_decode(
             if temperature == 0:
                 next_token = logits.argmax(dim=-1)  # (batch,)
             else:
-                probs = sampling_distribution(logits, temperature, top_k)  # (batch, V)
+                probs = _sampling_probs(logits, temperature, top_k)  # (batch, V)
                 next_token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
                 # next_token: (batch,)
             next_token = next_token.masked_fill(finished, pad_id)  # (batch,)

@@ -64,6 +64,7 @@ __all__ = [
     "bleu_scores",
     "bleu_signature",
     "bleu_statistics",
+    "length_ratio",
     "BleuInterval",
     "bootstrap_bleu",
     "PairedBootstrap",
@@ -197,11 +198,19 @@ def _resample_scores(stats: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return np.array([_score_statistics(row) for row in sums])  # (samples,)
 
 
-def _check_samples(samples: object) -> int:
-    check_positive_int("samples", samples)
-    if samples < 100:
-        raise ValueError(f"samples must be at least 100 for a 95% interval, got {samples}")
-    return int(samples)
+def _resample_indices(sentences: int, samples: object, seed: int) -> np.ndarray:
+    """``(samples, sentences)`` sentence indices drawn with replacement (at least 100 rows,
+    so that the 2.5th and 97.5th percentiles mean something)."""
+    check_positive_int("samples", samples, minimum=100)
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, sentences, size=(samples, sentences))  # (samples, sentences)
+
+
+def length_ratio(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """Total hypothesis length / total reference length, in sacreBLEU's ``13a`` tokens: the
+    ratio BLEU's brevity penalty reads (below 1: the translations are too short)."""
+    totals = bleu_statistics(hypotheses, references).sum(0)  # (10,)
+    return float(totals[0] / totals[1])
 
 
 @dataclass(frozen=True)
@@ -234,9 +243,7 @@ def bootstrap_bleu(
     fall in on another test set of the same kind.
     """
     stats = bleu_statistics(hypotheses, references)  # (sentences, 10)
-    samples = _check_samples(samples)
-    rng = np.random.default_rng(seed)
-    indices = rng.integers(0, len(stats), size=(samples, len(stats)))  # (samples, sentences)
+    indices = _resample_indices(len(stats), samples, seed)  # (samples, sentences)
     scores = _resample_scores(stats, indices)  # (samples,)
     low, high = np.percentile(scores, [2.5, 97.5])
     return BleuInterval(_score_statistics(stats.sum(0)), float(low), float(high), samples)
@@ -284,9 +291,7 @@ def paired_bootstrap(
     """
     base_stats = bleu_statistics(baseline, references)  # (sentences, 10)
     sys_stats = bleu_statistics(system, references)  # (sentences, 10)
-    samples = _check_samples(samples)
-    rng = np.random.default_rng(seed)
-    indices = rng.integers(0, len(base_stats), size=(samples, len(base_stats)))
+    indices = _resample_indices(len(base_stats), samples, seed)  # (samples, sentences)
     differences = _resample_scores(sys_stats, indices) - _resample_scores(base_stats, indices)
     low, high = np.percentile(differences, [2.5, 97.5])
     return PairedBootstrap(

@@ -19,6 +19,7 @@ from companion.metrics import (
     bleu_statistics,
     bootstrap_bleu,
     corpus_bleu,
+    length_ratio,
     paired_bootstrap,
     sequence_accuracy,
     tokenized_bleu,
@@ -207,7 +208,7 @@ def test_paired_bootstrap_finds_a_real_improvement_and_not_a_fake_one():
 @pytest.mark.parametrize(
     "call, error, message",
     [
-        (lambda r: bootstrap_bleu(r, r, samples=10), ValueError, "samples must be at least 100"),
+        (lambda r: bootstrap_bleu(r, r, samples=10), ValueError, "samples must be >= 100"),
         (lambda r: bootstrap_bleu(r, r, samples=1.5), TypeError, "samples"),
         (lambda r: bootstrap_bleu(r[:2], r), ValueError, "same length"),
         (lambda r: paired_bootstrap(r, r[:2], r), ValueError, "same length"),
@@ -233,3 +234,13 @@ def test_unknown_words_are_left_out_of_the_text_unless_asked_for():
     assert stats[0, 0] == 9  # 2 × 3 tokens for the two <unk>, plus "a", "dog", "."
     with pytest.raises(TypeError, match="keep_unk must be a bool, got int"):
         small_translator(keep_unk=1)
+
+
+def test_length_ratio_reads_the_statistics():
+    refs, worse, _ = _noisy_corpus(0)
+    stats = bleu_statistics(worse, refs).sum(0)
+    assert length_ratio(worse, refs) == pytest.approx(stats[0] / stats[1])
+    assert length_ratio(refs, refs) == 1.0 and length_ratio(worse, refs) < 1.0
+    # the brevity penalty sacreBLEU applies is exp(1 - 1 / ratio) for a short output
+    bp = BLEU().corpus_score(worse, [refs]).bp
+    assert bp == pytest.approx(math.exp(1 - 1 / length_ratio(worse, refs)), rel=1e-6)

@@ -174,6 +174,11 @@ def check_length_penalty(length_penalty: Callable[..., float], verbose: bool = T
 # --------------------------------------------------------------------------------------------
 
 
+def _ngram_counts(tokens: list[str], n: int) -> Counter:
+    """How often each n-gram of ``tokens`` occurs."""
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
+
+
 def reference_modified_precision(hypothesis: list[str], reference: list[str], n: int) -> float:
     """Clipped n-gram precision of one hypothesis against one reference (Papineni et al.).
 
@@ -181,8 +186,7 @@ def reference_modified_precision(hypothesis: list[str], reference: list[str], n:
     the sum of these clipped counts is divided by the number of n-grams in the hypothesis
     (0.0 when the hypothesis has fewer than ``n`` tokens).
     """
-    hyp = Counter(tuple(hypothesis[i : i + n]) for i in range(len(hypothesis) - n + 1))
-    ref = Counter(tuple(reference[i : i + n]) for i in range(len(reference) - n + 1))
+    hyp, ref = _ngram_counts(hypothesis, n), _ngram_counts(reference, n)
     total = sum(hyp.values())
     if total == 0:
         return 0.0
@@ -236,10 +240,6 @@ def check_modified_precision(
 # --------------------------------------------------------------------------------------------
 # Exercise 5: corpus BLEU from its parts, with the brevity penalty
 # --------------------------------------------------------------------------------------------
-
-
-def _ngram_counts(tokens: list[str], n: int) -> Counter:
-    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
 
 
 def reference_corpus_bleu(hypotheses: list[list[str]], references: list[list[str]]) -> float:
