@@ -33,13 +33,11 @@ number generators' states, the configuration (a dict), the vocabularies
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -53,6 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from companion._files import atomic_write
 from companion._validation import (
     check_floating,
     check_ndim,
@@ -288,34 +287,9 @@ class History:
 # ---------------------------------------------------------------------------------------------
 
 
-def _atomic_write(path: str | os.PathLike[str], write: Callable[[Any], None]) -> Path:
-    """Call ``write(file)`` on a temporary file next to ``path``, then rename it to ``path``.
-
-    ``os.replace`` is atomic on one file system: ``path`` is either the old file or the
-    complete new one, never half-written. On any error the temporary file is removed.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes it private (0600); use the default
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    return path
-
-
 def _write_json(path: str | os.PathLike[str], data: Any) -> Path:
     text = json.dumps(data, indent=1, sort_keys=False) + "\n"
-    return _atomic_write(path, lambda file: file.write(text.encode("utf-8")))
+    return atomic_write(path, lambda file: file.write(text.encode("utf-8")))
 
 
 #: Version of the checkpoint layout written by :func:`save_checkpoint`.
@@ -332,7 +306,7 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a dict, got {type(state).__name__}")
-    return _atomic_write(path, lambda file: torch.save(dict(state), file))
+    return atomic_write(path, lambda file: torch.save(dict(state), file))
 
 
 def load_checkpoint(
@@ -979,7 +953,7 @@ def _final_evaluation(trainer: Trainer, data: RunData, out_dir: Path | None) -> 
     scores, translations = translator.evaluate(data.test_pairs)
     if out_dir is not None:
         text = "".join(line + "\n" for line in translations)
-        _atomic_write(out_dir / "test_translations.txt", lambda f: f.write(text.encode("utf-8")))
+        atomic_write(out_dir / "test_translations.txt", lambda f: f.write(text.encode("utf-8")))
     return {
         "test_bleu": scores.bleu,
         "test_tokenized_bleu": scores.tokenized_bleu,
