@@ -173,10 +173,10 @@ def main() -> None:
 
     d_model, heads, layers, d_ff, dropout = 256, 8, 3, 1024, 0.1
     torch.manual_seed(0)
-    ours = companion.Transformer(
+    ours = companion.Transformer(companion.TransformerConfig(
         args.vocab, args.vocab, d_model, heads, layers, d_ff, dropout, args.norm_first,
         src_pad_id=PAD, tgt_pad_id=PAD, final_norm=True,
-    )  # fmt: skip
+    ))  # fmt: skip
     theirs = TorchReference(args.vocab, d_model, heads, layers, d_ff, dropout, args.norm_first)
     models = {"companion": ours.train(), "torch": theirs.train()}
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}

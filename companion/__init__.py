@@ -1,7 +1,8 @@
 """companion - the tested code behind the course "Transformer, Step by Step".
 
-One module per concept: :mod:`companion.attention`, :mod:`companion.masking`,
-:mod:`companion.positional`, :mod:`companion.layers`, :mod:`companion.model`,
+One module per concept (ARCHITECTURE.md draws the stack): :mod:`companion.masking`,
+:mod:`companion.positional`, :mod:`companion.attention`, :mod:`companion.cache`,
+:mod:`companion.layers`, :mod:`companion.model`, :mod:`companion.interop`,
 :mod:`companion.data`, :mod:`companion.train` (with :mod:`companion.configs`),
 :mod:`companion.decode`, :mod:`companion.metrics`, :mod:`companion.viz`,
 :mod:`companion.exercises`, :mod:`companion.utils`. The most used names are re-exported here;
@@ -14,25 +15,28 @@ key; see :mod:`companion.masking`.
 
 from companion.attention import (
     AdditiveScore,
-    KeyValueCache,
     MultiHeadAttention,
     scaled_dot_product_attention,
+)
+from companion.cache import DecoderCache, KeyValueCache
+from companion.interop import (
+    from_torch,
+    from_torch_attn_mask,
+    from_torch_key_padding_mask,
+    to_torch,
+    to_torch_attn_mask,
+    to_torch_key_padding_mask,
 )
 from companion.layers import DecoderLayer, EncoderLayer, FeedForward
 from companion.masking import (
     causal_mask,
     combine_masks,
     from_additive_mask,
-    from_torch_attn_mask,
-    from_torch_key_padding_mask,
     padding_mask,
     to_additive_mask,
-    to_torch_attn_mask,
-    to_torch_key_padding_mask,
 )
 from companion.model import (
     Decoder,
-    DecoderCache,
     Encoder,
     TokenEmbedding,
     Transformer,
@@ -65,6 +69,9 @@ __all__ = [
     "combine_masks",
     "from_additive_mask",
     "to_additive_mask",
+    # interop with torch.nn
+    "to_torch",
+    "from_torch",
     "from_torch_key_padding_mask",
     "to_torch_key_padding_mask",
     "from_torch_attn_mask",

@@ -7,10 +7,66 @@ of broadcasting silently or producing NaN deep inside a matrix product.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 from torch import Tensor
+
+Method = TypeVar("Method", bound=Callable[..., object])
+
+# ---------------------------------------------------------------------------------------------
+# Checks at the edge: a public call validates its inputs once; the calls it makes inside skip
+# their own checks (their inputs come from code that has been checked).
+# ---------------------------------------------------------------------------------------------
+
+_edge = threading.local()  # _edge.inside: a checked call is running in this thread
+
+
+def checked(check: str) -> Callable[[Method], Method]:
+    """Decorate a public method so that ``self.<check>(*args, **kwargs)`` validates its inputs,
+    but only at the **outermost** checked call.
+
+    ``Transformer.forward`` checks ``src`` and ``tgt`` once; the encoder, its layers and their
+    attention modules, called from inside, skip their own checks, although each of them checks
+    its inputs when a user calls it directly. Under ``torch.compile`` no check runs (a check
+    that reads tensor values would synchronise with the host and break the graph): compile a
+    model whose inputs you have validated, e.g. by one eager call.
+
+    Args:
+        check: name of the method with the same signature that raises on bad input.
+    """
+
+    def decorate(method: Method) -> Method:
+        @functools.wraps(method)
+        def run(self: object, *args: object, **kwargs: object) -> object:
+            if torch.compiler.is_compiling() or getattr(_edge, "inside", False):
+                return method(self, *args, **kwargs)
+            getattr(self, check)(*args, **kwargs)
+            with inputs_checked():
+                return method(self, *args, **kwargs)
+
+        return run  # type: ignore[return-value]
+
+    return decorate
+
+
+@contextmanager
+def inputs_checked() -> Iterator[None]:
+    """Inside this block, methods decorated with :func:`checked` skip their checks.
+
+    For loops that call a checked method many times with inputs they built themselves (a
+    decoding loop feeding back the ids it chose): validate once, then loop inside the block.
+    """
+    outer = getattr(_edge, "inside", False)
+    _edge.inside = True
+    try:
+        yield
+    finally:
+        _edge.inside = outer
 
 
 def shape_str(shape: Sequence[int | str | None]) -> str:
@@ -108,6 +164,14 @@ def check_bool_mask(name: str, mask: object, target_shape: Sequence[int], target
     return tensor
 
 
+def check_bool_tensor(name: str, mask: object) -> Tensor:
+    """Raise unless ``mask`` is a boolean tensor (any shape)."""
+    tensor = check_tensor(name, mask)
+    if tensor.dtype != torch.bool:
+        raise TypeError(f"{name} must be a boolean tensor, got dtype {tensor.dtype}")
+    return tensor
+
+
 def check_bool(name: str, value: object) -> bool:
     """Raise ``TypeError`` unless ``value`` is a ``bool``."""
     if not isinstance(value, bool):
@@ -144,6 +208,16 @@ def check_size(name: str, tensor: Tensor, dim: int, expected: int, layout: str) 
             f"got shape {shape_str(tensor.shape)}"
         )
     return tensor
+
+
+def check_sequence(name: str, x: object, d_model: int, length: str = "len") -> Tensor:
+    """Check a batch of vector sequences: a float tensor ``(batch, <length>, d_model)`` without
+    NaN or infinity (the input of a layer, a stack or a position encoding)."""
+    layout = f"(batch, {length}, {d_model})"
+    tensor = check_floating(name, x)
+    check_ndim(name, tensor, 3, layout)
+    check_size(name, tensor, 2, d_model, layout)
+    return check_finite(name, tensor)
 
 
 def check_integer(name: str, value: object) -> Tensor:

@@ -5,8 +5,6 @@
 * :class:`AdditiveScore` - the additive (Bahdanau) score, for comparison.
 * :class:`MultiHeadAttention` - ``num_heads`` attentions in parallel on learned projections,
   batch-first, weight-compatible with ``torch.nn.MultiheadAttention``.
-* :class:`KeyValueCache` - the projected keys and values one attention keeps between the
-  steps of incremental (token-by-token) decoding.
 * :func:`fused_linear` - several linear layers applied to one input as a single matrix product
   (the q, k and v projections of self-attention).
 
@@ -23,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,15 +39,16 @@ from companion._validation import (
     check_same_dtype,
     check_size,
     check_tensor,
+    checked,
     shape_str,
 )
+from companion.cache import KeyValueCache
 from companion.masking import causal_mask
 
 __all__ = [
     "scaled_dot_product_attention",
     "AdditiveScore",
     "MultiHeadAttention",
-    "KeyValueCache",
     "fused_linear",
 ]
 
@@ -179,37 +177,6 @@ class AdditiveScore(nn.Module):
         return self.score_proj(torch.tanh(hq + hk)).squeeze(-1)  # (..., q_len, k_len)
 
 
-@dataclass
-class KeyValueCache:
-    """Keys and values that one :class:`MultiHeadAttention` has already projected, kept
-    between the steps of incremental decoding so that a step projects only its new tokens.
-
-    * ``growing=True`` (decoder self-attention): every call appends the keys and values of its
-      new positions and attends over all of them;
-    * ``growing=False`` (cross-attention): the first call projects the encoder output
-      (``memory``) and stores it; later calls reuse it and project only the queries.
-
-    Attributes:
-        growing: see above.
-        keys, values: ``(batch, heads, cached_len, head_dim)``, ``None`` before the first call.
-    """
-
-    growing: bool = True
-    keys: Tensor | None = None
-    values: Tensor | None = None
-
-    @property
-    def length(self) -> int:
-        """Number of cached positions."""
-        return 0 if self.keys is None else self.keys.shape[-2]
-
-    def reorder(self, indices: Tensor) -> None:
-        """Keep the batch rows ``indices`` ``(new_batch,)``, e.g. the surviving beams."""
-        if self.keys is not None:
-            self.keys = self.keys.index_select(0, indices)  # (new_batch, heads, len, head_dim)
-            self.values = self.values.index_select(0, indices)  # (new_batch, heads, len, head_dim)
-
-
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention (Vaswani et al., 2017, section 3.2.2), batch-first.
 
@@ -223,6 +190,12 @@ class MultiHeadAttention(nn.Module):
     Query, key and value may come from different sequences of different lengths:
     ``attn(x, x, x)`` is self-attention, ``attn(y, memory, memory)`` is cross-attention.
 
+    :meth:`forward` reads as the math: :meth:`project` (the three projections, split into
+    heads), :meth:`attend` (attention in every head at once), :meth:`merge_heads`, ``out_proj``.
+    Its inputs are checked once, by :meth:`check_inputs`, when a user calls it; a layer that
+    calls it from inside has checked its own input already (see
+    :func:`companion._validation.checked`).
+
     Two computation paths give the same output:
 
     * ``need_weights=True`` - the explicit path through :func:`scaled_dot_product_attention`,
@@ -233,8 +206,8 @@ class MultiHeadAttention(nn.Module):
     For self-attention (``query is key is value``) the three projections run as one matrix
     product on the concatenated weights (:func:`fused_linear`), as
     ``torch.nn.MultiheadAttention`` does; likewise keys and values when ``key is value``. The
-    parameters stay separate and readable. :meth:`split_heads` and :meth:`merge_heads` do the
-    reshapes between ``(batch, len, d_model)`` and ``(batch, heads, len, head_dim)``.
+    parameters stay separate and readable. Conversion from and to
+    ``torch.nn.MultiheadAttention``: :mod:`companion.interop`.
 
     Args:
         d_model: size of the input and output vectors; must be divisible by ``num_heads``.
@@ -248,7 +221,7 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True
+        self, d_model: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True
     ) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -263,9 +236,6 @@ class MultiHeadAttention(nn.Module):
         self.key_proj = nn.Linear(d_model, d_model, bias=bias)
         self.value_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        #: Check query/key/value for NaN/inf (one pass over the data); a parent module that
-        #: has already checked its own input switches this off for the modules inside it.
-        self.check_finite_inputs = True
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -281,12 +251,14 @@ class MultiHeadAttention(nn.Module):
 
     # ------------------------------------------------------------------ forward
 
+    @checked("check_inputs")
     def forward(
         self,
         query: Tensor,
         key: Tensor,
         value: Tensor,
         mask: Tensor | None = None,
+        *,
         need_weights: bool = False,
         is_causal: bool = False,
         cache: KeyValueCache | None = None,
@@ -311,96 +283,53 @@ class MultiHeadAttention(nn.Module):
             ``(batch, heads, q_len, k_len)`` (before dropout) or ``None``. A query with no
             key to attend to (in any head) gets all-zero weights and an all-zero output.
         """
-        self._check_inputs(query, key, value)
-        batch, q_len, _ = query.shape
-        k_len = key.shape[1] if cache is None else self._check_cache(cache, batch, key.shape[1])
-        score_shape = (batch, self.num_heads, q_len, k_len)
-        if mask is not None:
-            check_bool_mask("mask", mask, score_shape, "(batch, heads, q_len, k_len)")
-        check_bool("need_weights", need_weights)
-        check_bool("is_causal", is_causal)
-
-        if is_causal and q_len == 1:  # one query at the last position (a decoding step)
-            is_causal = False  # may see every key: nothing to mask
-        # The fused kernel can apply a square causal mask itself (and skip the blocked work).
-        causal_kernel = is_causal and mask is None and q_len == k_len and not need_weights
-        if is_causal and not causal_kernel:
-            causal = causal_mask(q_len, k_len, device=query.device)  # (q_len, k_len)
-            mask = causal if mask is None else mask & causal  # broadcastable to score_shape
-        # Queries with no key to attend to (e.g. a sequence made only of padding); None when
-        # every query has at least one key, the usual case.
-        has_key = None if mask is None else mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1)
-        if has_key is not None and bool(has_key.all()):
-            has_key = None
-
-        q, k, v = self._project(query, key, value, cache)  # each (batch, heads, len, head_dim)
-        dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
-            # per_head: (batch, heads, q_len, head_dim); weights: (batch, heads, q_len, k_len)
-            per_head, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
-        else:
-            if has_key is not None:
-                # Let the empty rows attend everywhere, so that neither the kernel nor its
-                # gradient computes 0/0 = NaN; their output is replaced by zeros just below.
-                mask = mask | ~has_key  # broadcastable to score_shape
-            per_head = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal_kernel
-            )  # (batch, heads, q_len, head_dim)
-            if has_key is not None:
-                per_head = per_head.masked_fill(~has_key, 0.0)  # (batch, heads, q_len, head_dim)
-            weights = None
-        merged = self.merge_heads(per_head)  # (batch, q_len, d_model)
-        output = self.out_proj(merged)  # (batch, q_len, d_model)
-        if has_key is not None:
-            # A query that no head lets attend anywhere gets a zero vector (not out_proj's bias).
-            per_query = has_key.expand(batch, self.num_heads, q_len, 1)  # (batch, heads, q_len, 1)
-            any_head = per_query.any(dim=1)  # (batch, q_len, 1)
-            output = output.masked_fill(~any_head, 0.0)  # (batch, q_len, d_model)
+        q, k, v = self.project(query, key, value, cache)  # each (batch, heads, len, head_dim)
+        mask, kernel_causal = _causal(mask, is_causal, q, k, need_weights)
+        per_head, weights = self.attend(
+            q, k, v, mask, need_weights=need_weights, is_causal=kernel_causal
+        )  # (batch, heads, q_len, head_dim), (batch, heads, q_len, k_len) or None
+        output = self.out_proj(self.merge_heads(per_head))  # (batch, q_len, d_model)
+        if mask is not None:  # a query no head lets attend anywhere: zeros, not out_proj's bias
+            output = output.masked_fill(~_rows_with_a_key(mask), 0.0)  # (batch, q_len, d_model)
         return output, weights
 
-    def _check_inputs(self, query: Tensor, key: Tensor, value: Tensor) -> None:
-        d, dtype, owner = self.d_model, self.out_proj.weight.dtype, "the module's parameters"
-        for name, tensor, length in (
-            ("query", query, "q_len"),
-            ("key", key, "k_len"),
-            ("value", value, "k_len"),
-        ):
-            check_floating(name, tensor)
-            check_ndim(name, tensor, 3, f"(batch, {length}, {d})")
-            check_size(name, tensor, 2, d, f"(batch, {length}, {d})")
-            if not torch.is_autocast_enabled(tensor.device.type):  # autocast mixes dtypes
-                check_same_dtype(name, tensor, dtype, owner)
-        if key.shape[:2] != value.shape[:2]:
-            raise ValueError(
-                "key and value must have the same batch size and length (batch, k_len), "
-                f"got key {shape_str(key.shape)} and value {shape_str(value.shape)}"
-            )
-        if key.shape[0] != query.shape[0]:
-            raise ValueError(
-                "query and key must have the same batch size - nothing is broadcast: "
-                f"got query {shape_str(query.shape)} and key {shape_str(key.shape)}"
-            )
-        if self.check_finite_inputs:
-            check_finite("query", query)
-            if key is not query:
-                check_finite("key", key)
-            if value is not key and value is not query:
-                check_finite("value", value)
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        is_causal: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention in every head at once (no input checks).
 
-    def _check_cache(self, cache: object, batch: int, new_len: int) -> int:
-        """Validate ``cache`` and return the number of keys attended to (cached + new)."""
-        if not isinstance(cache, KeyValueCache):
-            raise TypeError(f"cache must be a KeyValueCache, got {type(cache).__name__}")
-        if cache.keys is None:
-            return new_len
-        if cache.keys.shape[0] != batch or cache.keys.shape[1] != self.num_heads:
-            raise ValueError(
-                f"cache must hold keys of shape ({batch}, {self.num_heads}, len, "
-                f"{self.head_dim}) for this call, got {shape_str(cache.keys.shape)}"
-            )
-        return cache.length + new_len if cache.growing else cache.length
+        Args:
+            q: ``(batch, heads, q_len, head_dim)``.
+            k, v: ``(batch, heads, k_len, head_dim)``.
+            mask: boolean, ``True`` = may attend, broadcastable to ``(batch, heads, q_len, k_len)``.
+            need_weights: compute the weights explicitly and return them.
+            is_causal: let the fused kernel apply a square causal mask (``q_len == k_len``).
 
-    def _project(
+        Returns:
+            ``(batch, heads, q_len, head_dim)`` and the weights ``(batch, heads, q_len, k_len)``
+            or ``None``. A query with no key gets zero weights and a zero vector.
+        """
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            return scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        if mask is not None:  # rows without a key attend everywhere (no 0/0 = NaN), then zeroed
+            has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1)
+            mask = mask | ~has_key  # broadcastable to (batch, heads, q_len, k_len)
+        per_head = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+        )  # (batch, heads, q_len, head_dim)
+        if mask is not None:
+            per_head = per_head.masked_fill(~has_key, 0.0)  # (batch, heads, q_len, head_dim)
+        return per_head, None
+
+    def project(
         self, query: Tensor, key: Tensor, value: Tensor, cache: KeyValueCache | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Project and split into heads: ``(batch, len, d_model)`` → ``(batch, heads, len, head_dim)``.
@@ -411,31 +340,23 @@ class MultiHeadAttention(nn.Module):
             # cross-attention, memory already projected at an earlier step
             q = self.split_heads(self.query_proj(query))  # (batch, heads, q_len, head_dim)
             return q, cache.keys, cache.values
-        q, k, v = self._project_all(query, key, value)  # each (batch, heads, len, head_dim)
-        if cache is not None:
-            if cache.keys is not None:  # growing: append the new positions
-                k = torch.cat([cache.keys, k], dim=2)  # (batch, heads, cached + new, head_dim)
-                v = torch.cat([cache.values, v], dim=2)  # (batch, heads, cached + new, head_dim)
-            cache.keys, cache.values = k, v
-        return q, k, v
-
-    def _project_all(
-        self, query: Tensor, key: Tensor, value: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Project query, key and value and split them into heads."""
         projections = (self.query_proj, self.key_proj, self.value_proj)
         if query is key and key is value:  # self-attention: one matrix product for q, k and v
-            qkv = fused_linear(query, projections)  # (batch, len, 3 * d_model)
-            q, k, v = qkv.chunk(3, dim=-1)  # each (batch, len, d_model)
+            q, k, v = fused_linear(query, projections).chunk(3, dim=-1)  # (batch, len, d_model)
         elif key is value:  # cross-attention: one product for k and v
             q = self.query_proj(query)  # (batch, q_len, d_model)
-            kv = fused_linear(key, projections[1:])  # (batch, k_len, 2 * d_model)
-            k, v = kv.chunk(2, dim=-1)  # each (batch, k_len, d_model)
+            k, v = fused_linear(key, projections[1:]).chunk(2, dim=-1)  # (batch, k_len, d_model)
         else:
             q = self.query_proj(query)  # (batch, q_len, d_model)
             k = self.key_proj(key)  # (batch, k_len, d_model)
             v = self.value_proj(value)  # (batch, k_len, d_model)
-        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        if cache is not None:
+            if cache.growing and cache.keys is not None:  # append the new positions
+                k = torch.cat([cache.keys, k], dim=2)  # (batch, heads, cached + new, head_dim)
+                v = torch.cat([cache.values, v], dim=2)  # (batch, heads, cached + new, head_dim)
+            cache.keys, cache.values = k, v
+        return q, k, v
 
     def split_heads(self, x: Tensor) -> Tensor:
         """Cut projected queries, keys or values into heads.
@@ -455,7 +376,9 @@ class MultiHeadAttention(nn.Module):
             check_ndim("x", check_tensor("x", x), 3, layout)
             check_size("x", x, 2, self.d_model, layout)
         batch, length, _ = x.shape
-        split = x.view(batch, length, self.num_heads, -1)  # (batch, len, heads, head_dim)
+        split = x.view(
+            batch, length, self.num_heads, self.head_dim
+        )  # (batch, len, heads, head_dim)
         return split.transpose(1, 2)  # (batch, heads, len, head_dim)
 
     def merge_heads(self, x: Tensor) -> Tensor:
@@ -480,77 +403,88 @@ class MultiHeadAttention(nn.Module):
         heads_last = x.transpose(1, 2)  # (batch, len, heads, head_dim)
         return heads_last.reshape(batch, length, self.d_model)  # (batch, len, d_model)
 
-    # ------------------------------------------------- torch.nn.MultiheadAttention
+    # ------------------------------------------------------------------ checks
 
-    @classmethod
-    def from_torch(cls, mha: nn.MultiheadAttention) -> MultiHeadAttention:
-        """A new module with the weights (and device/dtype) of a ``torch.nn.MultiheadAttention``."""
-        _check_torch_mha("mha", mha)
-        weight = mha.out_proj.weight
-        module = cls(
-            mha.embed_dim, mha.num_heads, dropout=mha.dropout, bias=mha.in_proj_bias is not None
-        )
-        module.to(device=weight.device, dtype=weight.dtype)
-        module.load_from_torch(mha)
-        return module
-
-    def load_from_torch(self, mha: nn.MultiheadAttention) -> None:
-        """Copy the weights of a ``torch.nn.MultiheadAttention`` (same sizes) into this module.
-
-        PyTorch stores the three input projections stacked in ``in_proj_weight``
-        ``(3·d_model, d_model)`` (rows: query, key, value) and ``in_proj_bias`` ``(3·d_model,)``.
-        """
-        _check_torch_mha("mha", mha)
-        self._check_compatible("mha", mha)
-        with torch.no_grad():
-            weights = mha.in_proj_weight.chunk(3, dim=0)  # 3 × (d_model, d_model)
-            biases = mha.in_proj_bias.chunk(3) if mha.in_proj_bias is not None else (None,) * 3
-            for proj, w, b in zip(
-                (self.query_proj, self.key_proj, self.value_proj), weights, biases
-            ):
-                proj.weight.copy_(w)
-                if b is not None:
-                    proj.bias.copy_(b)
-            self.out_proj.weight.copy_(mha.out_proj.weight)
-            if self.bias:
-                self.out_proj.bias.copy_(mha.out_proj.bias)
-
-    def copy_to_torch(self, mha: nn.MultiheadAttention) -> None:
-        """Copy this module's weights into an existing ``torch.nn.MultiheadAttention``."""
-        _check_torch_mha("mha", mha)
-        self._check_compatible("mha", mha)
-        with torch.no_grad():
-            projections = (self.query_proj, self.key_proj, self.value_proj)
-            mha.in_proj_weight.copy_(torch.cat([p.weight for p in projections]))
-            self_bias = _concat_bias(projections)
-            if self_bias is not None:
-                mha.in_proj_bias.copy_(self_bias)
-                mha.out_proj.bias.copy_(self.out_proj.bias)
-            mha.out_proj.weight.copy_(self.out_proj.weight)
-
-    def to_torch(self) -> nn.MultiheadAttention:
-        """A new ``torch.nn.MultiheadAttention(batch_first=True)`` with this module's weights."""
-        weight = self.out_proj.weight
-        mha = nn.MultiheadAttention(
-            self.d_model,
-            self.num_heads,
-            dropout=self.dropout,
-            bias=self.bias,
-            batch_first=True,
-            device=weight.device,
-            dtype=weight.dtype,
-        )
-        self.copy_to_torch(mha)
-        return mha
-
-    def _check_compatible(self, name: str, mha: nn.MultiheadAttention) -> None:
-        theirs = (mha.embed_dim, mha.num_heads, mha.in_proj_bias is not None)
-        ours = (self.d_model, self.num_heads, self.bias)
-        if theirs != ours:
+    def check_inputs(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        *,
+        need_weights: bool = False,
+        is_causal: bool = False,
+        cache: KeyValueCache | None = None,
+    ) -> None:
+        """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
+        d, dtype, owner = self.d_model, self.out_proj.weight.dtype, "the module's parameters"
+        for name, tensor, length in (
+            ("query", query, "q_len"),
+            ("key", key, "k_len"),
+            ("value", value, "k_len"),
+        ):
+            check_floating(name, tensor)
+            check_ndim(name, tensor, 3, f"(batch, {length}, {d})")
+            check_size(name, tensor, 2, d, f"(batch, {length}, {d})")
+            if not torch.is_autocast_enabled(tensor.device.type):  # autocast mixes dtypes
+                check_same_dtype(name, tensor, dtype, owner)
+        if key.shape[:2] != value.shape[:2]:
             raise ValueError(
-                f"{name} must have embed_dim={ours[0]}, num_heads={ours[1]}, bias={ours[2]} to "
-                f"match this module, got embed_dim={theirs[0]}, num_heads={theirs[1]}, bias={theirs[2]}"
+                "key and value must have the same batch size and length (batch, k_len), "
+                f"got key {shape_str(key.shape)} and value {shape_str(value.shape)}"
             )
+        if key.shape[0] != query.shape[0]:
+            raise ValueError(
+                "query and key must have the same batch size - nothing is broadcast: "
+                f"got query {shape_str(query.shape)} and key {shape_str(key.shape)}"
+            )
+        check_finite("query", query)
+        if key is not query:
+            check_finite("key", key)
+        if value is not key and value is not query:
+            check_finite("value", value)
+        check_bool("need_weights", need_weights)
+        check_bool("is_causal", is_causal)
+        batch, q_len, _ = query.shape
+        k_len = key.shape[1] if cache is None else self.cached_length(cache, batch, key.shape[1])
+        if mask is not None:
+            score_shape = (batch, self.num_heads, q_len, k_len)
+            check_bool_mask("mask", mask, score_shape, "(batch, heads, q_len, k_len)")
+
+    def cached_length(self, cache: object, batch: int, new_len: int) -> int:
+        """Check ``cache`` for a call with ``batch`` rows; the number of keys (cached + new)."""
+        if not isinstance(cache, KeyValueCache):
+            raise TypeError(f"cache must be a KeyValueCache, got {type(cache).__name__}")
+        if cache.keys is None:
+            return new_len
+        if cache.keys.shape[0] != batch or cache.keys.shape[1] != self.num_heads:
+            raise ValueError(
+                f"cache must hold keys of shape ({batch}, {self.num_heads}, len, "
+                f"{self.head_dim}) for this call, got {shape_str(cache.keys.shape)}"
+            )
+        return cache.length + new_len if cache.growing else cache.length
+
+
+def _causal(
+    mask: Tensor | None, is_causal: bool, q: Tensor, k: Tensor, need_weights: bool
+) -> tuple[Tensor | None, bool]:
+    """Turn ``is_causal`` into what :meth:`MultiHeadAttention.attend` takes: the fused kernel's
+    own causal flag when it can apply it (square, no other mask, no weights wanted), else a
+    causal mask combined with ``mask``. One query (a decoding step) may see every key."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    if not is_causal or q_len == 1:
+        return mask, False
+    if mask is None and q_len == k_len and not need_weights:
+        return None, True
+    causal = causal_mask(q_len, k_len, device=q.device)  # (q_len, k_len)
+    return (causal if mask is None else mask & causal), False  # broadcastable to the scores
+
+
+def _rows_with_a_key(mask: Tensor) -> Tensor:
+    """``(batch or 1, q_len or 1, 1)``: ``True`` where a query may attend to a key in some head."""
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1), up to 4-D
+    has_key = has_key.reshape((1,) * (4 - has_key.dim()) + tuple(has_key.shape))  # 4-D
+    return has_key.any(dim=1)  # (batch or 1, q_len or 1, 1)
 
 
 def fused_linear(x: Tensor, projections: Sequence[nn.Linear]) -> Tensor:
@@ -599,13 +533,3 @@ def _concat_bias(projections: tuple[nn.Linear, ...]) -> Tensor | None:
     if projections[0].bias is None:
         return None
     return torch.cat([p.bias for p in projections])  # (out_1 + out_2 + ...,)
-
-
-def _check_torch_mha(name: str, mha: object) -> None:
-    if not isinstance(mha, nn.MultiheadAttention):
-        raise TypeError(f"{name} must be a torch.nn.MultiheadAttention, got {type(mha).__name__}")
-    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-        raise ValueError(
-            f"{name} must use kdim = vdim = embed_dim, add_bias_kv=False and "
-            "add_zero_attn=False to be copied (those variants have no counterpart here)"
-        )

@@ -23,10 +23,9 @@ attention weights and an all-zero output - never NaN (``softmax`` of a row of ``
 
 ``torch.nn.MultiheadAttention`` and ``torch.nn.Transformer`` use the **opposite** convention
 (``True`` = *blocked*) for ``key_padding_mask`` and boolean ``attn_mask``, and also accept
-*additive* float masks (``0`` = may attend, ``-inf`` = blocked). Convert with
-:func:`to_torch_key_padding_mask`, :func:`to_torch_attn_mask`,
-:func:`from_torch_key_padding_mask`, :func:`from_torch_attn_mask`,
-:func:`from_additive_mask` and :func:`to_additive_mask`; never flip a mask by hand.
+*additive* float masks (``0`` = may attend, ``-inf`` = blocked). Convert additive masks with
+:func:`from_additive_mask` and :func:`to_additive_mask`, and torch's boolean masks with the
+converters of :mod:`companion.interop`; never flip a mask by hand.
 """
 
 from __future__ import annotations
@@ -35,12 +34,11 @@ import torch
 from torch import Tensor
 
 from companion._validation import (
-    check_bool_mask,
+    check_bool_tensor,
     check_floating,
     check_integer,
     check_ndim,
     check_positive_int,
-    check_tensor,
     shape_str,
 )
 
@@ -50,22 +48,11 @@ __all__ = [
     "combine_masks",
     "from_additive_mask",
     "to_additive_mask",
-    "from_torch_key_padding_mask",
-    "to_torch_key_padding_mask",
-    "from_torch_attn_mask",
-    "to_torch_attn_mask",
 ]
 
 #: Additive-mask values at or below this count as "blocked" in :func:`from_additive_mask`
 #: (``-inf``, ``-1e9``, ``torch.finfo(dtype).min`` and the fp16-era ``-1e4`` all qualify).
 ADDITIVE_BLOCKED_AT_OR_BELOW = -1e4
-
-
-def _check_bool_tensor(name: str, mask: object) -> Tensor:
-    tensor = check_tensor(name, mask)
-    if tensor.dtype != torch.bool:
-        raise TypeError(f"{name} must be a boolean tensor, got dtype {tensor.dtype}")
-    return tensor
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -125,7 +112,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     """
     present = [(i, m) for i, m in enumerate(masks) if m is not None]
     for i, m in present:
-        _check_bool_tensor(f"masks[{i}]", m)
+        check_bool_tensor(f"masks[{i}]", m)
     if not present:
         return None
     try:
@@ -181,113 +168,6 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor
     Returns:
         Float tensor of the same shape.
     """
-    _check_bool_tensor("mask", mask)
+    check_bool_tensor("mask", mask)
     additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)  # same shape as mask
     return additive.masked_fill(~mask, float("-inf"))  # same shape as mask
-
-
-def from_torch_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
-    """Convert ``torch.nn.MultiheadAttention``'s ``key_padding_mask`` to this package's mask.
-
-    Args:
-        key_padding_mask: shape ``(batch, k_len)``; boolean (``True`` = padding, blocked) or
-            additive float (``-inf`` = blocked).
-
-    Returns:
-        Boolean mask of shape ``(batch, 1, 1, k_len)``, ``True`` where the key may be attended.
-    """
-    check_tensor("key_padding_mask", key_padding_mask)
-    check_ndim("key_padding_mask", key_padding_mask, 2, "(batch, k_len)")
-    if key_padding_mask.is_floating_point():
-        allowed = from_additive_mask(key_padding_mask)  # (batch, k_len)
-    else:
-        allowed = ~_check_bool_tensor("key_padding_mask", key_padding_mask)  # (batch, k_len)
-    return allowed[:, None, None, :]  # (batch, 1, 1, k_len)
-
-
-def to_torch_key_padding_mask(mask: Tensor) -> Tensor:
-    """Convert a padding mask of this package to ``torch.nn.MultiheadAttention``'s convention.
-
-    Args:
-        mask: boolean, ``True`` = may attend, shape ``(batch, 1, 1, k_len)`` (as made by
-            :func:`padding_mask`) or ``(batch, k_len)``.
-
-    Returns:
-        Boolean ``key_padding_mask`` of shape ``(batch, k_len)``, ``True`` = padding (blocked).
-    """
-    _check_bool_tensor("mask", mask)
-    check_ndim("mask", mask, (2, 4), "(batch, 1, 1, k_len) or (batch, k_len)")
-    if mask.dim() == 4:
-        if mask.shape[1] != 1 or mask.shape[2] != 1:
-            raise ValueError(
-                "mask must have shape (batch, 1, 1, k_len) to be a key padding mask, "
-                f"got shape {shape_str(mask.shape)}"
-            )
-        mask = mask[:, 0, 0, :]  # (batch, k_len)
-    return ~mask  # (batch, k_len)
-
-
-def from_torch_attn_mask(attn_mask: Tensor, num_heads: int | None = None) -> Tensor:
-    """Convert ``torch.nn.MultiheadAttention``'s ``attn_mask`` to this package's mask.
-
-    Args:
-        attn_mask: boolean (``True`` = blocked) or additive float (``-inf`` = blocked), shape
-            ``(q_len, k_len)`` or ``(batch * num_heads, q_len, k_len)``.
-        num_heads: required for the 3-D form, to split ``batch * num_heads``.
-
-    Returns:
-        Boolean mask (``True`` = may attend) of shape ``(q_len, k_len)`` or
-        ``(batch, num_heads, q_len, k_len)``.
-    """
-    check_tensor("attn_mask", attn_mask)
-    check_ndim(
-        "attn_mask", attn_mask, (2, 3), "(q_len, k_len) or (batch * num_heads, q_len, k_len)"
-    )
-    if attn_mask.is_floating_point():
-        allowed = from_additive_mask(attn_mask)  # same shape as attn_mask
-    else:
-        allowed = ~_check_bool_tensor("attn_mask", attn_mask)  # same shape as attn_mask
-    if allowed.dim() == 2:
-        return allowed  # (q_len, k_len)
-    if num_heads is None:
-        raise ValueError(
-            "num_heads is required to convert a 3-D attn_mask of shape "
-            f"{shape_str(attn_mask.shape)} (batch * num_heads, q_len, k_len)"
-        )
-    check_positive_int("num_heads", num_heads)
-    rows, q_len, k_len = allowed.shape
-    if rows % num_heads != 0:
-        raise ValueError(
-            f"attn_mask's first dimension must be batch * num_heads (a multiple of "
-            f"num_heads={num_heads}), got shape {shape_str(attn_mask.shape)}"
-        )
-    return allowed.view(rows // num_heads, num_heads, q_len, k_len)  # (batch, heads, q_len, k_len)
-
-
-def to_torch_attn_mask(mask: Tensor, num_heads: int | None = None) -> Tensor:
-    """Convert a mask of this package to ``torch.nn.MultiheadAttention``'s boolean ``attn_mask``.
-
-    Args:
-        mask: boolean, ``True`` = may attend; shape ``(q_len, k_len)`` or
-            ``(batch, heads, q_len, k_len)`` where ``heads`` is 1 or ``num_heads``.
-        num_heads: required for the 4-D form.
-
-    Returns:
-        Boolean ``attn_mask`` (``True`` = blocked) of shape ``(q_len, k_len)`` or
-        ``(batch * num_heads, q_len, k_len)``.
-    """
-    _check_bool_tensor("mask", mask)
-    check_ndim("mask", mask, (2, 4), "(q_len, k_len) or (batch, heads, q_len, k_len)")
-    if mask.dim() == 2:
-        return ~mask  # (q_len, k_len)
-    if num_heads is None:
-        raise ValueError(
-            f"num_heads is required to convert a 4-D mask of shape {shape_str(mask.shape)}"
-        )
-    check_positive_int("num_heads", num_heads)
-    batch, _, q_len, k_len = mask.shape
-    check_bool_mask(
-        "mask", mask, (batch, num_heads, q_len, k_len), "(batch, num_heads, q_len, k_len)"
-    )
-    expanded = mask.expand(batch, num_heads, q_len, k_len)  # (batch, heads, q_len, k_len)
-    return ~expanded.reshape(batch * num_heads, q_len, k_len)  # (batch * heads, q_len, k_len)

@@ -36,6 +36,7 @@ from companion._validation import (
     check_positive_int,
     check_probability,
     check_size,
+    checked,
     shape_str,
 )
 
@@ -142,12 +143,19 @@ def _check_offset(offset: object) -> int:
     return check_positive_int("offset", offset, minimum=0)
 
 
-def _check_sequence(name: str, x: object, d_model: int, finite: bool = True) -> Tensor:
-    layout = f"(..., seq_len, {d_model})"
+def _check_vectors(name: str, x: object, size: int) -> Tensor:
+    """Check a float ``(..., seq_len, size)`` tensor without NaN or infinity."""
+    layout = f"(..., seq_len, {size})"
     tensor = check_floating(name, x)
     check_min_ndim(name, tensor, 2, layout)
-    check_size(name, tensor, -1, d_model, layout)
-    return check_finite(name, tensor) if finite else tensor
+    check_size(name, tensor, -1, size, layout)
+    return check_finite(name, tensor)
+
+
+def _check_positions_input(x: object, d_model: int, offset: object) -> None:
+    """Check the input of a position encoding: float ``(..., seq_len, d_model)``, an offset."""
+    _check_vectors("x", x, d_model)
+    _check_offset(offset)
 
 
 class SinusoidalPositionalEncoding(nn.Module):
@@ -172,8 +180,6 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
         table = sinusoidal_table(check_positive_int("max_len", max_len), d_model, base=base)
         self.register_buffer("table", table, persistent=False)  # (max_len, d_model)
-        #: Check ``x`` for NaN/inf (switched off inside :class:`companion.Transformer`).
-        self.check_finite_inputs = True
 
     @property
     def max_len(self) -> int:
@@ -190,14 +196,18 @@ class SinusoidalPositionalEncoding(nn.Module):
             self.table = grown.to(self.table.device, self.table.dtype)  # (new_len, d_model)
         return self.table[offset:needed]  # (seq_len, d_model)
 
+    @checked("check_inputs")
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """``x (..., seq_len, d_model)`` → ``dropout(x + PE[offset : offset + seq_len])``, same shape.
 
         ``offset`` is the position of the first element (non-zero when continuing a sequence).
         """
-        _check_sequence("x", x, self.d_model, self.check_finite_inputs)
         encodings = self.encodings(x.shape[-2], offset).to(x.dtype)  # (seq_len, d_model)
         return self.dropout(x + encodings)  # (..., seq_len, d_model)
+
+    def check_inputs(self, x: Tensor, offset: int = 0) -> None:
+        """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
+        _check_positions_input(x, self.d_model, offset)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -218,13 +228,10 @@ class LearnedPositionalEmbedding(nn.Module):
         self.embedding = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.embedding.weight, std=0.02)
         self.dropout = nn.Dropout(check_probability("dropout", dropout))
-        #: Check ``x`` for NaN/inf (switched off inside :class:`companion.Transformer`).
-        self.check_finite_inputs = True
 
+    @checked("check_inputs")
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """``x (..., seq_len, d_model)`` → ``dropout(x + P[offset : offset + seq_len])``, same shape."""
-        _check_sequence("x", x, self.d_model, self.check_finite_inputs)
-        _check_offset(offset)
         seq_len = x.shape[-2]
         if offset + seq_len > self.max_len:
             raise ValueError(
@@ -234,6 +241,10 @@ class LearnedPositionalEmbedding(nn.Module):
             )
         positions = torch.arange(offset, offset + seq_len, device=x.device)  # (seq_len,)
         return self.dropout(x + self.embedding(positions))  # (..., seq_len, d_model)
+
+    def check_inputs(self, x: Tensor, offset: int = 0) -> None:
+        """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
+        _check_positions_input(x, self.d_model, offset)
 
 
 class RotaryEmbedding(nn.Module):
@@ -291,7 +302,7 @@ class RotaryEmbedding(nn.Module):
         Returns:
             Tensor of the same shape as ``x``.
         """
-        _check_sequence("x", x, self.head_dim)
+        _check_vectors("x", x, self.head_dim)
         seq_len = x.shape[-2]
         if positions is None:
             _check_offset(offset)
@@ -346,8 +357,8 @@ class RotaryEmbedding(nn.Module):
         """
         if callable(q) and not isinstance(q, Tensor):  # nn.Module.apply(fn)
             return super().apply(q)  # type: ignore[return-value]
-        _check_sequence("q", q, self.head_dim)
-        _check_sequence("k", k, self.head_dim)
+        _check_vectors("q", q, self.head_dim)
+        _check_vectors("k", k, self.head_dim)
         if q.shape[-2] != k.shape[-2]:
             raise ValueError(
                 f"q and k must have the same seq_len to share positions, got q "

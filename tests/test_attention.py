@@ -19,12 +19,14 @@ from companion.attention import (
     fused_linear,
     scaled_dot_product_attention,
 )
-from companion.masking import (
-    causal_mask,
-    combine_masks,
+from companion.interop import (
+    from_torch,
+    load_from_torch,
+    to_torch,
     to_torch_attn_mask,
     to_torch_key_padding_mask,
 )
+from companion.masking import causal_mask, combine_masks
 from companion.utils import count_parameters
 
 TOL = 1e-5
@@ -98,7 +100,7 @@ def test_parity_with_torch_multihead_attention(case):
     d_model = heads * case["head_dim"]
     reference = nn.MultiheadAttention(d_model, heads, bias=case["bias"], batch_first=True)
     randomize_(reference, gen).eval()
-    ours = MultiHeadAttention.from_torch(reference).eval()
+    ours = from_torch(reference).eval()
 
     query = torch.randn(batch, q_len, d_model, generator=gen)
     if case["cross"]:
@@ -227,10 +229,10 @@ def test_causal_flag_with_more_keys_matches_explicit_mask():
 def test_weight_copy_round_trip(bias):
     torch.manual_seed(0)
     ours = MultiHeadAttention(12, 3, bias=bias).eval()
-    theirs = ours.to_torch().eval()
+    theirs = to_torch(ours).eval()
     assert isinstance(theirs, nn.MultiheadAttention) and theirs.batch_first
     back = MultiHeadAttention(12, 3, bias=bias)
-    back.load_from_torch(theirs)
+    load_from_torch(back, theirs)
     for (name, p), (_, q) in zip(ours.named_parameters(), back.named_parameters()):
         assert torch.equal(p, q), name
     x = torch.randn(2, 4, 12)

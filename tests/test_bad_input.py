@@ -9,15 +9,9 @@ import torch
 from torch import nn
 
 from companion.attention import MultiHeadAttention, fused_linear
+from companion.interop import from_torch_attn_mask, load_from_torch, to_torch_key_padding_mask
 from companion.layers import DecoderLayer, EncoderLayer, FeedForward
-from companion.masking import (
-    causal_mask,
-    combine_masks,
-    from_additive_mask,
-    from_torch_attn_mask,
-    padding_mask,
-    to_torch_key_padding_mask,
-)
+from companion.masking import causal_mask, combine_masks, from_additive_mask, padding_mask
 from companion.model import TokenEmbedding, Transformer, TransformerConfig
 from companion.positional import (
     LearnedPositionalEmbedding,
@@ -33,7 +27,7 @@ X = torch.randn(2, 3, 8)  # (batch, q_len, d_model)
 MEMORY = torch.randn(2, 4, 8)  # (batch, k_len, d_model)
 ENCODER_LAYER = EncoderLayer(8, 2, 16)
 DECODER_LAYER = DecoderLayer(8, 2, 16)
-MODEL = Transformer(10, 11, 8, 2, 1, 16, src_pad_id=0, tgt_pad_id=0)
+MODEL = Transformer(TransformerConfig(10, 11, 8, 2, 1, 16, src_pad_id=0, tgt_pad_id=0))
 SRC = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]])  # (batch=2, src_len=4)
 TGT = torch.tensor([[1, 2, 3], [4, 5, 6]])  # (batch=2, tgt_len=3)
 ROPE = RotaryEmbedding(4)
@@ -81,8 +75,8 @@ CASES = [
      r"need_weights must be a bool, got str \('yes'\)"),
     ("mha-causal-fewer-keys", lambda: MHA(X, MEMORY[:, :2], MEMORY[:, :2], is_causal=True),
      ValueError, r"k_len must be >= q_len .* got q_len=3 and k_len=2"),
-    ("mha-load-mismatch", lambda: MHA.load_from_torch(nn.MultiheadAttention(8, 4)), ValueError,
-     r"mha must have embed_dim=8, num_heads=2, bias=True .* got embed_dim=8, num_heads=4"),
+    ("mha-load-mismatch", lambda: load_from_torch(MHA, nn.MultiheadAttention(8, 4)), ValueError,
+     r"theirs .*must have embed_dim=8, num_heads=2, bias=True .* got embed_dim=8, num_heads=4"),
     # --- MultiHeadAttention: the head reshapes, fused_linear
     ("split-heads-rank", lambda: MHA.split_heads(X[0]), ValueError,
      r"x must have shape \(batch, len, 8\) \(3-D\), got a 2-D tensor of shape \(3, 8\)"),
@@ -167,7 +161,7 @@ CASES = [
      ValueError, r"memory_mask of shape \(2, 1, 1, 3\) does not broadcast to "
      r"\(batch, heads, tgt_len, src_len\) \(2, 2, 3, 4\)"),
     ("layer-load-mismatch",
-     lambda: ENCODER_LAYER.load_from_torch(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=True)),
+     lambda: load_from_torch(ENCODER_LAYER, nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, norm_first=True)),
      ValueError, r"layer does not match this layer \(norm_first: expected False, got True\)"),
     # --- model
     ("src-id-too-large", lambda: MODEL(SRC + 7, TGT), ValueError,
@@ -193,7 +187,7 @@ CASES = [
      r"d_model must be divisible by num_heads: got d_model=10 and num_heads=4"),
     ("config-positional", lambda: TransformerConfig(10, 10, positional="rotary"), ValueError,
      r"positional must be one of 'sinusoidal', 'learned', got 'rotary'"),
-    ("from-config-dict", lambda: Transformer.from_config({"src_vocab": 10}), TypeError,
+    ("from-config-dict", lambda: Transformer({"src_vocab": 10}), TypeError,
      r"config must be a TransformerConfig, got dict"),
 ]  # fmt: skip
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from companion.decode import beam_search, greedy_decode, length_penalty
-from companion.model import Transformer
+from companion.model import Transformer, TransformerConfig
 
 EOS, PAD = 2, 0
 
@@ -17,10 +17,10 @@ def make_model(
     norm_first: bool = False, vocab: int = 20, seed: int = 0, eos_bias: float = 2.0
 ) -> Transformer:
     torch.manual_seed(seed)
-    model = Transformer(
+    model = Transformer(TransformerConfig(
         vocab, vocab, d_model=32, num_heads=4, num_layers=2, d_ff=48, dropout=0.1,
         norm_first=norm_first, src_pad_id=PAD, tgt_pad_id=PAD,
-    )  # fmt: skip
+    ))  # fmt: skip
     with torch.no_grad():  # make <eos> likely enough that sentences end at different steps
         model.generator.bias[EOS] = eos_bias
     return model

@@ -8,17 +8,17 @@ import pytest
 import torch
 
 from companion.decode import BeamStep, beam_search, greedy_decode, sample_decode
-from companion.model import Transformer
+from companion.model import Transformer, TransformerConfig
 
 BOS, EOS, PAD = 1, 2, 0
 
 
 def make_model(seed: int = 0, vocab: int = 12) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(
+    return Transformer(TransformerConfig(
         vocab, vocab, d_model=32, num_heads=4, num_layers=1, d_ff=48, dropout=0.0,
         src_pad_id=PAD, tgt_pad_id=PAD,
-    ).eval()  # fmt: skip
+    )).eval()  # fmt: skip
 
 
 def sources(seed: int = 1, vocab: int = 12) -> torch.Tensor:
@@ -165,7 +165,11 @@ class _Stop(Exception):
 def test_inputs_are_moved_to_the_model_device(decode, monkeypatch):
     """A model on another device (``meta`` here, a GPU on Colab) gets its inputs there."""
     with torch.device("meta"):
-        model = Transformer(12, 12, d_model=16, num_heads=2, num_layers=1, d_ff=16, src_pad_id=PAD)
+        model = Transformer(
+            TransformerConfig(
+                12, 12, d_model=16, num_heads=2, num_layers=1, d_ff=16, src_pad_id=PAD
+            )
+        )
     seen = {}
 
     def encode(src, src_mask=None, need_weights=False):
@@ -182,7 +186,9 @@ def test_inputs_are_moved_to_the_model_device(decode, monkeypatch):
 
 def test_sampling_generator_must_be_on_the_model_device():
     with torch.device("meta"):
-        model = Transformer(12, 12, d_model=16, num_heads=2, num_layers=1, d_ff=16)
+        model = Transformer(
+            TransformerConfig(12, 12, d_model=16, num_heads=2, num_layers=1, d_ff=16)
+        )
     with pytest.raises(ValueError, match=r"generator must be on the model's device \(meta\)"):
         sample_decode(model, sources(), generator=torch.Generator())
 

@@ -179,10 +179,14 @@ def test_relative_updates_rejects_wrong(wrong):
 
 def test_relative_updates_of_a_pre_ln_stack_shrink():
     """On a real Pre-LN encoder, the measured relative updates fall with depth."""
-    from companion.model import Encoder
+    from companion.model import Encoder, TransformerConfig
 
     torch.manual_seed(0)
-    encoder = Encoder(8, 32, 4, 64, dropout=0.0, norm_first=True).eval()
+    encoder = Encoder(
+        TransformerConfig(
+            num_layers=8, d_model=32, num_heads=4, d_ff=64, dropout=0.0, norm_first=True
+        )
+    ).eval()
     x = torch.randn(2, 6, 32)
     states = [x]
     with torch.no_grad():

@@ -195,7 +195,7 @@ def count_correct(config):
 
 
 def count_by_building(config):
-    return count_parameters(Transformer.from_config(config)) if config.d_model < 512 else 0
+    return count_parameters(Transformer(config)) if config.d_model < 512 else 0
 
 
 def count_no_biases(config):
@@ -488,7 +488,9 @@ def test_beam_cases_have_no_ties_and_a_first_step():
 def test_beam_reference_matches_companion_beam_search_first_step():
     """The same lines as beam_search: with one sentence, the first step's beams agree."""
     torch.manual_seed(0)
-    model = Transformer(20, 20, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    model = Transformer(
+        TransformerConfig(20, 20, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    )
     history = []
     src = torch.tensor([[5, 6, 7, 8]])
     beam_search(model, src, beam_size=3, max_len=3, length_penalty_alpha=0.0, history=history)

@@ -9,13 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from companion.interop import from_torch, to_torch, to_torch_attn_mask, to_torch_key_padding_mask
 from companion.layers import DecoderLayer, EncoderLayer, FeedForward
-from companion.masking import (
-    causal_mask,
-    combine_masks,
-    to_torch_attn_mask,
-    to_torch_key_padding_mask,
-)
+from companion.masking import causal_mask, combine_masks
 
 TOL = 1e-5
 
@@ -77,7 +73,7 @@ def test_encoder_layer_parity_with_torch(case):
         batch_first=True, norm_first=case["norm_first"], bias=case["bias"],
     )  # fmt: skip
     randomize_(reference, gen).eval()
-    ours = EncoderLayer.from_torch(reference).eval()
+    ours = from_torch(reference).eval()
     assert ours.norm_first == case["norm_first"]
 
     x = torch.randn(batch, length, d_model, generator=gen)
@@ -109,7 +105,7 @@ def test_decoder_layer_parity_with_torch(case):
         batch_first=True, norm_first=case["norm_first"], bias=case["bias"],
     )  # fmt: skip
     randomize_(reference, gen).eval()
-    ours = DecoderLayer.from_torch(reference).eval()
+    ours = from_torch(reference).eval()
 
     x = torch.randn(batch, tgt_len, d_model, generator=gen)
     memory = torch.randn(batch, src_len, d_model, generator=gen)
@@ -147,10 +143,10 @@ def test_layer_round_trip_through_torch(norm_first):
     torch.manual_seed(0)
     x, memory = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
     encoder = EncoderLayer(8, 2, 16, norm_first=norm_first, activation="gelu").eval()
-    theirs = encoder.to_torch().eval()
+    theirs = to_torch(encoder).eval()
     assert max_abs_diff(encoder(x), theirs(x)) <= TOL
     decoder = DecoderLayer(8, 2, 16, norm_first=norm_first).eval()
-    theirs = decoder.to_torch().eval()
+    theirs = to_torch(decoder).eval()
     causal = nn.Transformer.generate_square_subsequent_mask(4)
     assert max_abs_diff(decoder(x, memory), theirs(x, memory, tgt_mask=causal)) <= TOL
 

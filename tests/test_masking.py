@@ -4,16 +4,18 @@ import pytest
 import torch
 from torch import nn
 
+from companion.interop import (
+    from_torch_attn_mask,
+    from_torch_key_padding_mask,
+    to_torch_attn_mask,
+    to_torch_key_padding_mask,
+)
 from companion.masking import (
     causal_mask,
     combine_masks,
     from_additive_mask,
-    from_torch_attn_mask,
-    from_torch_key_padding_mask,
     padding_mask,
     to_additive_mask,
-    to_torch_attn_mask,
-    to_torch_key_padding_mask,
 )
 
 

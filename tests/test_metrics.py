@@ -25,7 +25,7 @@ from companion.metrics import (
     tokenized_bleu,
     translate,
 )
-from companion.model import Transformer
+from companion.model import Transformer, TransformerConfig
 
 REFERENCES = [
     "A man in an orange hat starring at something.",
@@ -87,7 +87,9 @@ def small_translator(**kwargs) -> Translator:
     torch.manual_seed(0)
     vocab = Vocab(["<pad>", "<bos>", "<eos>", "<unk>", "ein", "hund", "a", "dog", "."])
     model = Transformer(
-        9, 9, d_model=16, num_heads=2, num_layers=1, d_ff=16, src_pad_id=0, tgt_pad_id=0
+        TransformerConfig(
+            9, 9, d_model=16, num_heads=2, num_layers=1, d_ff=16, src_pad_id=0, tgt_pad_id=0
+        )
     )
     return Translator(model, WordTokenizer(), vocab, vocab, **kwargs)
 
@@ -123,7 +125,9 @@ def test_sequence_accuracy_of_a_random_model():
     data = CopyReverseDataset("copy", 20, max_len=4, seed=3)
     torch.manual_seed(0)
     model = Transformer(
-        14, 14, d_model=16, num_heads=2, num_layers=1, d_ff=16, src_pad_id=0, tgt_pad_id=0
+        TransformerConfig(
+            14, 14, d_model=16, num_heads=2, num_layers=1, d_ff=16, src_pad_id=0, tgt_pad_id=0
+        )
     )
     assert 0.0 <= sequence_accuracy(model, data, batch_size=7) <= 0.2
 

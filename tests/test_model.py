@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from companion.masking import causal_mask, padding_mask, to_torch_attn_mask
+from companion.interop import load_from_torch, to_torch, to_torch_attn_mask
+from companion.masking import causal_mask, padding_mask
 from companion.model import Decoder, Encoder, TokenEmbedding, Transformer, TransformerConfig
 from companion.utils import count_parameters
 
@@ -69,12 +70,12 @@ def test_transformer_parity_with_torch(case):
         case["activation"], case["norm_first"], case["final_norm"],
     )  # fmt: skip
     randomize_(reference, gen).eval()
-    ours = Transformer(
+    ours = Transformer(TransformerConfig(
         11, 13, case["d_model"], case["heads"], case["n_enc"], case["d_ff"], 0.1,
         case["norm_first"], num_decoder_layers=case["n_dec"], activation=case["activation"],
         final_norm=case["final_norm"], src_pad_id=PAD, tgt_pad_id=PAD,
-    ).eval()  # fmt: skip
-    ours.load_from_torch(reference)
+    )).eval()  # fmt: skip
+    load_from_torch(ours, reference)
 
     src = random_tokens(batch, src_len, 11, gen)
     tgt = random_tokens(batch, tgt_len, 13, gen)
@@ -109,9 +110,11 @@ def test_transformer_parity_with_torch(case):
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_to_torch_round_trip(norm_first):
     torch.manual_seed(0)
-    ours = Transformer(9, 9, 8, 2, 2, 16, 0.1, norm_first, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    ours = Transformer(
+        TransformerConfig(9, 9, 8, 2, 2, 16, 0.1, norm_first, src_pad_id=PAD, tgt_pad_id=PAD)
+    ).eval()
     assert (ours.encoder.final_norm is not None) == norm_first  # default final_norm=norm_first
-    reference = ours.to_torch().eval()
+    reference = to_torch(ours).eval()
     assert (reference.encoder.norm is None) == (not norm_first)
     src, tgt = torch.tensor([[3, 4, 5, PAD]]), torch.tensor([[1, 2, 3]])
     ref_out = reference(
@@ -126,9 +129,9 @@ def test_to_torch_round_trip(norm_first):
 
 def test_load_from_torch_requires_matching_final_norm():
     reference = torch_transformer(8, 2, 1, 1, 16, "relu", norm_first=False, final_norm=True)
-    ours = Transformer(9, 9, 8, 2, 1, 16)  # Post-LN: no final norm by default
-    with pytest.raises(ValueError, match=r"stack.norm must be None .* final_norm=True"):
-        ours.load_from_torch(reference)
+    ours = Transformer(TransformerConfig(9, 9, 8, 2, 1, 16))  # Post-LN: no final norm by default
+    with pytest.raises(ValueError, match=r"norm must be None .* final_norm=True"):
+        load_from_torch(ours, reference)
 
 
 def test_token_embedding_is_scaled_by_sqrt_d_model():
@@ -140,9 +143,9 @@ def test_token_embedding_is_scaled_by_sqrt_d_model():
 
 
 def test_tied_embeddings_share_one_matrix():
-    model = Transformer(7, 11, 8, 2, 1, 16, tie_embeddings=True)
+    model = Transformer(TransformerConfig(7, 11, 8, 2, 1, 16, tie_embeddings=True))
     assert model.generator.weight is model.tgt_embedding.weight
-    untied = Transformer(7, 11, 8, 2, 1, 16)
+    untied = Transformer(TransformerConfig(7, 11, 8, 2, 1, 16))
     assert count_parameters(untied) - count_parameters(model) == 11 * 8
 
 
@@ -153,16 +156,18 @@ def test_config_round_trip_and_defaults():
     small = dataclasses.replace(
         config, d_model=16, num_heads=2, num_layers=1, d_ff=32, tgt_pad_id=0
     )
-    model = Transformer.from_config(small)
+    model = Transformer(small)
     assert model.config == small
-    clone = Transformer.from_config(model.config)
+    clone = Transformer(model.config)
     assert count_parameters(clone) == count_parameters(model)
     assert len(model.decoder.layers) == 1
 
 
 def test_model_returns_logits_with_expected_shape():
     torch.manual_seed(0)
-    model = Transformer(20, 30, 16, 4, 2, 32, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    model = Transformer(
+        TransformerConfig(20, 30, 16, 4, 2, 32, src_pad_id=PAD, tgt_pad_id=PAD)
+    ).eval()
     src = torch.randint(1, 20, (3, 7))
     tgt = torch.randint(1, 30, (3, 5))
     logits = model(src, tgt)
@@ -174,7 +179,7 @@ def test_model_returns_logits_with_expected_shape():
 def test_decode_with_offset_matches_the_sequence_positions():
     """decode(..., offset) adds the positions offset, offset + 1, ... (for incremental decoding)."""
     torch.manual_seed(0)
-    model = Transformer(10, 10, 8, 2, 1, 16).eval()
+    model = Transformer(TransformerConfig(10, 10, 8, 2, 1, 16)).eval()
     src, tgt = torch.randint(0, 10, (1, 4)), torch.randint(0, 10, (1, 6))
     memory = model.encode(src)
     full = model.decode(tgt, memory)
@@ -186,7 +191,9 @@ def test_decode_with_offset_matches_the_sequence_positions():
 
 def test_model_attention_weights_for_plots():
     torch.manual_seed(0)
-    model = Transformer(10, 12, 8, 2, 3, 16, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    model = Transformer(
+        TransformerConfig(10, 12, 8, 2, 3, 16, src_pad_id=PAD, tgt_pad_id=PAD)
+    ).eval()
     src = torch.tensor([[4, 5, 6, PAD], [7, 8, PAD, PAD]])
     tgt = torch.tensor([[1, 2, 3], [4, 5, 6]])
     plain = model(src, tgt)
@@ -204,8 +211,9 @@ def test_model_attention_weights_for_plots():
 
 def test_stacks_standalone():
     torch.manual_seed(0)
-    encoder = Encoder(2, 8, 2, 16, norm_first=True)
-    decoder = Decoder(2, 8, 2, 16, norm_first=True)
+    config = TransformerConfig(num_layers=2, d_model=8, num_heads=2, d_ff=16, norm_first=True)
+    encoder = Encoder(config)
+    decoder = Decoder(config)
     assert encoder.final_norm is not None and decoder.final_norm is not None
     x, y = torch.randn(2, 5, 8), torch.randn(2, 3, 8)
     mask = padding_mask(torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]), 0)
@@ -214,15 +222,20 @@ def test_stacks_standalone():
 
 
 def test_learned_positions_option():
-    model = Transformer(10, 10, 8, 2, 1, 16, positional="learned", max_len=6)
-    assert count_parameters(model) == count_parameters(Transformer(10, 10, 8, 2, 1, 16)) + 2 * 6 * 8
+    model = Transformer(TransformerConfig(10, 10, 8, 2, 1, 16, positional="learned", max_len=6))
+    assert (
+        count_parameters(model)
+        == count_parameters(Transformer(TransformerConfig(10, 10, 8, 2, 1, 16))) + 2 * 6 * 8
+    )
     with pytest.raises(ValueError, match="max_len=6"):
         model(torch.zeros(1, 7, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long))
 
 
 def test_training_step_reduces_loss():
     torch.manual_seed(0)
-    model = Transformer(12, 12, 16, 2, 1, 32, dropout=0.0, src_pad_id=PAD, tgt_pad_id=PAD)
+    model = Transformer(
+        TransformerConfig(12, 12, 16, 2, 1, 32, dropout=0.0, src_pad_id=PAD, tgt_pad_id=PAD)
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     src = torch.randint(1, 12, (8, 6))
     tgt = torch.cat([torch.ones(8, 1, dtype=torch.long), src], 1)  # copy task
@@ -241,7 +254,9 @@ def test_training_step_reduces_loss():
 def test_cached_steps_match_the_whole_prefix(norm_first):
     """decode(..., cache=...) one token at a time == decode of the whole prefix (padding too)."""
     torch.manual_seed(0)
-    model = Transformer(12, 12, 8, 2, 2, 16, 0.1, norm_first, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    model = Transformer(
+        TransformerConfig(12, 12, 8, 2, 2, 16, 0.1, norm_first, src_pad_id=PAD, tgt_pad_id=PAD)
+    ).eval()
     src = torch.tensor([[3, 4, 5, PAD], [6, 7, 8, 9], [5, PAD, PAD, PAD]])
     tgt = torch.tensor([[1, 2, 3, 4, 5], [1, PAD, 7, 8, PAD], [1, 9, PAD, PAD, PAD]])
     src_mask = model.make_src_mask(src)
@@ -262,7 +277,9 @@ def test_cached_steps_match_the_whole_prefix(norm_first):
 
 def test_cache_reorder_follows_the_beams():
     torch.manual_seed(0)
-    model = Transformer(12, 12, 8, 2, 2, 16, src_pad_id=PAD, tgt_pad_id=PAD).eval()
+    model = Transformer(
+        TransformerConfig(12, 12, 8, 2, 2, 16, src_pad_id=PAD, tgt_pad_id=PAD)
+    ).eval()
     src = torch.tensor([[3, 4, 5], [6, 7, PAD]])
     tgt = torch.tensor([[1, 2, 3], [1, 4, 5]])
     memory = model.encode(src)
@@ -277,7 +294,7 @@ def test_cache_reorder_follows_the_beams():
 
 
 def test_cache_errors_are_clear():
-    model = Transformer(12, 12, 8, 2, 1, 16)
+    model = Transformer(TransformerConfig(12, 12, 8, 2, 1, 16))
     memory = torch.randn(2, 3, 8)
     tgt = torch.ones(2, 1, dtype=torch.long)
     with pytest.raises(TypeError, match="cache must be a DecoderCache, got dict"):
@@ -296,11 +313,11 @@ def test_cache_errors_are_clear():
 
 
 def test_tie_source_embedding_shares_one_matrix_three_ways():
-    model = Transformer(50, 50, d_model=16, num_heads=2, num_layers=1, d_ff=32,
-                        tie_embeddings=True, tie_source_embedding=True)  # fmt: skip
+    model = Transformer(TransformerConfig(50, 50, d_model=16, num_heads=2, num_layers=1, d_ff=32,
+                        tie_embeddings=True, tie_source_embedding=True))  # fmt: skip
     table = model.tgt_embedding.weight
     assert model.src_embedding.weight is table and model.generator.weight is table
-    untied = Transformer(50, 50, d_model=16, num_heads=2, num_layers=1, d_ff=32)
+    untied = Transformer(TransformerConfig(50, 50, d_model=16, num_heads=2, num_layers=1, d_ff=32))
     assert count_parameters(untied) - count_parameters(model) == 2 * 50 * 16
     # the shared matrix receives the gradient of all three uses
     src = torch.randint(0, 50, (2, 5))
@@ -311,7 +328,10 @@ def test_tie_source_embedding_shares_one_matrix_three_ways():
 
 def test_tie_source_embedding_survives_a_state_dict_round_trip():
     kwargs = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, tie_source_embedding=True)
-    a, b = Transformer(30, 30, **kwargs), Transformer(30, 30, **kwargs)
+    a, b = (
+        Transformer(TransformerConfig(30, 30, **kwargs)),
+        Transformer(TransformerConfig(30, 30, **kwargs)),
+    )
     b.load_state_dict(a.state_dict())
     assert b.src_embedding.weight is b.tgt_embedding.weight
     assert torch.equal(b.src_embedding.weight, a.tgt_embedding.weight)
@@ -330,8 +350,8 @@ def test_paper_base_and_big_counts_on_the_meta_device():
     counts = []
     for d, heads, d_ff in ((512, 8, 2048), (1024, 16, 4096)):
         with torch.device("meta"):
-            model = Transformer(37000, 37000, d, heads, 6, d_ff, tie_embeddings=True,
-                                tie_source_embedding=True)  # fmt: skip
+            model = Transformer(TransformerConfig(37000, 37000, d, heads, 6, d_ff, tie_embeddings=True,
+                                tie_source_embedding=True))  # fmt: skip
         assert model.generator.weight.is_meta
         counts.append(count_parameters(model))
     assert counts == [63_119_496, 214_282_376]
@@ -339,7 +359,9 @@ def test_paper_base_and_big_counts_on_the_meta_device():
 
 def test_decode_is_causal_false_lets_positions_see_the_future():
     torch.manual_seed(0)
-    model = Transformer(20, 20, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    model = Transformer(
+        TransformerConfig(20, 20, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    )
     src, tgt = torch.randint(0, 20, (2, 5)), torch.randint(0, 20, (2, 6))
     memory = model.encode(src)
     causal = model.decode(tgt, memory)

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from companion.attention import MultiHeadAttention
 from companion.masking import padding_mask
-from companion.model import Encoder, Transformer
+from companion.model import Encoder, Transformer, TransformerConfig
 from companion.positional import RotaryEmbedding, sinusoidal_shift_matrix, sinusoidal_table
 
 TOL = 1e-5
@@ -18,7 +18,9 @@ PAD = 0
 def tiny_model(seed: int, norm_first: bool, pad_ids: bool = True) -> Transformer:
     torch.manual_seed(seed)
     pads = {"src_pad_id": PAD, "tgt_pad_id": PAD} if pad_ids else {}
-    return Transformer(9, 9, 8, 2, 2, 16, 0.1, norm_first, max_len=32, **pads).eval()
+    return Transformer(
+        TransformerConfig(9, 9, 8, 2, 2, 16, 0.1, norm_first, max_len=32, **pads)
+    ).eval()
 
 
 @EXAMPLES
@@ -35,7 +37,7 @@ def test_self_attention_without_positions_is_permutation_equivariant(
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     attention = MultiHeadAttention(8, heads).eval()
-    encoder = Encoder(2, 8, heads, 16).eval()
+    encoder = Encoder(TransformerConfig(num_layers=2, d_model=8, num_heads=heads, d_ff=16)).eval()
     x = torch.randn(batch, length, 8, generator=gen)
     mask = torch.rand(batch, 1, 1, length, generator=gen) > 0.3 if use_mask else None
     perm = torch.randperm(length, generator=gen)

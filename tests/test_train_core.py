@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from companion.model import TransformerConfig
 from companion.train import inverse_sqrt_warmup, sequence_loss, shift_targets, train_step
 
 
@@ -49,7 +50,9 @@ def test_train_step_learns_a_fixed_batch():
     from companion.model import Transformer
 
     torch.manual_seed(0)
-    model = Transformer(8, 8, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    model = Transformer(
+        TransformerConfig(8, 8, d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.0)
+    )
     src = torch.randint(3, 8, (4, 5))
     tgt = torch.cat(
         [torch.ones(4, 1, dtype=torch.long), src, 2 * torch.ones(4, 1, dtype=torch.long)], 1

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from companion import check_shape, count_parameters, set_seed
+from companion.model import TransformerConfig
 from companion.viz import attention_grid, attention_heatmap, set_style
 
 
@@ -54,7 +55,9 @@ def test_trace_shapes_records_every_sub_layer_in_call_order():
     from companion.utils import trace_shapes
 
     torch.manual_seed(0)
-    model = Transformer(30, 40, d_model=16, num_heads=2, num_layers=2, d_ff=24, src_pad_id=0)
+    model = Transformer(
+        TransformerConfig(30, 40, d_model=16, num_heads=2, num_layers=2, d_ff=24, src_pad_id=0)
+    )
     src, tgt = torch.randint(1, 30, (3, 5)), torch.randint(1, 40, (3, 4))
     records = trace_shapes(model, src, tgt)
     names = [r.name for r in records]
@@ -76,7 +79,7 @@ def test_trace_shapes_removes_hooks_when_the_model_raises():
     from companion.model import Transformer
     from companion.utils import trace_shapes
 
-    model = Transformer(10, 10, d_model=8, num_heads=2, num_layers=1, d_ff=8)
+    model = Transformer(TransformerConfig(10, 10, d_model=8, num_heads=2, num_layers=1, d_ff=8))
     with pytest.raises(ValueError, match="src"):
         trace_shapes(model, torch.tensor([[11]]), torch.tensor([[1]]))  # id out of range
     assert all(not m._forward_hooks for m in model.modules())

@@ -180,7 +180,7 @@ def check_decoder_layer_forward(
 
 
 def reference_parameter_count(config: TransformerConfig) -> int:
-    """Trainable parameters of ``Transformer.from_config(config)``, shared matrices once.
+    """Trainable parameters of ``Transformer(config)``, shared matrices once.
 
     Counted on an actual model built on the ``meta`` device (shapes only, no memory), so even
     the paper's big model costs nothing. Written out, with ``d = d_model``, ``f = d_ff``:
@@ -195,7 +195,7 @@ def reference_parameter_count(config: TransformerConfig) -> int:
       ``tie_source_embedding`` the source embedding's; sinusoidal positions have none.
     """
     with torch.device("meta"):
-        model = Transformer.from_config(config)
+        model = Transformer(config)
     return count_parameters(model)
 
 
@@ -245,7 +245,7 @@ def check_parameter_count(
     parameter_count: Callable[[TransformerConfig], int], verbose: bool = True
 ) -> CheckResult:
     """Check ``parameter_count(config)`` (exact), the trainable parameters of
-    ``Transformer.from_config(config)``."""
+    ``Transformer(config)``."""
     return run_check(
         "parameter_count",
         parameter_count,
