@@ -36,6 +36,7 @@ from torch import Tensor
 
 from companion._validation import (
     check_bool_mask,
+    check_bool_tensor,
     check_floating,
     check_integer,
     check_ndim,
@@ -59,13 +60,6 @@ __all__ = [
 #: Additive-mask values at or below this count as "blocked" in :func:`from_additive_mask`
 #: (``-inf``, ``-1e9``, ``torch.finfo(dtype).min`` and the fp16-era ``-1e4`` all qualify).
 ADDITIVE_BLOCKED_AT_OR_BELOW = -1e4
-
-
-def _check_bool_tensor(name: str, mask: object) -> Tensor:
-    tensor = check_tensor(name, mask)
-    if tensor.dtype != torch.bool:
-        raise TypeError(f"{name} must be a boolean tensor, got dtype {tensor.dtype}")
-    return tensor
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
@@ -125,7 +119,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     """
     present = [(i, m) for i, m in enumerate(masks) if m is not None]
     for i, m in present:
-        _check_bool_tensor(f"masks[{i}]", m)
+        check_bool_tensor(f"masks[{i}]", m)
     if not present:
         return None
     try:
@@ -181,7 +175,7 @@ def to_additive_mask(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor
     Returns:
         Float tensor of the same shape.
     """
-    _check_bool_tensor("mask", mask)
+    check_bool_tensor("mask", mask)
     additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)  # same shape as mask
     return additive.masked_fill(~mask, float("-inf"))  # same shape as mask
 
@@ -201,7 +195,7 @@ def from_torch_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
     if key_padding_mask.is_floating_point():
         allowed = from_additive_mask(key_padding_mask)  # (batch, k_len)
     else:
-        allowed = ~_check_bool_tensor("key_padding_mask", key_padding_mask)  # (batch, k_len)
+        allowed = ~check_bool_tensor("key_padding_mask", key_padding_mask)  # (batch, k_len)
     return allowed[:, None, None, :]  # (batch, 1, 1, k_len)
 
 
@@ -215,7 +209,7 @@ def to_torch_key_padding_mask(mask: Tensor) -> Tensor:
     Returns:
         Boolean ``key_padding_mask`` of shape ``(batch, k_len)``, ``True`` = padding (blocked).
     """
-    _check_bool_tensor("mask", mask)
+    check_bool_tensor("mask", mask)
     check_ndim("mask", mask, (2, 4), "(batch, 1, 1, k_len) or (batch, k_len)")
     if mask.dim() == 4:
         if mask.shape[1] != 1 or mask.shape[2] != 1:
@@ -246,7 +240,7 @@ def from_torch_attn_mask(attn_mask: Tensor, num_heads: int | None = None) -> Ten
     if attn_mask.is_floating_point():
         allowed = from_additive_mask(attn_mask)  # same shape as attn_mask
     else:
-        allowed = ~_check_bool_tensor("attn_mask", attn_mask)  # same shape as attn_mask
+        allowed = ~check_bool_tensor("attn_mask", attn_mask)  # same shape as attn_mask
     if allowed.dim() == 2:
         return allowed  # (q_len, k_len)
     if num_heads is None:
@@ -276,7 +270,7 @@ def to_torch_attn_mask(mask: Tensor, num_heads: int | None = None) -> Tensor:
         Boolean ``attn_mask`` (``True`` = blocked) of shape ``(q_len, k_len)`` or
         ``(batch * num_heads, q_len, k_len)``.
     """
-    _check_bool_tensor("mask", mask)
+    check_bool_tensor("mask", mask)
     check_ndim("mask", mask, (2, 4), "(q_len, k_len) or (batch, heads, q_len, k_len)")
     if mask.dim() == 2:
         return ~mask  # (q_len, k_len)
