@@ -8,14 +8,16 @@ of broadcasting silently or producing NaN deep inside a matrix product.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
+T = TypeVar("T")
 Method = TypeVar("Method", bound=Callable[..., object])
 
 # ---------------------------------------------------------------------------------------------
@@ -164,14 +166,6 @@ def check_bool_mask(name: str, mask: object, target_shape: Sequence[int], target
     return tensor
 
 
-def check_bool_tensor(name: str, mask: object) -> Tensor:
-    """Raise unless ``mask`` is a boolean tensor (any shape)."""
-    tensor = check_tensor(name, mask)
-    if tensor.dtype != torch.bool:
-        raise TypeError(f"{name} must be a boolean tensor, got dtype {tensor.dtype}")
-    return tensor
-
-
 def check_bool(name: str, value: object) -> bool:
     """Raise ``TypeError`` unless ``value`` is a ``bool``."""
     if not isinstance(value, bool):
@@ -252,4 +246,83 @@ def check_same_dtype(name: str, tensor: Tensor, dtype: torch.dtype, owner: str) 
         raise TypeError(
             f"{name} must have dtype {dtype} to match {owner}, got dtype {tensor.dtype}"
         )
+    return tensor
+
+
+def _check_real(name: str, value: object, expected: str) -> float:
+    """Raise ``TypeError`` unless ``value`` is an ``int`` or ``float`` (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} ({value!r})")
+    return float(value)
+
+
+def check_finite_float(name: str, value: object, expected: str = "a finite number") -> float:
+    """Raise unless ``value`` is a finite real number; return it as a ``float``.
+
+    ``bool`` is rejected (``TypeError``) although it is an ``int`` subclass; NaN and
+    ±infinity are rejected (``ValueError``). ``expected`` words what is wanted in the
+    messages, e.g. ``"a finite number"``.
+    """
+    number = _check_real(name, value, expected)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return number
+
+
+def check_nonnegative_float(
+    name: str, value: object, expected: str = "a finite number >= 0"
+) -> float:
+    """Raise unless ``value`` is a finite real number ``>= 0``; return it as a ``float``.
+
+    ``0`` is accepted; ``bool`` is rejected (``TypeError``); negative numbers, NaN and
+    ±infinity are rejected (``ValueError``). ``expected`` words what is wanted in the messages.
+    """
+    number = check_finite_float(name, value, expected)
+    if number < 0:
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return number
+
+
+def check_positive_float(
+    name: str, value: object, expected: str = "a positive finite number"
+) -> float:
+    """Raise unless ``value`` is a finite real number ``> 0``; return it as a ``float``.
+
+    ``0`` is rejected, as are ``bool`` (``TypeError``), negative numbers, NaN and ±infinity
+    (``ValueError``). ``expected`` words what is wanted in the messages, e.g.
+    ``"a positive number of seconds or None"``.
+    """
+    number = check_finite_float(name, value, expected)
+    if number <= 0:
+        raise ValueError(f"{name} must be {expected}, got {value}")
+    return number
+
+
+def check_instance(name: str, value: object, kind: type[T], expected: str | None = None) -> T:
+    """Raise ``TypeError`` unless ``value`` is an instance of ``kind``; return it.
+
+    ``expected`` words what is wanted in the message (default: ``"a <kind's name>"``), e.g.
+    ``"a companion.model.Transformer"`` or ``"a list (or None)"``.
+    """
+    if not isinstance(value, kind):
+        wanted = expected if expected is not None else f"a {kind.__qualname__}"
+        raise TypeError(f"{name} must be {wanted}, got {type(value).__name__}")
+    return value
+
+
+def check_callable(name: str, value: object, expected: str = "callable") -> Callable[..., Any]:
+    """Raise ``TypeError`` unless ``value`` can be called; return it.
+
+    ``expected`` words what is wanted in the message, e.g. ``"a function (name, module) -> bool"``.
+    """
+    if not callable(value):
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} ({value!r:.80})")
+    return value
+
+
+def check_bool_tensor(name: str, value: object) -> Tensor:
+    """Raise ``TypeError`` unless ``value`` is a tensor of dtype ``torch.bool``; return it."""
+    tensor = check_tensor(name, value)
+    if tensor.dtype != torch.bool:
+        raise TypeError(f"{name} must be a boolean tensor, got dtype {tensor.dtype}")
     return tensor

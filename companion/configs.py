@@ -25,14 +25,21 @@ The configuration is frozen; :meth:`TrainConfig.replace` makes a changed copy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import torch
 
-from companion._validation import check_bool, check_choice, check_positive_int, check_probability
+from companion._validation import (
+    check_bool,
+    check_choice,
+    check_instance,
+    check_nonnegative_float,
+    check_positive_float,
+    check_positive_int,
+    check_probability,
+)
 
 __all__ = ["TASKS", "TrainConfig", "CONFIGS", "CONFIG_NAMES", "get_config", "resolve_config_name"]
 
@@ -46,10 +53,8 @@ def _check_optional_positive(name: str, value: object, kind: type) -> None:
     if kind is int:
         check_positive_int(name, value)
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a positive number or None, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive number of seconds or None, got {value}")
+    unit = " of seconds" if name == "time_budget" else ""
+    check_positive_float(name, value, f"a positive number{unit} or None")
 
 
 @dataclass(frozen=True)
@@ -126,8 +131,7 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str):
-            raise TypeError(f"name must be a str, got {type(self.name).__name__}")
+        check_instance("name", self.name, str)
         check_choice("task", self.task, TASKS)
         for name in ("d_model", "num_heads", "num_layers", "d_ff", "min_freq", "max_tokens"):
             check_positive_int(name, getattr(self, name))
@@ -148,8 +152,7 @@ class TrainConfig:
             _check_optional_positive(name, getattr(self, name), float)
         for name in ("adam_beta1", "adam_beta2"):
             check_probability(name, getattr(self, name))
-        if not isinstance(self.length_penalty, (int, float)) or self.length_penalty < 0:
-            raise ValueError(f"length_penalty must be a number >= 0, got {self.length_penalty!r}")
+        check_nonnegative_float("length_penalty", self.length_penalty)
         _check_optional_positive("clip_norm", self.clip_norm, float)
         _check_optional_positive("time_budget", self.time_budget, float)
         _check_optional_positive("max_steps", self.max_steps, int)
@@ -172,8 +175,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> TrainConfig:
         """Rebuild a configuration from :meth:`to_dict`'s output."""
-        if not isinstance(state, Mapping):
-            raise TypeError(f"state must be a dict from to_dict(), got {type(state).__name__}")
+        check_instance("state", state, Mapping, "a dict from to_dict()")
         return cls().replace(**dict(state))
 
 

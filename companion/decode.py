@@ -35,7 +35,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from companion._validation import check_bool, check_integer, check_ndim, check_positive_int
+from companion._validation import (
+    check_bool,
+    check_instance,
+    check_integer,
+    check_ndim,
+    check_nonnegative_float,
+    check_positive_int,
+)
 from companion.data import BOS_ID, EOS_ID, PAD_ID
 from companion.model import Transformer
 
@@ -60,8 +67,7 @@ def length_penalty(length: int, alpha: float) -> float:
     per token); GNMT used 0.6-0.7.
     """
     check_positive_int("length", length)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha >= 0:
-        raise ValueError(f"alpha must be a number >= 0, got {alpha!r}")
+    check_nonnegative_float("alpha", alpha)
     return ((5.0 + length) / 6.0) ** alpha
 
 
@@ -276,8 +282,8 @@ def beam_search(
     src = _check_src(src)
     src, src_mask = _to_model_device(model, src, src_mask)
     check_positive_int("beam_size", beam_size)
-    if history is not None and not isinstance(history, list):
-        raise TypeError(f"history must be a list (or None), got {type(history).__name__}")
+    if history is not None:
+        check_instance("history", history, list, "a list (or None)")
     limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
     length_penalty(1, length_penalty_alpha)  # checks alpha
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
@@ -362,14 +368,6 @@ def beam_search(
     return output
 
 
-def _check_temperature(temperature: object) -> float:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise TypeError(f"temperature must be a number >= 0, got {type(temperature).__name__}")
-    if not (0 <= temperature < math.inf):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    return float(temperature)
-
-
 def sampling_distribution(logits: Tensor, temperature: float, top_k: int | None = None) -> Tensor:
     """The distribution that temperature + top-k sampling draws the next token from.
 
@@ -382,7 +380,7 @@ def sampling_distribution(logits: Tensor, temperature: float, top_k: int | None 
         ``(..., vocab)`` probabilities: ``softmax(logits / temperature)`` over the kept
         tokens, renormalised, exactly 0 elsewhere.
     """
-    temperature = _check_temperature(temperature)
+    temperature = check_nonnegative_float("temperature", temperature)
     if temperature == 0:
         raise ValueError("temperature must be > 0 for a distribution (0 means greedy: argmax)")
     if top_k is not None:
@@ -431,11 +429,11 @@ def sample_decode(
     model = _check_model(model)
     src = _check_src(src)
     src, src_mask = _to_model_device(model, src, src_mask)
-    temperature = _check_temperature(temperature)
+    temperature = check_nonnegative_float("temperature", temperature)
     if top_k is not None:
         check_positive_int("top_k", top_k)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator is not None:
+        check_instance("generator", generator, torch.Generator, "a torch.Generator")
     if generator is not None and generator.device.type != src.device.type:
         raise ValueError(
             f"generator must be on the model's device ({src.device}), got a generator on "

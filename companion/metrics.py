@@ -43,7 +43,12 @@ import sacrebleu
 import torch
 from sacrebleu.metrics import BLEU
 
-from companion._validation import check_positive_int
+from companion._validation import (
+    check_bool,
+    check_instance,
+    check_nonnegative_float,
+    check_positive_int,
+)
 from companion.data import (
     BOS_ID,
     EOS_ID,
@@ -354,18 +359,12 @@ class Translator:
         batch_size: int = 128,
         keep_unk: bool = False,
     ) -> None:
-        if not isinstance(model, Transformer):
-            raise TypeError(
-                f"model must be a companion.model.Transformer, got {type(model).__name__}"
-            )
-        if not isinstance(tokenizer, Tokenizer):
-            raise TypeError(
-                "tokenizer must have tokenize() and detokenize() methods, "
-                f"got {type(tokenizer).__name__}"
-            )
+        check_instance("model", model, Transformer, "a companion.model.Transformer")
+        check_instance(
+            "tokenizer", tokenizer, Tokenizer, "an object with tokenize() and detokenize() methods"
+        )
         for name, vocab in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
-            if not isinstance(vocab, Vocab):
-                raise TypeError(f"{name} must be a Vocab, got {type(vocab).__name__}")
+            check_instance(name, vocab, Vocab)
         if len(src_vocab) != model.config.src_vocab or len(tgt_vocab) != model.config.tgt_vocab:
             raise ValueError(
                 f"the vocabularies must match the model: model has src_vocab="
@@ -375,18 +374,11 @@ class Translator:
         self.model, self.tokenizer = model, tokenizer
         self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.beam_size = check_positive_int("beam_size", beam_size)
-        if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)):
-            raise TypeError(f"length_penalty must be a number, got {type(length_penalty).__name__}")
-        if length_penalty < 0:
-            raise ValueError(f"length_penalty must be >= 0, got {length_penalty}")
-        self.length_penalty = float(length_penalty)
-        if isinstance(max_len_a, bool) or not isinstance(max_len_a, (int, float)) or max_len_a < 0:
-            raise ValueError(f"max_len_a must be a number >= 0, got {max_len_a!r}")
-        self.max_len_a = float(max_len_a)
+        self.length_penalty = check_nonnegative_float("length_penalty", length_penalty)
+        self.max_len_a = check_nonnegative_float("max_len_a", max_len_a)
         self.max_len_b = check_positive_int("max_len_b", max_len_b)
         self.batch_size = check_positive_int("batch_size", batch_size)
-        if not isinstance(keep_unk, bool):
-            raise TypeError(f"keep_unk must be a bool, got {type(keep_unk).__name__}")
+        check_bool("keep_unk", keep_unk)
         self.keep_unk = keep_unk
 
     @classmethod

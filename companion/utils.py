@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from companion._validation import check_tensor, shape_str
+from companion._validation import check_callable, check_instance, check_tensor, shape_str
 
 __all__ = ["set_seed", "check_shape", "count_parameters", "ShapeRecord", "trace_shapes"]
 
@@ -85,10 +85,9 @@ def trace_shapes(
     Returns:
         One :class:`ShapeRecord` per call (a module called twice appears twice).
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if include is not None and not callable(include):
-        raise TypeError(f"include must be a function (name, module) -> bool, got {include!r}")
+    check_instance("model", model, nn.Module, "a torch.nn.Module")
+    if include is not None:
+        check_callable("include", include, "a function (name, module) -> bool")
     choose = _default_include if include is None else include
     records: list[ShapeRecord] = []
 

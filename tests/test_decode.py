@@ -203,7 +203,7 @@ def test_length_penalty_values():
         (lambda m, s: beam_search(m, s, beam_size=2.0), TypeError, r"beam_size must be an int, got float"),
         (lambda m, s: greedy_decode(m, s, max_len=0), ValueError, r"max_len must be >= 1, got 0"),
         (lambda m, s: beam_search(m, s, max_len=-1), ValueError, r"max_len must be >= 1, got -1"),
-        (lambda m, s: beam_search(m, s, length_penalty_alpha=-0.5), ValueError, r"alpha must be a number >= 0, got -0.5"),
+        (lambda m, s: beam_search(m, s, length_penalty_alpha=-0.5), ValueError, r"alpha must be a finite number >= 0, got -0.5"),
         (lambda m, s: greedy_decode(torch.nn.Linear(2, 2), s), TypeError, r"model must be a companion.model.Transformer, got Linear"),
         (lambda m, s: greedy_decode(m, s.float()), TypeError, r"src must be an integer tensor"),
         (lambda m, s: greedy_decode(m, s[0]), ValueError, r"src must have shape \(batch, src_len\)"),

@@ -114,7 +114,7 @@ def test_translator_errors():
         translator.translate("ein hund")
     with pytest.raises(ValueError, match="beam_size must be >= 1, got 0"):
         small_translator(beam_size=0)
-    with pytest.raises(ValueError, match="length_penalty must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="length_penalty must be a finite number >= 0, got -1"):
         small_translator(length_penalty=-1)
     small_vocab = Vocab(["<pad>", "<bos>", "<eos>", "<unk>"])
     with pytest.raises(ValueError, match=r"vocabularies must match the model.*len\(src_vocab\)=4"):

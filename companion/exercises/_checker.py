@@ -9,14 +9,31 @@ notebook keeps running while the reader works.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
-__all__ = ["CheckResult", "compare", "run_check"]
+from companion._validation import check_callable
+
+__all__ = [
+    "Case",
+    "CheckResult",
+    "compare",
+    "run_check",
+    "seeded_generator",
+    "random_bool_mask",
+    "lengths_mask",
+    "causal_bool_mask",
+    "ngram_counts",
+]
+
+#: One test case: the keyword arguments of one call of the reader's function.
+Case = dict[str, Any]
 
 
 @dataclass
@@ -112,8 +129,7 @@ def run_check(
     Inputs are cloned before each call so a function that modifies its arguments in place
     cannot corrupt the comparison. Prints a short report unless ``verbose=False``.
     """
-    if not callable(user_fn):
-        raise TypeError(f"the function to check must be callable, got {type(user_fn).__name__}")
+    check_callable("the function to check", user_fn)
 
     def clone(kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
@@ -159,3 +175,55 @@ def run_check(
     if verbose:
         print(result.message)
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# Helpers shared by the chapters' case builders and reference solutions
+# --------------------------------------------------------------------------------------------
+
+
+def seeded_generator(seed: int) -> torch.Generator:
+    """A CPU generator of its own, seeded with ``seed``.
+
+    Cases drawn from it are the same on every call and every machine, and drawing them
+    neither reads nor moves the global random state.
+    """
+    return torch.Generator().manual_seed(seed)
+
+
+def random_bool_mask(
+    shape: Sequence[int], probability: float, generator: torch.Generator
+) -> Tensor:
+    """A boolean tensor of ``shape``, each entry ``True`` with ``probability``.
+
+    Draws ``torch.rand(shape)`` from ``generator`` (one uniform number per entry) and keeps
+    the entries below ``probability``.
+    """
+    return torch.rand(tuple(shape), generator=generator) < probability  # shape
+
+
+def lengths_mask(lengths: Sequence[int], max_len: int) -> Tensor:
+    """``(batch, max_len)`` boolean, ``True`` for the first ``lengths[b]`` positions of row ``b``.
+
+    Index the result to add broadcast axes, e.g. ``[:, None, None, :]`` for a
+    ``(batch, 1, 1, max_len)`` key-padding mask.
+    """
+    positions = torch.arange(max_len)  # (max_len,)
+    return positions[None, :] < torch.tensor(list(lengths))[:, None]  # (batch, max_len)
+
+
+def causal_bool_mask(size: int, diagonal: int = 0) -> Tensor:
+    """``(size, size)`` boolean, ``True`` on and below the ``diagonal``-th diagonal.
+
+    ``diagonal=0`` is the causal mask (query ``i`` may attend to keys ``0 .. i``); ``1`` also
+    lets every query see the next key, ``-1`` only the strictly earlier ones.
+    """
+    return torch.ones(size, size, dtype=torch.bool).tril(diagonal)  # (size, size)
+
+
+def ngram_counts(tokens: Sequence[str], n: int) -> Counter[tuple[str, ...]]:
+    """How often each n-gram (a tuple of ``n`` consecutive tokens) of ``tokens`` occurs.
+
+    Empty when ``tokens`` has fewer than ``n`` tokens.
+    """
+    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))

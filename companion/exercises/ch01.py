@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import CheckResult, run_check
+from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
 
 __all__ = [
     "check_row_softmax",
@@ -37,14 +36,6 @@ __all__ = [
     "reference_self_attention",
     "reference_additive_scores",
 ]
-
-Case = dict[str, Any]
-
-
-def _generator(seed: int) -> torch.Generator:
-    """A private generator, so the cases are the same on every call and every machine."""
-    return torch.Generator().manual_seed(seed)
-
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: softmax over the last dimension, safe for large scores
@@ -66,7 +57,7 @@ def reference_row_softmax(scores: Tensor) -> Tensor:
 
 
 def _row_softmax_cases() -> list[Case]:
-    g = _generator(101)
+    g = seeded_generator(101)
     cases: list[Case] = [
         {"scores": 3 * torch.randn(shape, generator=g)}
         for shape in [(5,), (3, 4), (4, 4), (2, 3, 6), (6, 1)]
@@ -110,7 +101,7 @@ def reference_relevance_scores(q: Tensor, k: Tensor) -> Tensor:
 
 
 def _relevance_cases() -> list[Case]:
-    g = _generator(102)
+    g = seeded_generator(102)
     shapes = [
         ((4, 3), (6, 3)),  # one sentence, more keys than queries
         ((5, 5), (5, 5)),  # square, d_k = len: forgetting the transpose gives no error
@@ -167,7 +158,7 @@ def reference_self_attention(
 
 
 def _self_attention_cases() -> list[Case]:
-    g = _generator(103)
+    g = seeded_generator(103)
     shapes = [
         # (x shape, d_k, d_v)
         ((7, 4), 3, 3),  # the chapter's worked example
@@ -229,7 +220,7 @@ def reference_additive_scores(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w:
 
 
 def _additive_cases() -> list[Case]:
-    g = _generator(104)
+    g = seeded_generator(104)
     shapes = [
         # (q shape, k shape, d_hidden)
         ((3, 4), (5, 4), 6),

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import CheckResult, run_check
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    causal_bool_mask,
+    lengths_mask,
+    random_bool_mask,
+    run_check,
+    seeded_generator,
+)
 
 __all__ = [
     "check_scaled_attention",
@@ -30,9 +37,6 @@ __all__ = [
     "reference_weight_entropy",
     "reference_dot_product_variance",
 ]
-
-Case = dict[str, Any]
-
 
 # ---------------------------------------------------------------------------------------------
 # Exercise 1 - scaled dot-product attention over any leading dimensions
@@ -57,7 +61,7 @@ def reference_scaled_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
 
 
 def _scaled_attention_cases(seed: int = 0) -> Iterator[Case]:
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
     # (leading dims, q_len, k_len, d_k, d_v): 2-D, batched, batch × heads; q_len ≠ k_len, d_v ≠ d_k
     shapes = [
         ((), 3, 5, 4, 2),
@@ -118,10 +122,10 @@ def reference_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
 
 
 def _masked_softmax_cases(seed: int = 0) -> Iterator[Case]:
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
 
     def rand_mask(*shape: int) -> Tensor:
-        return torch.rand(*shape, generator=gen) < 0.6
+        return random_bool_mask(shape, 0.6, gen)
 
     # 1. a full-shape random mask whose first row is entirely blocked
     scores = 3 * torch.randn(4, 6, generator=gen)
@@ -132,11 +136,10 @@ def _masked_softmax_cases(seed: int = 0) -> Iterator[Case]:
     # 2. causal mask (q_len, k_len) broadcast over a batch
     yield {
         "scores": torch.randn(3, 5, 5, generator=gen),
-        "mask": torch.ones(5, 5, dtype=torch.bool).tril(),
+        "mask": causal_bool_mask(5),
     }
     # 3. padding mask (batch, 1, k_len): the last keys of each sequence are padding
-    lengths = torch.tensor([7, 4, 1])
-    padding = (torch.arange(7) < lengths[:, None])[:, None, :]  # (3, 1, 7)
+    padding = lengths_mask([7, 4, 1], 7)[:, None, :]  # (3, 1, 7)
     yield {"scores": 2 * torch.randn(3, 4, 7, generator=gen), "mask": padding}
     # 4. batch × heads with a full-shape random mask, some rows fully blocked by chance
     yield {"scores": torch.randn(2, 3, 4, 5, generator=gen), "mask": rand_mask(2, 3, 4, 5)}
@@ -181,12 +184,12 @@ def reference_weight_entropy(weights: Tensor) -> Tensor:
 
 
 def _weight_entropy_cases(seed: int = 0) -> Iterator[Case]:
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
     # 1. ordinary softmax rows, q_len ≠ k_len so summing over the wrong axis changes the shape
     yield {"weights": torch.softmax(torch.randn(3, 5, generator=gen), dim=-1)}
     # 2. batched, with masked (exactly zero) weights and one fully masked row
     scores = 2 * torch.randn(2, 4, 6, generator=gen)
-    mask = torch.rand(2, 4, 6, generator=gen) < 0.5
+    mask = random_bool_mask((2, 4, 6), 0.5, gen)
     mask[:, :, 0] = True
     mask[1, 2] = False
     yield {"weights": reference_masked_softmax(scores, mask)}
@@ -239,7 +242,7 @@ def reference_dot_product_variance(q: Tensor, k: Tensor, scaled: bool) -> float:
 
 
 def _dot_product_variance_cases(seed: int = 0) -> Iterator[Case]:
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)
     # (n_samples, d_k, sigma, scaled): small n_samples, so a biased variance is visibly off
     settings = [
         (20, 4, 1.0, False),

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import CheckResult, run_check
+from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
 
 __all__ = [
     "check_split_heads",
@@ -44,14 +43,6 @@ __all__ = [
     "reference_attention_parameter_count",
     "reference_kv_cache_bytes",
 ]
-
-Case = dict[str, Any]
-
-
-def _generator(seed: int) -> torch.Generator:
-    """A private generator, so the cases are the same on every call and every machine."""
-    return torch.Generator().manual_seed(seed)
-
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: split d_model into heads
@@ -75,7 +66,7 @@ def reference_split_heads(x: Tensor, num_heads: int) -> Tensor:
 
 
 def _split_cases() -> list[Case]:
-    g = _generator(301)
+    g = seeded_generator(301)
     shapes = [
         # (batch, len, d_model, num_heads)
         (2, 5, 12, 3),  # the chapter's walk-through
@@ -122,7 +113,7 @@ def reference_merge_heads(x: Tensor) -> Tensor:
 
 
 def _merge_cases() -> list[Case]:
-    g = _generator(302)
+    g = seeded_generator(302)
     shapes = [
         # (batch, heads, len, head_dim)
         (2, 3, 5, 4),  # the chapter's walk-through
@@ -190,7 +181,7 @@ def reference_multi_head_attention(
 
 
 def _mha_cases() -> list[Case]:
-    g = _generator(303)
+    g = seeded_generator(303)
     shapes = [
         # (batch, q_len, k_len, d_model, num_heads, d_k, d_v)
         (2, 5, 5, 12, 3, 4, 4),  # self-attention, the chapter's sizes: every W is square

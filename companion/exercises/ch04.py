@@ -22,12 +22,11 @@ The references are written from the formulas (in float64), independently of
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import CheckResult, run_check
+from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
 
 __all__ = [
     "check_sinusoidal_table",
@@ -40,15 +39,8 @@ __all__ = [
     "reference_rope_rotate",
 ]
 
-Case = dict[str, Any]
-
 #: The ``10000`` of "Attention Is All You Need"; every exercise of the chapter uses it.
 BASE = 10000.0
-
-
-def _generator(seed: int) -> torch.Generator:
-    """A private generator, so the cases are the same on every call and every machine."""
-    return torch.Generator().manual_seed(seed)
 
 
 def _frequencies(dim: int) -> Tensor:
@@ -167,7 +159,7 @@ def reference_pe_similarity(offsets: Tensor, d_model: int) -> Tensor:
 
 
 def _similarity_cases() -> list[Case]:
-    g = _generator(401)
+    g = seeded_generator(401)
     cases: list[Case] = [
         {"offsets": torch.arange(0, 10), "d_model": 8},
         {"offsets": torch.tensor([0, 1, -1, 5, -5]), "d_model": 16},  # symmetric in k
@@ -218,7 +210,7 @@ def reference_rope_rotate(x: Tensor, positions: Tensor) -> Tensor:
 
 
 def _rope_cases() -> list[Case]:
-    g = _generator(402)
+    g = seeded_generator(402)
     cases: list[Case] = []
     for shape in [(5, 4), (6, 16), (2, 3, 7, 8), (1, 2), (4, 3, 32)]:
         seq_len = shape[-2]

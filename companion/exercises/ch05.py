@@ -28,7 +28,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import CheckResult, run_check
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    causal_bool_mask,
+    random_bool_mask,
+    run_check,
+    seeded_generator,
+)
 
 __all__ = [
     "check_padding_mask",
@@ -42,13 +49,6 @@ __all__ = [
     "reference_additive_from_blocked",
     "reference_future_leaks",
 ]
-
-Case = dict[str, Any]
-
-
-def _generator(seed: int) -> torch.Generator:
-    """A private generator, so the cases are the same on every call and every machine."""
-    return torch.Generator().manual_seed(seed)
 
 
 def _returning(dtype_kind: str, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,7 +107,7 @@ def _padded_batch(g: torch.Generator, lengths: list[int], k_len: int, pad_id: in
 
 
 def _padding_cases() -> list[Case]:
-    g = _generator(501)
+    g = seeded_generator(501)
     return [
         # (batch, lengths) with batch ≠ k_len, so a transposed mask cannot pass by accident
         {"tokens": _padded_batch(g, [5, 3], 5, 0), "pad_id": 0},
@@ -201,7 +201,7 @@ def reference_decoder_mask(tgt: Tensor, pad_id: int) -> Tensor:
 
 
 def _decoder_cases() -> list[Case]:
-    g = _generator(503)
+    g = seeded_generator(503)
     return [
         {"tgt": _padded_batch(g, [5, 3], 5, 0), "pad_id": 0},
         {"tgt": _padded_batch(g, [2, 6, 4], 6, 0), "pad_id": 0},
@@ -246,12 +246,12 @@ def reference_additive_from_blocked(blocked: Tensor, dtype: torch.dtype) -> Tens
 
 
 def _additive_cases() -> list[Case]:
-    g = _generator(504)
+    g = seeded_generator(504)
     return [
-        {"blocked": torch.rand(4, 6, generator=g) < 0.4, "dtype": torch.float32},
+        {"blocked": random_bool_mask((4, 6), 0.4, g), "dtype": torch.float32},
         {"blocked": torch.ones(5, 5, dtype=torch.bool).triu(1), "dtype": torch.float32},
-        {"blocked": torch.rand(2, 1, 3, 4, generator=g) < 0.5, "dtype": torch.float64},
-        {"blocked": torch.rand(3, 7, generator=g) < 0.3, "dtype": torch.float16},
+        {"blocked": random_bool_mask((2, 1, 3, 4), 0.5, g), "dtype": torch.float64},
+        {"blocked": random_bool_mask((3, 7), 0.3, g), "dtype": torch.float16},
         {"blocked": torch.zeros(2, 3, dtype=torch.bool), "dtype": torch.float32},
         {"blocked": torch.ones(1, 4, dtype=torch.bool), "dtype": torch.bfloat16},
     ]
@@ -289,7 +289,7 @@ def reference_future_leaks(attend: Callable[[Tensor], Tensor], x: Tensor) -> boo
     Returns:
         ``True`` if information flows from the future into the past.
     """
-    g = _generator(505)
+    g = seeded_generator(505)
     seq_len = x.shape[1]
     with torch.no_grad():
         before = attend(x)  # (batch, seq_len, d_out)
@@ -311,7 +311,7 @@ class _MaskedAttention:
     """
 
     def __init__(self, name: str, mask: Callable[[int], Tensor], d: int, seed: int) -> None:
-        g = _generator(seed)
+        g = seeded_generator(seed)
         self.name = name
         self.mask = mask
         self.w_q, self.w_k, self.w_v = (torch.randn(d, d, generator=g) / d**0.5 for _ in range(3))
@@ -342,11 +342,11 @@ class _Elementwise:
 
 
 def _tril(diagonal: int) -> Callable[[int], Tensor]:
-    return lambda n: torch.ones(n, n, dtype=torch.bool).tril(diagonal)
+    return lambda n: causal_bool_mask(n, diagonal)
 
 
 def _first_sees_second(n: int) -> Tensor:
-    mask = torch.ones(n, n, dtype=torch.bool).tril()  # (n, n) causal ...
+    mask = causal_bool_mask(n)  # (n, n) causal ...
     mask[0, 1] = True  # ... except that position 0 peeks at position 1
     return mask
 
@@ -356,7 +356,7 @@ def _layer_norm(x: Tensor) -> Tensor:
 
 
 def _future_leak_cases() -> list[Case]:
-    g = _generator(506)
+    g = seeded_generator(506)
     d = 4
 
     def x(seq_len: int, batch: int = 2) -> Tensor:

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from companion.exercises._checker import CheckResult, run_check
+from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
 
 __all__ = [
     "check_layer_norm",
@@ -42,14 +41,6 @@ __all__ = [
     "reference_fails_without_warmup",
     "FAILS_WITHOUT_WARMUP",
 ]
-
-Case = dict[str, Any]
-
-
-def _generator(seed: int) -> torch.Generator:
-    """A private generator, so the cases are the same on every call and every machine."""
-    return torch.Generator().manual_seed(seed)
-
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: LayerNorm by hand
@@ -79,7 +70,7 @@ def reference_layer_norm(x: Tensor, gain: Tensor, bias: Tensor, eps: float) -> T
 
 
 def _layer_norm_cases() -> list[Case]:
-    g = _generator(601)
+    g = seeded_generator(601)
     cases: list[Case] = []
     for shape, scale, eps in [
         ((8,), 3.0, 1e-5),  # one vector
@@ -176,7 +167,7 @@ def _seeded_norm(d: int, g: torch.Generator) -> nn.LayerNorm:
 
 
 def _pre_ln_cases() -> list[Case]:
-    g = _generator(602)
+    g = seeded_generator(602)
     cases: list[Case] = []
     for shape, kind in [
         ((6, 8), "linear"),
@@ -237,7 +228,7 @@ def reference_relative_updates(stream: Tensor) -> Tensor:
 
 
 def _relative_updates_cases() -> list[Case]:
-    g = _generator(603)
+    g = seeded_generator(603)
     cases: list[Case] = []
     for sublayers, tokens, d in [(4, (6,), 8), (6, (2, 5), 16), (3, (3, 4), 4), (8, (1,), 32)]:
         # tokens of very different sizes, so that a mean of ratios differs from a ratio of means

@@ -29,7 +29,13 @@ import torch
 from torch import Tensor
 
 from companion.decode import sampling_distribution
-from companion.exercises._checker import CheckResult, run_check
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    lengths_mask,
+    run_check,
+    seeded_generator,
+)
 from companion.layers import DecoderLayer
 from companion.model import Transformer, TransformerConfig
 from companion.utils import count_parameters
@@ -46,21 +52,6 @@ __all__ = [
     "reference_beam_step",
     "reference_sampling_distribution",
 ]
-
-Case = dict[str, Any]
-
-
-def _generator(seed: int) -> torch.Generator:
-    """A private generator, so the cases are the same on every call and every machine."""
-    return torch.Generator().manual_seed(seed)
-
-
-def _lengths_mask(lengths: list[int], max_len: int) -> Tensor:
-    """``(batch, 1, 1, max_len)`` boolean, ``True`` for the first ``lengths[b]`` positions."""
-    positions = torch.arange(max_len)  # (max_len,)
-    real = positions[None, :] < torch.tensor(lengths)[:, None]  # (batch, max_len)
-    return real[:, None, None, :]  # (batch, 1, 1, max_len)
-
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: the forward pass of a Pre-LN decoder layer
@@ -131,7 +122,7 @@ def _randomize_layer(layer: DecoderLayer, g: torch.Generator) -> DecoderLayer:
 
 
 def _decoder_layer_cases() -> list[Case]:
-    g = _generator(711)
+    g = seeded_generator(711)
     settings = [
         # (batch, tgt_len, src_len, d_model, heads, d_ff, source lengths, target lengths or None)
         (2, 5, 7, 16, 4, 32, [7, 4], None),  # source padding in one sentence
@@ -147,14 +138,20 @@ def _decoder_layer_cases() -> list[Case]:
             _randomize_layer(layer, g)
             x = 0.5 + 1.5 * torch.randn(batch, tgt_len, d_model, generator=g)  # not normalised
             memory = torch.randn(batch, src_len, d_model, generator=g)
-            tgt_mask = None if tgt_lengths is None else _lengths_mask(tgt_lengths, tgt_len)
+            tgt_mask = (
+                None
+                if tgt_lengths is None
+                else lengths_mask(tgt_lengths, tgt_len)[:, None, None, :]
+            )
             cases.append(
                 {
                     "layer": layer,
                     "x": x,  # (batch, tgt_len, d_model)
                     "memory": memory,  # (batch, src_len, d_model)
                     "tgt_mask": tgt_mask,  # (batch, 1, 1, tgt_len) or None
-                    "memory_mask": _lengths_mask(src_lengths, src_len),  # (batch, 1, 1, src_len)
+                    "memory_mask": lengths_mask(src_lengths, src_len)[
+                        :, None, None, :
+                    ],  # (b, 1, 1, src_len)
                 }
             )
     return cases
@@ -289,7 +286,7 @@ def reference_cached_attention_step(
 
 
 def _cache_cases() -> list[Case]:
-    g = _generator(713)
+    g = seeded_generator(713)
     shapes = [
         # (batch, heads, t, d_head)
         (2, 3, 5, 4),  # all sizes different: a concatenation on the wrong axis cannot run
@@ -361,7 +358,7 @@ def reference_beam_step(
 
 
 def _beam_cases() -> list[Case]:
-    g = _generator(714)
+    g = seeded_generator(714)
 
     def log_probs(batch: int, beam: int, vocab: int) -> Tensor:
         logits = 2.0 * torch.randn(batch, beam, vocab, generator=g)  # (batch, beam, vocab)
@@ -438,7 +435,7 @@ def reference_sampling_distribution(
 
 
 def _sampling_cases() -> list[Case]:
-    g = _generator(715)
+    g = seeded_generator(715)
     settings = [
         # (batch, vocab, temperature, top_k)
         (2, 10, 1.0, None),  # plain softmax

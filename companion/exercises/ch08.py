@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import CheckResult, run_check
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    ngram_counts,
+    run_check,
+    seeded_generator,
+)
 
 __all__ = [
     "check_noam_lr",
@@ -42,9 +46,6 @@ __all__ = [
     "reference_modified_precision",
     "reference_corpus_bleu",
 ]
-
-Case = dict[str, Any]
-
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: the warm-up schedule
@@ -111,7 +112,7 @@ def reference_smoothed_targets(labels: Tensor, vocab_size: int, epsilon: float) 
 
 
 def _smoothing_cases() -> list[Case]:
-    g = torch.Generator().manual_seed(702)
+    g = seeded_generator(702)
     cases: list[Case] = []
     for n, vocab, eps in [(4, 5, 0.1), (3, 10, 0.2), (6, 7, 0.0), (2, 3, 0.5), (5, 50, 0.1)]:
         labels = torch.randint(0, vocab, (n,), generator=g)  # (n,)
@@ -174,11 +175,6 @@ def check_length_penalty(length_penalty: Callable[..., float], verbose: bool = T
 # --------------------------------------------------------------------------------------------
 
 
-def _ngram_counts(tokens: list[str], n: int) -> Counter:
-    """How often each n-gram of ``tokens`` occurs."""
-    return Counter(tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1))
-
-
 def reference_modified_precision(hypothesis: list[str], reference: list[str], n: int) -> float:
     """Clipped n-gram precision of one hypothesis against one reference (Papineni et al.).
 
@@ -186,7 +182,7 @@ def reference_modified_precision(hypothesis: list[str], reference: list[str], n:
     the sum of these clipped counts is divided by the number of n-grams in the hypothesis
     (0.0 when the hypothesis has fewer than ``n`` tokens).
     """
-    hyp, ref = _ngram_counts(hypothesis, n), _ngram_counts(reference, n)
+    hyp, ref = ngram_counts(hypothesis, n), ngram_counts(reference, n)
     total = sum(hyp.values())
     if total == 0:
         return 0.0
@@ -253,7 +249,7 @@ def reference_corpus_bleu(hypotheses: list[list[str]], references: list[list[str
     matches, totals = [0] * 4, [0] * 4
     for hyp, ref in zip(hypotheses, references):
         for n in range(1, 5):
-            hyp_counts, ref_counts = _ngram_counts(hyp, n), _ngram_counts(ref, n)
+            hyp_counts, ref_counts = ngram_counts(hyp, n), ngram_counts(ref, n)
             matches[n - 1] += sum(min(c, ref_counts[g]) for g, c in hyp_counts.items())
             totals[n - 1] += sum(hyp_counts.values())
     if min(matches) == 0:
