@@ -179,3 +179,16 @@ def check_same_dtype(name: str, tensor: Tensor, dtype: torch.dtype, owner: str) 
             f"{name} must have dtype {dtype} to match {owner}, got dtype {tensor.dtype}"
         )
     return tensor
+
+
+def check_positive_float(name: str, value: object) -> float:
+    """Raise unless ``value`` is a finite real number ``> 0`` (an int or a float, not a bool).
+
+    For amounts such as a timeout in seconds: 0, negative numbers, NaN and infinity are
+    rejected with a message that names the argument and the value given.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number > 0, got {type(value).__name__} ({value!r})")
+    if not 0.0 < float(value) < float("inf"):
+        raise ValueError(f"{name} must be > 0 and finite, got {value}")
+    return float(value)
