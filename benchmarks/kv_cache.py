@@ -26,7 +26,7 @@ import torch
 
 from companion.configs import get_config
 from companion.decode import greedy_decode
-from companion.train import build_model
+from companion.run import build_model
 
 SRC_VOCAB, TGT_VOCAB = 8011, 6270  # Multi30k word vocabularies (min_freq=2)
 

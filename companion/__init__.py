@@ -2,7 +2,9 @@
 
 One module per concept: :mod:`companion.attention`, :mod:`companion.masking`,
 :mod:`companion.positional`, :mod:`companion.layers`, :mod:`companion.model`,
-:mod:`companion.data`, :mod:`companion.train` (with :mod:`companion.configs`),
+:mod:`companion.data`, training with :mod:`companion.configs`, :mod:`companion.train` (one
+step), :mod:`companion.checkpoint`, :mod:`companion.history`, :mod:`companion.distributed`,
+:mod:`companion.trainer` (the loop) and :mod:`companion.run` (a whole run, the command line),
 :mod:`companion.decode`, :mod:`companion.metrics`, :mod:`companion.viz`,
 :mod:`companion.exercises`, :mod:`companion.utils`. The most used names are re-exported here;
 the data, training, decoding and metrics modules are imported on their own

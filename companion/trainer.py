@@ -57,6 +57,14 @@ def _check_dataset(name: str, dataset: object) -> Dataset:
     return dataset
 
 
+def _check_seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+    return float(value)
+
+
 class Trainer:
     """Train an encoder-decoder on token-bucketed batches; checkpoint; resume exactly.
 
@@ -436,11 +444,3 @@ class Trainer:
         if target is None:
             raise ValueError("load_checkpoint needs a path: this Trainer has no out_dir")
         self.load_state_dict(load_checkpoint(target, map_location=self.device))
-
-
-def _check_seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value}")
-    return float(value)
