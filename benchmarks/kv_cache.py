@@ -26,7 +26,7 @@ import torch
 
 from companion.configs import get_config
 from companion.decode import greedy_decode
-from companion.train import build_model
+from companion.run import build_model
 
 SRC_VOCAB, TGT_VOCAB = 8011, 6270  # Multi30k word vocabularies (min_freq=2)
 
@@ -74,7 +74,7 @@ def main() -> None:
     without = greedy_decode(model, src, max_len=args.tokens, use_cache=False)
     assert torch.equal(with_cache, without), "cached and uncached greedy decoding differ"
     print(
-        f"model: d_model={config.d_model}, {config.num_layers}+{config.num_layers} layers, "
+        f"model: d_model={config.model.d_model}, {config.model.num_layers}+{config.model.num_layers} layers, "
         f"vocab {SRC_VOCAB}/{TGT_VOCAB}; {args.tokens} output tokens, source length "
         f"{args.src_len}, {args.threads} thread(s); identical tokens with and without cache"
     )

@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-import companion.train as training
+import companion.run as training
 from companion.configs import get_config
 from companion.metrics import Translator, bootstrap_bleu
 

@@ -3,7 +3,9 @@
 One module per concept (ARCHITECTURE.md draws the stack): :mod:`companion.masking`,
 :mod:`companion.positional`, :mod:`companion.attention`, :mod:`companion.cache`,
 :mod:`companion.layers`, :mod:`companion.model`, :mod:`companion.interop`,
-:mod:`companion.data`, :mod:`companion.train` (with :mod:`companion.configs`),
+:mod:`companion.data`, training with :mod:`companion.configs`, :mod:`companion.train` (one
+step), :mod:`companion.checkpoint`, :mod:`companion.history`, :mod:`companion.distributed`,
+:mod:`companion.trainer` (the loop) and :mod:`companion.run` (a whole run, the command line),
 :mod:`companion.decode`, :mod:`companion.metrics`, :mod:`companion.viz`,
 :mod:`companion.exercises`, :mod:`companion.utils`. The most used names are re-exported here;
 the data, training, decoding and metrics modules are imported on their own

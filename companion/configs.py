@@ -26,7 +26,7 @@ The configuration is frozen; :meth:`TrainConfig.replace` makes a changed copy.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -40,11 +40,38 @@ from companion._validation import (
     check_positive_int,
     check_probability,
 )
+from companion.model import TransformerConfig
 
-__all__ = ["TASKS", "TrainConfig", "CONFIGS", "CONFIG_NAMES", "get_config", "resolve_config_name"]
+__all__ = [
+    "TASKS",
+    "CPU_MODEL",
+    "MODEL_FIELDS",
+    "TrainConfig",
+    "CONFIGS",
+    "CONFIG_NAMES",
+    "get_config",
+    "resolve_config_name",
+]
 
 #: What a run can train on: Multi30k German→English, or one of the two toy tasks.
 TASKS: tuple[str, ...] = ("multi30k", "copy", "reverse")
+
+
+#: The model of the ``cpu`` configuration: 3 + 3 Pre-LN layers of width 256, tied output
+#: embedding (vocabulary sizes and padding ids come from the data).
+CPU_MODEL = TransformerConfig(
+    d_model=256,
+    num_heads=4,
+    num_layers=3,
+    d_ff=512,
+    dropout=0.1,
+    norm_first=True,
+    tie_embeddings=True,
+)
+#: Model settings that :meth:`TrainConfig.replace` accepts by name (they go into ``model``).
+MODEL_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in fields(TransformerConfig) if f.name not in ("src_vocab", "tgt_vocab")
+)
 
 
 def _check_optional_positive(name: str, value: object, kind: type) -> None:
@@ -61,9 +88,11 @@ def _check_optional_positive(name: str, value: object, kind: type) -> None:
 class TrainConfig:
     """Every setting of a training run: model, data, optimiser, budget and decoding.
 
-    Model (see :class:`companion.model.TransformerConfig`):
-        d_model, num_heads, num_layers (encoder and decoder each), d_ff, dropout, norm_first
-        (Pre-LN), tie_embeddings (target embedding = output layer), activation.
+    Model:
+        model: a :class:`~companion.model.TransformerConfig` without vocabularies (they come
+            from the data: :func:`companion.run.build_model` fills them in, with the padding
+            ids). :meth:`replace`, :func:`get_config` and ``--set`` also take its fields by
+            name (``get_config("cpu", d_model=128)`` changes ``config.model.d_model``).
 
     Data:
         task: ``"multi30k"``, ``"copy"`` or ``"reverse"``.
@@ -97,15 +126,7 @@ class TrainConfig:
 
     name: str = "custom"
     task: str = "multi30k"
-    # model
-    d_model: int = 256
-    num_heads: int = 4
-    num_layers: int = 3
-    d_ff: int = 512
-    dropout: float = 0.1
-    norm_first: bool = True
-    tie_embeddings: bool = True
-    activation: str = "relu"
+    model: TransformerConfig = field(default_factory=lambda: CPU_MODEL)
     # data
     min_freq: int = 2
     lowercase: bool = False
@@ -133,21 +154,14 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_instance("name", self.name, str)
         check_choice("task", self.task, TASKS)
-        for name in ("d_model", "num_heads", "num_layers", "d_ff", "min_freq", "max_tokens"):
+        check_instance("model", self.model, TransformerConfig)
+        for name in ("min_freq", "max_tokens"):
             check_positive_int(name, getattr(self, name))
         for name in ("toy_examples", "toy_max_len", "toy_symbols", "warmup_steps", "beam_size"):
             check_positive_int(name, getattr(self, name))
         check_positive_int("seed", self.seed, minimum=0)
-        if self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model must be divisible by num_heads: got d_model={self.d_model} and "
-                f"num_heads={self.num_heads}"
-            )
-        check_probability("dropout", self.dropout)
         check_probability("label_smoothing", self.label_smoothing)
-        for name in ("norm_first", "tie_embeddings", "lowercase"):
-            check_bool(name, getattr(self, name))
-        check_choice("activation", self.activation, ("relu", "gelu"))
+        check_bool("lowercase", self.lowercase)
         for name in ("lr_factor", "adam_eps"):
             _check_optional_positive(name, getattr(self, name), float)
         for name in ("adam_beta1", "adam_beta2"):
@@ -159,24 +173,36 @@ class TrainConfig:
         _check_optional_positive("max_epochs", self.max_epochs, int)
 
     def replace(self, **changes: Any) -> TrainConfig:
-        """A copy with some fields changed (checked again); unknown names raise ``TypeError``."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - known)
+        """A copy with some fields changed (checked again). Fields of the model's
+        :class:`~companion.model.TransformerConfig` may be given by name too; unknown names
+        raise ``TypeError``."""
+        own = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - own - set(MODEL_FIELDS))
         if unknown:
-            raise TypeError(
-                f"unknown TrainConfig field(s) {unknown}; the fields are {sorted(known)}"
-            )
+            known = sorted(own | set(MODEL_FIELDS))
+            raise TypeError(f"unknown TrainConfig field(s) {unknown}; the fields are {known}")
+        model_changes = {name: changes.pop(name) for name in list(changes) if name in MODEL_FIELDS}
+        if model_changes:
+            model = changes.get("model", self.model)
+            check_instance("model", model, TransformerConfig)
+            changes["model"] = replace(model, **model_changes)
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as plain Python types (safe for ``torch.load(weights_only=True)``)."""
+        """All fields as plain Python types, the model's as a nested dict (safe for
+        ``torch.load(weights_only=True)``)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> TrainConfig:
-        """Rebuild a configuration from :meth:`to_dict`'s output."""
+        """Rebuild a configuration from :meth:`to_dict`'s output (or from the flat layout of
+        older runs, whose model fields sit at the top level)."""
         check_instance("state", state, Mapping, "a dict from to_dict()")
-        return cls().replace(**dict(state))
+        state = dict(state)
+        if "model" in state:
+            model = check_instance("state['model']", state["model"], Mapping, "a dict")
+            state["model"] = TransformerConfig(**model)
+        return cls().replace(**state)
 
 
 #: The named configurations (see the module docstring).
@@ -184,11 +210,7 @@ CONFIGS: dict[str, TrainConfig] = {
     "cpu": TrainConfig(name="cpu", time_budget=510.0),
     "gpu": TrainConfig(
         name="gpu",
-        d_model=512,
-        num_heads=8,
-        num_layers=6,
-        d_ff=2048,
-        dropout=0.2,
+        model=replace(CPU_MODEL, d_model=512, num_heads=8, num_layers=6, d_ff=2048, dropout=0.2),
         max_tokens=8000,
         warmup_steps=1000,
         lr_factor=1.0,
@@ -198,12 +220,9 @@ CONFIGS: dict[str, TrainConfig] = {
     "toy": TrainConfig(
         name="toy",
         task="copy",
-        d_model=64,
-        num_heads=4,
-        num_layers=1,
-        d_ff=128,
-        dropout=0.0,
-        tie_embeddings=False,
+        model=replace(
+            CPU_MODEL, d_model=64, num_layers=1, d_ff=128, dropout=0.0, tie_embeddings=False
+        ),
         max_tokens=1200,
         warmup_steps=40,
         lr_factor=0.2,

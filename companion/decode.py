@@ -42,6 +42,7 @@ from companion._validation import (
     check_ndim,
     check_nonnegative_float,
     check_positive_int,
+    inputs_checked,
 )
 from companion.data import BOS_ID, EOS_ID, PAD_ID
 from companion.model import Transformer
@@ -138,17 +139,21 @@ def _forbid(logits: Tensor, ids: tuple[int, ...]) -> Tensor:
 
 
 class _EvalMode:
-    """Context: ``model.eval()`` + ``torch.no_grad()``, the previous mode restored on exit."""
+    """Context for a decoding loop: ``model.eval()`` + ``torch.no_grad()`` (the previous mode
+    restored on exit), and the model's input checks off - the caller has validated the
+    source with ``model.check_encode`` once, and the loop feeds back ids it chose itself."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: Transformer) -> None:
         self.model, self.was_training = model, model.training
-        self.no_grad = torch.no_grad()
+        self.no_grad, self.checked = torch.no_grad(), inputs_checked()
 
     def __enter__(self) -> None:
         self.model.eval()
         self.no_grad.__enter__()
+        self.checked.__enter__()
 
     def __exit__(self, *exc: object) -> None:
+        self.checked.__exit__(*exc)
         self.no_grad.__exit__(*exc)
         self.model.train(self.was_training)
 
@@ -184,6 +189,7 @@ def greedy_decode(
     """
     model = _check_model(model)
     src = _check_src(src)
+    model.check_encode(src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
     check_bool("use_cache", use_cache)
@@ -280,6 +286,7 @@ def beam_search(
     """
     model = _check_model(model)
     src = _check_src(src)
+    model.check_encode(src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     check_positive_int("beam_size", beam_size)
     if history is not None:
@@ -428,6 +435,7 @@ def sample_decode(
     """
     model = _check_model(model)
     src = _check_src(src)
+    model.check_encode(src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     temperature = check_nonnegative_float("temperature", temperature)
     if top_k is not None:

@@ -27,7 +27,8 @@ exactly.
 
 :class:`Translator` bundles a model with its tokenizer and vocabularies: ``translate(sentences)``
 maps raw German strings to English strings (batched, greedy or beam search), and
-:meth:`Translator.from_checkpoint` rebuilds one from a file written by :mod:`companion.train`.
+:meth:`Translator.from_checkpoint` rebuilds one from a checkpoint file
+(:mod:`companion.checkpoint`).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from companion._validation import (
     check_nonnegative_float,
     check_positive_int,
 )
+from companion.checkpoint import load_checkpoint, model_from_checkpoint
 from companion.data import (
     BOS_ID,
     EOS_ID,
@@ -389,13 +391,12 @@ class Translator:
         map_location: str | torch.device = "cpu",
         **kwargs: Any,
     ) -> Translator:
-        """Rebuild model, tokenizer and vocabularies from a :mod:`companion.train` checkpoint.
+        """Rebuild model, tokenizer and vocabularies from a checkpoint
+        (:func:`companion.checkpoint.load_checkpoint`).
 
         ``kwargs`` go to the constructor; ``beam_size`` and ``length_penalty`` default to the
         checkpoint's training configuration.
         """
-        from companion.train import load_checkpoint, model_from_checkpoint
-
         checkpoint = load_checkpoint(path, map_location=map_location)
         model = model_from_checkpoint(checkpoint)
         config = checkpoint["config"]

@@ -49,3 +49,39 @@ def multi30k() -> Multi30kData:
 def train_pairs(multi30k: Multi30kData) -> list[tuple[str, str]]:
     """The raw ``(de, en)`` pairs of Multi30k's training split."""
     return multi30k.datasets["train"].pairs
+
+
+@pytest.fixture
+def tiny_config():
+    """A small, fast configuration: the toy copy task with little data and small batches."""
+    from companion.configs import get_config
+
+    return get_config("toy", toy_examples=300, max_tokens=400, dropout=0.1, max_epochs=None)
+
+
+@pytest.fixture
+def make_trainer(tiny_config):
+    """``make_trainer(config=tiny_config, out_dir=None, seed=0)`` → a fresh
+    :class:`~companion.trainer.Trainer` on the toy task (``seed`` fixes the initial weights)."""
+    from companion.run import build_model, prepare_data
+    from companion.trainer import Trainer
+
+    def make(config=None, out_dir=None, seed: int = 0):
+        config = tiny_config if config is None else config
+        data = prepare_data(config)
+        torch.manual_seed(seed)
+        model = build_model(config, len(data.src_vocab), len(data.tgt_vocab))
+        torch.manual_seed(seed + 1)
+        return Trainer(
+            model=model,
+            config=config,
+            train_data=data.train,
+            val_data=data.val,
+            src_vocab=data.src_vocab,
+            tgt_vocab=data.tgt_vocab,
+            tokenizer=data.tokenizer,
+            out_dir=out_dir,
+            progress=False,
+        )
+
+    return make

@@ -1,5 +1,6 @@
 """DistributedDataParallel on CPU: ``torchrun --nproc_per_node=2`` with the gloo backend gives
-the same losses as one process training on the same global batches."""
+the same losses as one process training on the same global batches (both through
+companion.train.train_step), and companion.distributed's parts in a one-process group."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from companion.configs import get_config
-from companion.train import train
+from companion.distributed import rank_and_world, whole_batch_loss
+from companion.run import train
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
@@ -57,3 +59,25 @@ def test_two_processes_match_one(tmp_path):
     assert ddp["loss"] == pytest.approx(single.loss, rel=1e-4, abs=1e-5)
     assert ddp["val_loss"] == pytest.approx(single.val_loss, rel=1e-4, abs=1e-5)
     assert ddp["loss"][-1] < ddp["loss"][0]  # and it did train
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo")
+def test_whole_batch_loss_in_a_one_process_group(tmp_path):
+    assert rank_and_world() == (0, 1)
+    dist.init_process_group(
+        backend="gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+    )
+    try:
+        assert rank_and_world() == (0, 1)
+        loss = torch.tensor(2.5, requires_grad=True)
+        weighted, batch_loss, batch_tokens = whole_batch_loss(loss, 7)
+        # one process holds the whole batch: weight world * tokens / batch_tokens = 1
+        assert (
+            float(weighted.detach()) == 2.5 and float(batch_loss) == 2.5 and int(batch_tokens) == 7
+        )
+        assert not batch_loss.requires_grad
+        weighted.backward()
+        assert float(loss.grad) == 1.0
+    finally:
+        dist.destroy_process_group()
+    assert rank_and_world() == (0, 1)

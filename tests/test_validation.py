@@ -164,3 +164,96 @@ def test_bool_tensor_rejects_other_dtypes_even_with_0_1_values(dtype):
 def test_bool_tensor_rejects_non_tensors(value):
     with pytest.raises(TypeError, match="mask must be a torch.Tensor"):
         check_bool_tensor("mask", value)
+
+
+# --------------------------------------------------------------------------- checks at the edge
+
+
+def _count_checks(monkeypatch, classes_and_methods):
+    """Wrap each ``cls.method`` so that its calls are counted; returns the counter dict."""
+    from collections import Counter
+
+    counts: Counter[str] = Counter()
+    for cls, method in classes_and_methods:
+        original = getattr(cls, method)
+
+        def counting(self, *args, _original=original, _key=f"{cls.__name__}.{method}", **kw):
+            counts[_key] += 1
+            return _original(self, *args, **kw)
+
+        monkeypatch.setattr(cls, method, counting)
+    return counts
+
+
+def test_a_public_call_checks_its_inputs_once_and_inner_calls_skip_theirs(monkeypatch) -> None:
+    import torch
+
+    from companion.attention import MultiHeadAttention
+    from companion.layers import DecoderLayer, EncoderLayer, FeedForward
+    from companion.model import Transformer, TransformerConfig
+
+    torch.manual_seed(0)
+    config = TransformerConfig(20, 20, d_model=16, num_heads=2, num_layers=2, d_ff=32)
+    model = Transformer(config).eval()
+    counts = _count_checks(
+        monkeypatch,
+        [
+            (Transformer, "check_forward"),
+            (Transformer, "check_encode"),
+            (Transformer, "check_decode"),
+            (EncoderLayer, "check_inputs"),
+            (DecoderLayer, "check_inputs"),
+            (MultiHeadAttention, "check_inputs"),
+            (FeedForward, "check_inputs"),
+        ],
+    )
+    src, tgt = torch.randint(0, 20, (3, 6)), torch.randint(0, 20, (3, 5))
+    model(src, tgt)
+    assert dict(counts) == {"Transformer.check_forward": 1}
+    counts.clear()
+    attention = model.encoder.layers[0].self_attention
+    x = torch.randn(3, 6, 16)
+    attention(x, x, x)  # the same module, called by a user: checks its own inputs
+    model.encoder.layers[0](x)
+    assert dict(counts) == {"MultiHeadAttention.check_inputs": 1, "EncoderLayer.check_inputs": 1}
+
+
+def test_inner_modules_still_reject_bad_input_when_called_directly() -> None:
+    import pytest
+    import torch
+
+    from companion.model import Transformer, TransformerConfig
+
+    model = Transformer(TransformerConfig(20, 20, d_model=16, num_heads=2, num_layers=1, d_ff=32))
+    layer = model.encoder.layers[0]
+    with pytest.raises(ValueError, match=r"x contains 1 NaN"):
+        layer(torch.tensor([[[float("nan")] + [0.0] * 15]]))
+    with pytest.raises(ValueError, match=r"src must hold ids in \[0, 19\]"):
+        model(torch.tensor([[1, 25]]), torch.tensor([[1, 2]]))  # checked at the edge
+
+
+def test_a_failed_check_leaves_the_next_call_checked() -> None:
+    import pytest
+    import torch
+
+    from companion.attention import MultiHeadAttention
+
+    attention = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError):
+        attention(torch.randn(1, 3, 7), torch.randn(1, 3, 8), torch.randn(1, 3, 8))
+    with pytest.raises(ValueError, match="query must have shape"):  # still checked
+        attention(torch.randn(1, 3, 7), torch.randn(1, 3, 8), torch.randn(1, 3, 8))
+
+
+def test_inputs_checked_switches_checks_off_inside_and_restores_them() -> None:
+    import pytest
+    import torch
+
+    from companion._validation import inputs_checked
+    from companion.layers import FeedForward
+
+    feed_forward = FeedForward(4, 8)
+    with inputs_checked(), pytest.raises(RuntimeError):  # unchecked: torch's own error
+        feed_forward(torch.randn(2, 5))
+    with pytest.raises(ValueError, match=r"x must have shape \(\.\.\., 4\)"):
+        feed_forward(torch.randn(2, 5))

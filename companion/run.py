@@ -1,0 +1,451 @@
+"""A whole training run of chapter 8, from a configuration, and its command line.
+
+- :func:`prepare_data` loads the datasets and vocabularies of ``config.task`` (Multi30k, or a
+  toy task) into a :class:`RunData`; :func:`build_model` builds the configuration's
+  :class:`~companion.model.Transformer`;
+- :func:`train` puts it together: data, model, a :class:`~companion.trainer.Trainer`, the
+  training itself, and the test-set figures at the end (BLEU with
+  :class:`~companion.metrics.Translator` on Multi30k, exact-match accuracy on a toy task),
+  returned as a :class:`TrainResult` and written to ``out_dir``;
+- ``python -m companion.run --config cpu --out runs/cpu`` (or ``python -m companion.train``,
+  the same command) is :func:`main`; :func:`build_parser` lists the options (``--help``).
+  Under ``torchrun --nproc_per_node=N`` it trains with ``DistributedDataParallel``, each
+  process taking its share of every batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import Dataset
+
+from companion._files import atomic_write
+from companion.checkpoint import write_json
+from companion.configs import CONFIG_NAMES, MODEL_FIELDS, TrainConfig, get_config
+from companion.data import (
+    PAD_ID,
+    CopyReverseDataset,
+    Tokenizer,
+    Vocab,
+    WordTokenizer,
+    prepare_multi30k,
+)
+from companion.distributed import init_distributed, rank_and_world
+from companion.history import History
+from companion.metrics import Translator, sequence_accuracy
+from companion.model import Transformer, TransformerConfig
+from companion.trainer import Trainer
+
+__all__ = [
+    "RunData",
+    "prepare_data",
+    "build_model",
+    "TrainResult",
+    "train",
+    "build_parser",
+    "main",
+]
+
+
+@dataclass
+class RunData:
+    """Datasets and vocabularies of a run (:func:`prepare_data`).
+
+    ``test_pairs`` holds the raw ``(source, reference)`` sentences of the test set for BLEU
+    (Multi30k); it is empty for a toy task.
+    """
+
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    tokenizer: Tokenizer
+    test_pairs: list[tuple[str, str]]
+
+
+def prepare_data(
+    config: TrainConfig,
+    data_root: str | os.PathLike[str] | None = None,
+    *,
+    download: bool = True,
+    progress: bool = True,
+) -> RunData:
+    """The datasets of ``config.task``: Multi30k (from ``data_root``, ``$MULTI30K_ROOT`` or
+    the download cache) or a :class:`~companion.data.CopyReverseDataset` (train / validation
+    / test drawn with seeds ``seed``, ``seed + 1``, ``seed + 2``)."""
+    if config.task == "multi30k":
+        data = prepare_multi30k(
+            root=data_root,
+            min_freq=config.min_freq,
+            lowercase=config.lowercase,
+            download=download,
+            progress=progress,
+        )
+        return RunData(
+            train=data.datasets["train"],
+            val=data.datasets["val"],
+            test=data.datasets["test_2016_flickr"],
+            src_vocab=data.src_vocab,
+            tgt_vocab=data.tgt_vocab,
+            tokenizer=data.tokenizer,
+            test_pairs=data.datasets["test_2016_flickr"].pairs,
+        )
+    sizes = {"train": config.toy_examples, "val": max(config.toy_examples // 10, 1)}
+    sizes["test"] = sizes["val"]
+    sets = {
+        split: CopyReverseDataset(
+            task=config.task,
+            num_examples=size,
+            max_len=config.toy_max_len,
+            num_symbols=config.toy_symbols,
+            seed=config.seed + offset,
+        )
+        for offset, (split, size) in enumerate(sizes.items())
+    }
+    vocab = sets["train"].vocab
+    return RunData(
+        train=sets["train"],
+        val=sets["val"],
+        test=sets["test"],
+        src_vocab=vocab,
+        tgt_vocab=vocab,
+        tokenizer=WordTokenizer(),
+        test_pairs=[],
+    )
+
+
+def build_model(config: TrainConfig, src_vocab_size: int, tgt_vocab_size: int) -> Transformer:
+    """The :class:`~companion.model.Transformer` of ``config`` (padding id :data:`PAD_ID`)."""
+    model = replace(
+        config.model,
+        src_vocab=src_vocab_size,
+        tgt_vocab=tgt_vocab_size,
+        src_pad_id=PAD_ID,
+        tgt_pad_id=PAD_ID,
+    )
+    return Transformer(model)
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the trainer (with ``model`` and ``history``), the data and
+    the final figures (also written to ``out_dir/results.json``)."""
+
+    trainer: Trainer
+    data: RunData
+    results: dict[str, Any]
+
+    @property
+    def model(self) -> Transformer:
+        return self.trainer.model
+
+    @property
+    def history(self) -> History:
+        return self.trainer.history
+
+
+def _final_evaluation(trainer: Trainer, data: RunData, out_dir: Path | None) -> dict[str, Any]:
+    """Test-set figures of a finished run: BLEU for Multi30k, exact match for a toy task."""
+    config = trainer.config
+    start = time.perf_counter()
+    if config.task != "multi30k":
+        accuracy = sequence_accuracy(trainer.model, data.test)
+        return {"test_accuracy": accuracy, "decode_seconds": time.perf_counter() - start}
+    translator = Translator(
+        model=trainer.model,
+        tokenizer=data.tokenizer,
+        src_vocab=data.src_vocab,
+        tgt_vocab=data.tgt_vocab,
+        beam_size=config.beam_size,
+        length_penalty=config.length_penalty,
+    )
+    scores, translations = translator.evaluate(data.test_pairs)
+    if out_dir is not None:
+        text = "".join(line + "\n" for line in translations)
+        atomic_write(out_dir / "test_translations.txt", lambda f: f.write(text.encode("utf-8")))
+    return {
+        "test_bleu": scores.bleu,
+        "test_tokenized_bleu": scores.tokenized_bleu,
+        "beam_size": config.beam_size,
+        "decode_seconds": time.perf_counter() - start,
+    }
+
+
+def train(
+    config: TrainConfig | str = "auto",
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    data_root: str | os.PathLike[str] | None = None,
+    download: bool = True,
+    time_budget: float | None = None,
+    max_steps: int | None = None,
+    max_epochs: int | None = None,
+    resume: bool = False,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    evaluate: bool = True,
+) -> TrainResult:
+    """Train a Transformer as ``config`` says and score it on the test set.
+
+    Args:
+        config: a :class:`~companion.configs.TrainConfig` or a name (``"auto"``, ``"cpu"``,
+            ``"gpu"``, ``"toy"``; see :mod:`companion.configs`).
+        out_dir: folder for ``checkpoint.pt`` (after every epoch and at the end),
+            ``history.json``, ``config.json``, ``results.json`` and, for Multi30k,
+            ``test_translations.txt``. ``None`` writes nothing.
+        data_root: folder with the Multi30k files (else ``$MULTI30K_ROOT`` or the cache).
+        download: allow downloading Multi30k when no local copy is found.
+        time_budget, max_steps, max_epochs: override the configuration's limits.
+        resume: continue from ``out_dir/checkpoint.pt`` if it exists.
+        device: default ``"cuda"`` when available, else ``"cpu"``.
+        progress: progress bars.
+        evaluate: score the test set at the end (BLEU, or exact match for a toy task).
+
+    Returns:
+        a :class:`TrainResult`; ``results`` holds the step count, training time, target
+        tokens per second, the last validation loss and the test figures.
+
+    Under ``torchrun`` (``WORLD_SIZE > 1``) it joins the process group (gloo on CPU, NCCL on
+    GPU); only the first process writes files and evaluates the test set.
+    """
+    if isinstance(config, str):
+        config = get_config(config)
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig or a name, got {type(config).__name__}")
+    changes = {"time_budget": time_budget, "max_steps": max_steps, "max_epochs": max_epochs}
+    config = config.replace(**{k: v for k, v in changes.items() if v is not None})
+    if config.time_budget is None and config.max_steps is None and config.max_epochs is None:
+        raise ValueError("train needs a limit: time_budget, max_steps or max_epochs, got none")
+    device, started_group = init_distributed(device)
+    rank, world = rank_and_world()
+    if device.type == "cuda":  # TensorFloat-32 matrix products: much faster, accurate enough
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    out = None if out_dir is None else Path(out_dir)
+    try:
+        if world > 1 and rank != 0:
+            dist.barrier()  # the first process prepares (and maybe downloads) the data first
+        data = prepare_data(
+            config=config,
+            data_root=data_root,
+            download=download,
+            progress=progress and rank == 0,
+        )
+        if world > 1 and rank == 0:
+            dist.barrier()
+        torch.manual_seed(config.seed)  # the same initial weights in every process
+        model = build_model(config, len(data.src_vocab), len(data.tgt_vocab))
+        torch.manual_seed(config.seed + 1 + rank)  # dropout: a different stream per process
+        random.seed(config.seed + rank)
+        np.random.seed(config.seed + rank)
+        trainer = Trainer(
+            model=model,
+            config=config,
+            train_data=data.train,
+            val_data=data.val,
+            src_vocab=data.src_vocab,
+            tgt_vocab=data.tgt_vocab,
+            tokenizer=data.tokenizer,
+            device=device,
+            out_dir=out,
+            progress=progress,
+        )
+        if resume and trainer.checkpoint_path is not None and trainer.checkpoint_path.is_file():
+            trainer.load_checkpoint()
+        if out is not None and rank == 0:
+            write_json(out / "config.json", config.to_dict())
+        trainer.fit()
+    finally:
+        if started_group and dist.is_initialized():
+            dist.destroy_process_group()
+    history = trainer.history
+    results: dict[str, Any] = {
+        "config": config.name,
+        "task": config.task,
+        "world_size": world,
+        "device": str(device),
+        "stop_reason": trainer.stop_reason,
+        "steps": trainer.step,
+        "epochs": trainer.epochs_done,
+        "train_seconds": trainer.elapsed,
+        "target_tokens_per_second": history.tokens_per_second(),
+        "val_loss": history.val_loss[-1] if history.val_loss else None,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+    }
+    if rank == 0:
+        if evaluate:
+            results.update(_final_evaluation(trainer, data, out))
+        if out is not None:
+            history.save_json(out / "history.json")
+            write_json(out / "results.json", results)
+    return TrainResult(trainer=trainer, data=data, results=results)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_setting(text: str) -> tuple[str, Any]:
+    """``"FIELD=VALUE"`` → ``(field, value)`` converted to the TrainConfig field's type."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--set expects FIELD=VALUE, got {text!r}")
+    name, raw = (part.strip() for part in text.split("=", 1))
+    types = {f.name: str(f.type) for f in fields(TrainConfig) if f.name != "model"}
+    types |= {f.name: str(f.type) for f in fields(TransformerConfig) if f.name in MODEL_FIELDS}
+    if name not in types:
+        raise argparse.ArgumentTypeError(
+            f"--set: unknown field {name!r}; the fields are {', '.join(sorted(types))}"
+        )
+    kind = types[name]
+    if raw.lower() == "none" and "None" in kind:
+        return name, None
+    try:
+        if kind.startswith("bool"):
+            if raw.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(raw)
+            return name, raw.lower() in ("true", "1")
+        if kind.startswith("int"):
+            return name, int(raw)
+        if kind.startswith("float"):
+            return name, float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--set {name}: expected a value of type {kind}, got {raw!r}"
+        ) from None
+    return name, raw
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser(prog: str = "python -m companion.run") -> argparse.ArgumentParser:
+    """The parser of ``python -m companion.run`` (``prog``: the command shown in ``--help``;
+    ``python -m companion.train`` is the same command)."""
+    module = prog.split()[-1]
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Train the course's Transformer (Multi30k German->English, or a toy task) and\n"
+            "write checkpoint.pt, history.json, config.json and results.json (test BLEU) into\n"
+            "--out. Under 'torchrun --nproc_per_node=N' it trains with DistributedDataParallel."
+        ),
+        epilog=(
+            "examples:\n"
+            f"  {prog} --config cpu --out runs/cpu\n"
+            f"  {prog} --config toy --out runs/toy --max-steps 300\n"
+            f"  torchrun --nproc_per_node=2 --standalone -m {module} --config cpu "
+            "--out runs/ddp"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config",
+        default="auto",
+        choices=CONFIG_NAMES,
+        help="named configuration; auto = gpu if CUDA is available, else cpu (default: auto)",
+    )
+    parser.add_argument("--out", required=True, help="output folder (checkpoint, history, results)")
+    parser.add_argument(
+        "--time-budget", type=_positive_float, help="seconds of training (overrides the config)"
+    )
+    parser.add_argument("--max-steps", type=_positive_int, help="optimiser steps at most")
+    parser.add_argument("--max-epochs", type=_positive_int, help="epochs at most")
+    parser.add_argument("--data-root", help="folder with the Multi30k .gz files")
+    parser.add_argument(
+        "--no-download", action="store_true", help="never download Multi30k (fail instead)"
+    )
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
+    parser.add_argument(
+        "--threads", type=_positive_int, help="torch CPU threads (default: torch's choice)"
+    )
+    parser.add_argument("--beam-size", type=_positive_int, help="beam width for the test BLEU")
+    parser.add_argument("--max-tokens", type=_positive_int, help="tokens per (global) batch")
+    parser.add_argument("--seed", type=int, help="random seed")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        type=_parse_setting,
+        metavar="FIELD=VALUE",
+        help="change any TrainConfig field, e.g. --set dropout=0.2 (repeatable)",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None, *, prog: str = "python -m companion.run"
+) -> dict[str, Any]:
+    """Entry point of ``python -m companion.run`` and ``python -m companion.train``; returns
+    the results dict. ``argv`` defaults to the command line's; ``prog`` is shown in ``--help``."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    changes = dict(args.settings)
+    for name, value in (
+        ("beam_size", args.beam_size),
+        ("max_tokens", args.max_tokens),
+        ("seed", args.seed),
+    ):
+        if value is not None:
+            changes[name] = value
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        config = get_config(args.config, **changes)
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
+    result = train(
+        config=config,
+        out_dir=args.out,
+        data_root=args.data_root,
+        download=not args.no_download,
+        time_budget=args.time_budget,
+        max_steps=args.max_steps,
+        max_epochs=args.max_epochs,
+        resume=args.resume,
+        device=args.device,
+        progress=not args.no_progress,
+        evaluate=not args.no_eval,
+    )
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(result.results, indent=1), file=sys.stdout, flush=True)
+    return result.results
+
+
+if __name__ == "__main__":
+    main()

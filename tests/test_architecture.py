@@ -1,0 +1,166 @@
+"""The module stack of ARCHITECTURE.md holds: no import cycle inside ``companion``, no import
+from a higher layer, no private name imported from another module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "companion"
+
+#: Each module's layer, lowest first; a module may import only from lower layers. The same
+#: table, drawn, is in ARCHITECTURE.md: a new module gets a row in both.
+LAYERS: dict[str, int] = {
+    "companion._validation": 0,
+    "companion._files": 0,
+    "companion.distributed": 0,
+    "companion.masking": 1,
+    "companion.positional": 1,
+    "companion.cache": 1,
+    "companion.utils": 1,
+    "companion.viz": 1,
+    "companion.data.vocab": 1,
+    "companion.exercises._checker": 1,
+    "companion.attention": 2,
+    "companion.data.toy": 2,
+    "companion.data.batching": 2,
+    "companion.data.download": 2,
+    "companion.exercises": 2,
+    "companion.exercises.ch01": 2,
+    "companion.exercises.ch02": 2,
+    "companion.exercises.ch03": 2,
+    "companion.exercises.ch04": 2,
+    "companion.exercises.ch05": 2,
+    "companion.exercises.ch06": 2,
+    "companion.exercises.ch08": 2,
+    "companion.layers": 3,
+    "companion.data.multi30k": 3,
+    "companion.model": 4,
+    "companion.data.prepare": 4,
+    "companion.data": 5,
+    "companion.interop": 5,
+    "companion.checkpoint": 5,
+    "companion.configs": 5,
+    "companion.decode": 6,
+    "companion.train": 6,
+    "companion.history": 7,
+    "companion.metrics": 7,
+    "companion.exercises.ch07": 7,
+    "companion.trainer": 8,
+    "companion.run": 9,
+    "companion": 10,
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def is_main_block(node: ast.AST) -> bool:
+    """``if __name__ == "__main__":`` - a script entry point, not an import of the module."""
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+    )
+
+
+def imports(path: Path) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` of every ``companion`` import in the file, lazy ones included."""
+    found: list[tuple[str, list[str]]] = []
+
+    def visit(node: ast.AST) -> None:
+        if is_main_block(node):
+            return
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] == "companion":
+                found.append((node.module, [alias.name for alias in node.names]))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "companion":
+                    found.append((alias.name, []))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        targets = set()
+        for module, names in imports(path):
+            targets.add(module)
+            for imported in names:  # `from companion import viz` imports the module viz
+                if f"{module}.{imported}" in LAYERS:
+                    targets.add(f"{module}.{imported}")
+                    targets.discard(module)
+        edges[name] = targets - {name}
+    return edges
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == 1:
+                return path[path.index(target) :] + [target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(set(graph()) - set(LAYERS))
+    assert not missing, f"add these modules to LAYERS here and to ARCHITECTURE.md: {missing}"
+
+
+def test_no_import_cycle() -> None:
+    assert find_cycle(graph()) is None, f"import cycle: {' -> '.join(find_cycle(graph()))}"
+
+
+def test_find_cycle_finds_one() -> None:  # the detector itself can fail
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("module", sorted(LAYERS))
+def test_imports_only_from_lower_layers(module: str) -> None:
+    upward = sorted(
+        target
+        for target in graph().get(module, ())
+        if target in LAYERS and LAYERS[target] >= LAYERS[module]
+    )
+    assert not upward, (
+        f"{module} (layer {LAYERS[module]}) imports from layer >= its own: "
+        + ", ".join(f"{t} (layer {LAYERS[t]})" for t in upward)
+    )
+
+
+def test_no_private_name_imported_from_another_module() -> None:
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for module, names in imports(path):
+            private = [n for n in names if n.startswith("_") and n != "__version__"]
+            if private and module not in ("companion._validation", "companion._files"):
+                offenders.append(f"{module_name(path)}: from {module} import {', '.join(private)}")
+    assert not offenders, offenders
