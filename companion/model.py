@@ -230,7 +230,22 @@ def _final_norm(config: TransformerConfig) -> nn.LayerNorm | None:
     return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
 
-class Encoder(nn.Module):
+class _Stack(nn.Module):
+    """``count`` layers of one kind built from ``config``, then an optional final LayerNorm."""
+
+    def __init__(
+        self, config: TransformerConfig, layer: type[EncoderLayer | DecoderLayer], count: int
+    ) -> None:
+        super().__init__()
+        self.d_model = config.d_model
+        self.layers = nn.ModuleList(
+            layer(config.d_model, config.num_heads, config.d_ff, **config.layer_options)
+            for _ in range(count)
+        )
+        self.final_norm = _final_norm(config)
+
+
+class Encoder(_Stack):
     """``config.num_layers`` encoder layers, then an optional final LayerNorm.
 
     Args:
@@ -238,14 +253,7 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, config: TransformerConfig) -> None:
-        super().__init__()
-        _check_config(config)
-        self.d_model = config.d_model
-        self.layers = nn.ModuleList(
-            EncoderLayer(config.d_model, config.num_heads, config.d_ff, **config.layer_options)
-            for _ in range(config.num_layers)
-        )
-        self.final_norm = _final_norm(config)
+        super().__init__(config, EncoderLayer, _check_config(config).num_layers)
 
     @checked("check_inputs")
     def forward(
@@ -281,7 +289,7 @@ class Encoder(nn.Module):
         return _stack_weights([layer.self_attention_weights for layer in self.layers])
 
 
-class Decoder(nn.Module):
+class Decoder(_Stack):
     """``config.decoder_layers`` decoder layers, then an optional final LayerNorm.
 
     Args:
@@ -289,14 +297,7 @@ class Decoder(nn.Module):
     """
 
     def __init__(self, config: TransformerConfig) -> None:
-        super().__init__()
-        _check_config(config)
-        self.d_model = config.d_model
-        self.layers = nn.ModuleList(
-            DecoderLayer(config.d_model, config.num_heads, config.d_ff, **config.layer_options)
-            for _ in range(config.decoder_layers)
-        )
-        self.final_norm = _final_norm(config)
+        super().__init__(config, DecoderLayer, _check_config(config).decoder_layers)
 
     @checked("check_inputs")
     def forward(
