@@ -45,7 +45,7 @@ def checked(check: str) -> Callable[[Method], Method]:
     def decorate(method: Method) -> Method:
         @functools.wraps(method)
         def run(self: object, *args: object, **kwargs: object) -> object:
-            if torch.compiler.is_compiling() or getattr(_edge, "inside", False):
+            if not checks_enabled():
                 return method(self, *args, **kwargs)
             getattr(self, check)(*args, **kwargs)
             with inputs_checked():
@@ -54,6 +54,13 @@ def checked(check: str) -> Callable[[Method], Method]:
         return run  # type: ignore[return-value]
 
     return decorate
+
+
+def checks_enabled() -> bool:
+    """``False`` inside a checked call (its inputs are known to be good) and under
+    ``torch.compile``; public functions that are also called from inside the package
+    (``fused_linear``, ``causal_mask``) run their checks only when this is ``True``."""
+    return not (torch.compiler.is_compiling() or getattr(_edge, "inside", False))
 
 
 @contextmanager

@@ -40,6 +40,7 @@ from companion._validation import (
     check_size,
     check_tensor,
     checked,
+    checks_enabled,
     shape_str,
 )
 from companion.cache import KeyValueCache
@@ -450,6 +451,12 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             score_shape = (batch, self.num_heads, q_len, k_len)
             check_bool_mask("mask", mask, score_shape, "(batch, heads, q_len, k_len)")
+        if is_causal and k_len < q_len:
+            raise ValueError(
+                f"k_len must be >= q_len with is_causal (the queries are the last q_len "
+                f"positions), "
+                f"got q_len={q_len} and k_len={k_len}"
+            )
 
     def cached_length(self, cache: object, batch: int, new_len: int) -> int:
         """Check ``cache`` for a call with ``batch`` rows; the number of keys (cached + new)."""
@@ -502,7 +509,8 @@ def fused_linear(x: Tensor, projections: Sequence[nn.Linear]) -> Tensor:
         Tensor of shape ``(..., out_1 + out_2 + ...)``:
         ``[projections[0](x) | projections[1](x) | ...]``.
     """
-    projections = _check_projections(x, projections)
+    if checks_enabled():  # not when called from inside a checked module
+        projections = _check_projections(x, projections)
     weight = torch.cat([p.weight for p in projections])  # (out_1 + out_2 + ..., d_in)
     return F.linear(x, weight, _concat_bias(projections))  # (..., out_1 + out_2 + ...)
 

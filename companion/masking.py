@@ -39,6 +39,7 @@ from companion._validation import (
     check_integer,
     check_ndim,
     check_positive_int,
+    checks_enabled,
     shape_str,
 )
 
@@ -89,15 +90,21 @@ def causal_mask(
     Returns:
         Boolean mask of shape ``(q_len, k_len)``: ``True`` on and below the (shifted) diagonal.
     """
+    k_len = q_len if k_len is None else k_len
+    if checks_enabled():  # not when called from inside a checked module
+        _check_causal_sizes(q_len, k_len)
+    ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)  # (q_len, k_len)
+    return torch.tril(ones, diagonal=k_len - q_len)  # (q_len, k_len)
+
+
+def _check_causal_sizes(q_len: object, k_len: object) -> None:
     check_positive_int("q_len", q_len)
-    k_len = q_len if k_len is None else check_positive_int("k_len", k_len)
+    check_positive_int("k_len", k_len)
     if k_len < q_len:
         raise ValueError(
             f"k_len must be >= q_len for a causal mask (queries are the last q_len positions), "
             f"got q_len={q_len} and k_len={k_len}"
         )
-    ones = torch.ones(q_len, k_len, dtype=torch.bool, device=device)  # (q_len, k_len)
-    return torch.tril(ones, diagonal=k_len - q_len)  # (q_len, k_len)
 
 
 def combine_masks(*masks: Tensor | None) -> Tensor | None:

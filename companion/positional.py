@@ -37,6 +37,7 @@ from companion._validation import (
     check_probability,
     check_size,
     checked,
+    checks_enabled,
     shape_str,
 )
 
@@ -188,8 +189,9 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def encodings(self, seq_len: int, offset: int = 0) -> Tensor:
         """Rows ``offset .. offset + seq_len - 1`` of the table, shape ``(seq_len, d_model)``."""
-        check_positive_int("seq_len", seq_len)
-        _check_offset(offset)
+        if checks_enabled():  # not when called from forward
+            check_positive_int("seq_len", seq_len)
+            _check_offset(offset)
         needed = offset + seq_len
         if needed > self.max_len:  # grow: the formula holds for every position
             grown = sinusoidal_table(max(needed, 2 * self.max_len), self.d_model, base=self.base)
