@@ -17,6 +17,18 @@ def randomize_(module: nn.Module, generator: torch.Generator, std: float = 0.3) 
     return module
 
 
+def tiny_transformer(vocab: int, *, seed: int = 0, pad_id: int | None = 0, **changes):
+    """A small ``Transformer`` (d_model 32, 4 heads, 1 + 1 layers, d_ff 48, no dropout)
+    with ``vocab`` tokens in both languages, padding ``pad_id`` (``None``: no pad id), initial
+    weights from ``seed``; ``changes`` override any ``TransformerConfig`` field."""
+    from companion.model import Transformer, TransformerConfig
+
+    settings = dict(d_model=32, num_heads=4, num_layers=1, d_ff=48, dropout=0.0)
+    settings |= {"src_pad_id": pad_id, "tgt_pad_id": pad_id} | changes
+    torch.manual_seed(seed)
+    return Transformer(TransformerConfig(vocab, vocab, **settings))
+
+
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest absolute difference (0 for empty selections)."""
     return (a - b).abs().max().item() if a.numel() else 0.0

@@ -1,7 +1,7 @@
 """Properties that must hold for every input (hypothesis, 100 examples each)."""
 
 import torch
-from helpers import max_abs_diff
+from helpers import max_abs_diff, tiny_transformer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,11 +16,10 @@ PAD = 0
 
 
 def tiny_model(seed: int, norm_first: bool, pad_ids: bool = True) -> Transformer:
-    torch.manual_seed(seed)
-    pads = {"src_pad_id": PAD, "tgt_pad_id": PAD} if pad_ids else {}
-    return Transformer(
-        TransformerConfig(9, 9, 8, 2, 2, 16, 0.1, norm_first, max_len=32, **pads)
-    ).eval()
+    return tiny_transformer(
+        9, seed=seed, pad_id=PAD if pad_ids else None, d_model=8, num_heads=2, num_layers=2,
+        d_ff=16, dropout=0.1, norm_first=norm_first, max_len=32,
+    ).eval()  # fmt: skip
 
 
 @EXAMPLES
