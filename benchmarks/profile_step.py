@@ -73,7 +73,9 @@ def make_batch(max_tokens: int, generator: torch.Generator) -> tuple[torch.Tenso
     return src, tgt  # (batch, length) each
 
 
-def profile_config(name: str, steps: int, compile_model: bool) -> dict[str, float]:
+def profile_config(
+    name: str, steps: int, compile_model: bool, top_operators: int = 12
+) -> dict[str, float]:
     config = get_config(name)
     torch.manual_seed(0)
     model = build_model(config, SRC_VOCAB, TGT_VOCAB).train()
@@ -112,10 +114,12 @@ def profile_config(name: str, steps: int, compile_model: bool) -> dict[str, floa
             one_step(src, tgt)
     wall_us = (time.perf_counter() - start) * 1e6
     shares: dict[str, float] = defaultdict(float)
+    operators: dict[str, float] = {}
     for event in prof.key_averages():
         if event.key.startswith(("ProfilerStep", "## ")):
             continue
         shares[category(event.key)] += event.self_cpu_time_total
+        operators[event.key] = event.self_cpu_time_total
     covered = sum(shares.values())
     shares["host-side Python"] = max(0.0, wall_us - covered)
     tokens = sum(int((s != PAD_ID).sum() + (t != PAD_ID).sum()) for s, t in batches[2:])
@@ -128,6 +132,10 @@ def profile_config(name: str, steps: int, compile_model: bool) -> dict[str, floa
     total = sum(shares.values())
     for label, micros in sorted(shares.items(), key=lambda item: -item[1]):
         print(f"  {label:18s} {100 * micros / total:5.1f} %   {micros / steps / 1e3:8.1f} ms/step")
+    top = sorted(operators.items(), key=lambda item: -item[1])[:top_operators]
+    print(f"  top {len(top)} operators (self time):")
+    for key, micros in top:
+        print(f"    {key:44s} {100 * micros / total:5.1f} %  ({category(key)})")
     return {label: micros / total for label, micros in shares.items()}
 
 
@@ -137,12 +145,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="profiled steps per config")
     parser.add_argument("--threads", type=int, default=None, help="intra-op threads")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--top", type=int, default=12, help="operators listed per config")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for name in args.config:
-        profile_config(name, max(1, args.steps), args.compile)
+        profile_config(name, max(1, args.steps), args.compile, args.top)
 
 
 if __name__ == "__main__":

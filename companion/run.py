@@ -403,6 +403,12 @@ def build_parser(prog: str = "python -m companion.run") -> argparse.ArgumentPars
         metavar="FIELD=VALUE",
         help="change any TrainConfig field, e.g. --set dropout=0.2 (repeatable)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="train through torch.compile(fullgraph=True) (TrainConfig.compile; compile time "
+        "counts against the time budget)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
     return parser
@@ -423,6 +429,8 @@ def main(
     ):
         if value is not None:
             changes[name] = value
+    if args.compile:
+        changes["compile"] = True
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:

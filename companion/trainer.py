@@ -135,6 +135,10 @@ class Trainer:
                 device_ids=[self.device] if self.device.type == "cuda" else None,
                 broadcast_buffers=False,  # no running statistics to synchronise
             )
+        #: what a training step runs: the model, DDP's wrapper, or either compiled
+        self.step_model = self.model if self.ddp is None else self.ddp
+        if config.compile:
+            self.step_model = torch.compile(self.step_model, fullgraph=True)
         self.optimizer = torch.optim.Adam(
             params=self.model.parameters(),
             lr=1.0,  # the schedule gives the actual learning rate
@@ -198,7 +202,7 @@ class Trainer:
         of the whole batch.
         """
         return train_step(
-            model=self.model if self.ddp is None else self.ddp,
+            model=self.step_model,
             src=src,
             tgt=tgt,
             optimizer=self.optimizer,
