@@ -39,7 +39,6 @@ from companion._validation import (
     check_bool,
     check_instance,
     check_integer,
-    check_ndim,
     check_nonnegative_float,
     check_positive_int,
     inputs_checked,
@@ -79,12 +78,6 @@ def _check_model(model: object) -> Transformer:
             "(unwrap a DistributedDataParallel model with .module)"
         )
     return model
-
-
-def _check_src(src: object) -> Tensor:
-    src = check_integer("src", src)
-    check_ndim("src", src, 2, "(batch, src_len)")
-    return src
 
 
 def _to_model_device(
@@ -141,7 +134,7 @@ def _forbid(logits: Tensor, ids: tuple[int, ...]) -> Tensor:
 class _EvalMode:
     """Context for a decoding loop: ``model.eval()`` + ``torch.no_grad()`` (the previous mode
     restored on exit), and the model's input checks off - the caller has validated the
-    source with ``model.check_encode`` once, and the loop feeds back ids it chose itself."""
+    source with ``model.check_source`` once, and the loop feeds back ids it chose itself."""
 
     def __init__(self, model: Transformer) -> None:
         self.model, self.was_training = model, model.training
@@ -188,8 +181,7 @@ def greedy_decode(
         without ``<eos>`` has none.
     """
     model = _check_model(model)
-    src = _check_src(src)
-    model.check_encode(src, src_mask)  # once, where src is; the loops below run unchecked
+    model.check_source(src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
     check_bool("use_cache", use_cache)
@@ -285,8 +277,7 @@ def beam_search(
         ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
     """
     model = _check_model(model)
-    src = _check_src(src)
-    model.check_encode(src, src_mask)  # once, where src is; the loops below run unchecked
+    model.check_source(src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     check_positive_int("beam_size", beam_size)
     if history is not None:
@@ -434,8 +425,7 @@ def sample_decode(
         ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
     """
     model = _check_model(model)
-    src = _check_src(src)
-    model.check_encode(src, src_mask)  # once, where src is; the loops below run unchecked
+    model.check_source(src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     temperature = check_nonnegative_float("temperature", temperature)
     if top_k is not None:

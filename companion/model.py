@@ -611,18 +611,30 @@ class Transformer(nn.Module):
         need_weights: bool = False,
     ) -> None:
         """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
-        self._check_tokens("src", src, self.config.src_vocab)
+        self.check_source(src, src_mask)
         self._check_tokens("tgt", tgt, self.config.tgt_vocab)
         if src.shape[0] != tgt.shape[0]:
             raise ValueError(
                 f"src and tgt must have the same batch size, got src {shape_str(src.shape)} "
                 f"and tgt {shape_str(tgt.shape)}"
             )
+        self._check_masks(
+            batch=src.shape[0],
+            src_len=src.shape[1],
+            tgt_len=tgt.shape[1],
+            cached=0,
+            tgt_mask=tgt_mask,
+        )
+        check_bool("need_weights", need_weights)
+
+    def check_source(self, src: Tensor, src_mask: Tensor | None = None) -> None:
+        """Check source ids and a source mask that both the encoder and cross-attention can
+        use: broadcastable to ``(batch, heads, 1, src_len)`` (what :meth:`forward` and the
+        decoding functions of :mod:`companion.decode` pass to both)."""
+        self._check_tokens("src", src, self.config.src_vocab)
         if src_mask is not None:
             target = (src.shape[0], self.config.num_heads, 1, src.shape[1])
             check_bool_mask("src_mask", src_mask, target, "(batch, heads, 1, src_len)")
-        self._check_masks(src.shape[0], src.shape[1], tgt.shape[1], 0, tgt_mask)
-        check_bool("need_weights", need_weights)
 
     def check_encode(
         self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False
@@ -672,10 +684,18 @@ class Transformer(nn.Module):
                     f"got shape {shape_str(tgt.shape)}"
                 )
             cached = cache.length
-        self._check_masks(tgt.shape[0], memory.shape[1], tgt.shape[1], cached, tgt_mask, src_mask)
+        self._check_masks(
+            batch=tgt.shape[0],
+            src_len=memory.shape[1],
+            tgt_len=tgt.shape[1],
+            cached=cached,
+            tgt_mask=tgt_mask,
+            src_mask=src_mask,
+        )
 
     def _check_masks(
         self,
+        *,
         batch: int,
         src_len: int,
         tgt_len: int,

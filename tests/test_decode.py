@@ -408,3 +408,16 @@ def test_sampling_distribution_needs_a_positive_temperature_and_k():
     with pytest.raises(ValueError, match="top_k"):
         sampling_distribution(logits, 1.0, top_k=0)
     assert torch.equal(sampling_distribution(logits, 1.0, top_k=9), torch.softmax(logits, -1))
+
+
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search, sample_decode])
+def test_decoding_checks_the_source_once_with_a_mask_cross_attention_can_use(decode):
+    """The loops run unchecked, so the source mask is checked up front against what the
+    decoder's cross-attention needs, ``(batch, heads, 1, src_len)``, not the encoder's."""
+    model = make_sampling_model()
+    src = sources()  # (3, 6)
+    square = torch.ones(3, 1, 6, 6, dtype=torch.bool)  # fine for the encoder only
+    with pytest.raises(ValueError, match=r"src_mask of shape \(3, 1, 6, 6\) does not broadcast"):
+        decode(model, src, max_len=4, src_mask=square)
+    with pytest.raises(ValueError, match=r"src must hold ids in \[0, 11\]"):
+        decode(model, src + 20, max_len=4)
