@@ -50,7 +50,11 @@ class CheckResult:
         return self.passed
 
     def __repr__(self) -> str:
-        return f"CheckResult(name={self.name!r}, passed={self.passed}, cases_run={self.cases_run})"
+        """A one-line status, e.g. ``✓ row_softmax: all 12 cases pass`` (shown by Jupyter)."""
+        cases = f"{self.cases_run} case{'s' if self.cases_run != 1 else ''}"
+        if self.passed:
+            return f"✓ {self.name}: all {cases} pass"
+        return f"✗ {self.name}: not yet ({cases} run; see the message above)"
 
 
 def _describe(value: Any) -> str:
