@@ -44,6 +44,7 @@ from companion._validation import (
     shape_str,
 )
 from companion.cache import KeyValueCache
+from companion.dropout import dropout
 from companion.masking import causal_mask
 
 __all__ = [
@@ -126,7 +127,7 @@ def scaled_dot_product_attention(
     weights = torch.softmax(scores, dim=-1)  # (..., q_len, k_len)
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)  # (..., q_len, k_len) blocked keys get 0
-    mixed = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights  # (..., q_len, k_len)
+    mixed = dropout(weights, dropout_p)  # (..., q_len, k_len)
     output = mixed @ v  # (..., q_len, d_v)
     return output, weights
 

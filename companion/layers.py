@@ -44,6 +44,7 @@ from companion._validation import (
 )
 from companion.attention import MultiHeadAttention
 from companion.cache import DecoderLayerCache, KeyValueCache
+from companion.dropout import Dropout
 
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "ACTIVATIONS"]
 
@@ -81,7 +82,7 @@ class FeedForward(nn.Module):
         self.activation = ACTIVATIONS[activation]
         self.hidden_proj = nn.Linear(d_model, d_ff, bias=check_bool("bias", bias))
         self.output_proj = nn.Linear(d_ff, d_model, bias=bias)
-        self.dropout = nn.Dropout(check_probability("dropout", dropout))
+        self.dropout = Dropout(check_probability("dropout", dropout))
 
     def extra_repr(self) -> str:
         return f"activation={self.activation_name!r}"
@@ -128,7 +129,7 @@ class _ResidualLayer(nn.Module):
         self.feed_forward = FeedForward(
             d_model, d_ff, dropout=dropout, activation=activation, bias=bias
         )
-        self.residual_dropout = nn.Dropout(dropout)
+        self.residual_dropout = Dropout(dropout)
 
     def attention(self) -> MultiHeadAttention:
         return MultiHeadAttention(

@@ -40,6 +40,7 @@ from companion._validation import (
     checks_enabled,
     shape_str,
 )
+from companion.dropout import Dropout
 
 __all__ = [
     "sinusoidal_frequencies",
@@ -178,7 +179,7 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         self.d_model = _check_even("d_model", check_positive_int("d_model", d_model))
         self.base = float(base)
-        self.dropout = nn.Dropout(check_probability("dropout", dropout))
+        self.dropout = Dropout(check_probability("dropout", dropout))
         table = sinusoidal_table(check_positive_int("max_len", max_len), d_model, base=base)
         self.register_buffer("table", table, persistent=False)  # (max_len, d_model)
 
@@ -229,7 +230,7 @@ class LearnedPositionalEmbedding(nn.Module):
         self.d_model = check_positive_int("d_model", d_model)
         self.embedding = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.embedding.weight, std=0.02)
-        self.dropout = nn.Dropout(check_probability("dropout", dropout))
+        self.dropout = Dropout(check_probability("dropout", dropout))
 
     @checked("check_inputs")
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:

@@ -15,6 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "companion"
 LAYERS: dict[str, int] = {
     "companion._validation": 0,
     "companion._files": 0,
+    "companion.dropout": 0,
     "companion.distributed": 0,
     "companion.masking": 1,
     "companion.positional": 1,

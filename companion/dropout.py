@@ -1,0 +1,141 @@
+"""Dropout whose random numbers cost what they should on a CPU.
+
+Dropout zeroes each element with probability ``p`` and scales the survivors by
+``1 / (1 - p)``, so the expected output equals the input. The arithmetic is one
+multiplication; the cost is the random numbers. On a CPU, ``torch.nn.functional.dropout``
+draws them with ``bernoulli_``, one generator call per element: on the course's 2-core
+machine that made dropout about 30 % of a training step, more than the matrix products it
+sits between (see ``benchmarks/README.md``).
+
+:func:`keep_mask` draws the same decisions from raw 64-bit random words instead: each word
+gives four 16-bit lanes, and a lane keeps its element when it is at least a threshold. One
+generator call then serves four elements, and the comparison is a single vectorised pass.
+The drop probability is realised in steps of 1/32,768 (``p = 0.1`` becomes 0.100006); the
+survivors are scaled by ``1 / (1 - realised p)``, so the expected output is still exactly the
+input.
+
+Where the fused kernels are already fast, :func:`dropout` uses them: on a GPU, and under
+``torch.compile`` (which fuses dropout into the surrounding element-wise code). The random
+numbers come from torch's default generator, so ``companion.utils.set_seed`` makes runs
+reproduce.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Dropout", "dropout", "keep_mask", "realised_probability"]
+
+#: Lanes of 16 bits per 64-bit random word.
+_LANES = 4
+#: Resolution of the drop probability: lane values are even, so 2**15 steps.
+_STEPS = 2**15
+
+
+def _check_probability(p: float) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability p must be a number in [0, 1], got {p!r}")
+    return float(p)
+
+
+def realised_probability(p: float) -> float:
+    """The drop probability :func:`keep_mask` realises for ``p``: ``p`` rounded to 1/32,768."""
+    return round(_check_probability(p) * _STEPS) / _STEPS
+
+
+def keep_mask(
+    shape: tuple[int, ...] | torch.Size, p: float, device: torch.device | str = "cpu"
+) -> Tensor:
+    """Boolean mask of the given shape, each element ``True`` (kept) with probability ``1 - p``.
+
+    Each 64-bit word from ``Tensor.random_`` (uniform over ``[0, 2**63)``) is doubled, which
+    drops its always-zero top bit, and read as four 16-bit lanes; a lane keeps its element
+    when it is ≥ a threshold. The lowest lane is always even after the doubling, so the
+    threshold is even and every lane keeps with the same probability
+    ``1 - realised_probability(p)``.
+
+    Args:
+        shape: shape of the mask.
+        p: drop probability in ``[0, 1]``.
+        device: where to make the mask.
+
+    Returns:
+        Boolean tensor of shape ``shape``.
+    """
+    steps_dropped = round(_check_probability(p) * _STEPS)
+    numel = 1
+    for size in shape:
+        numel *= size
+    words = -(-numel // _LANES)
+    bits = torch.empty(words, dtype=torch.int64, device=device).random_()  # (words,) in [0, 2**63)
+    bits.add_(bits)  # (words,) doubled: 64 random bits, the lowest one zero
+    lanes = bits.view(torch.int16)[:numel]  # (numel,) uniform over the even int16 values
+    threshold = -(2**15) + 2 * steps_dropped  # an even lane value; lanes below it drop
+    return (lanes >= threshold).view(shape)  # (*shape,) bool, True = keep
+
+
+class _ScaleKept(torch.autograd.Function):
+    """``x · keep · scale`` in one pass each way, saving only the boolean mask for backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:  # noqa: ANN001
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        # aten's dropout backward computes exactly grad · mask · scale: reused for the forward
+        return torch.ops.aten.native_dropout_backward(x, keep, scale)  # (*x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
+        (keep,) = ctx.saved_tensors
+        return torch.ops.aten.native_dropout_backward(grad, keep, ctx.scale), None, None
+
+
+def _use_fused(x: Tensor) -> bool:
+    return (
+        x.device.type != "cpu"
+        or not x.is_floating_point()
+        or sys.byteorder != "little"  # the lanes are read as little-endian int16
+        or torch.compiler.is_compiling()
+    )
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """Zero each element of ``x`` with probability ``p`` and scale the rest by ``1 / (1 - p)``.
+
+    Same contract as ``torch.nn.functional.dropout`` (identity when ``training`` is false or
+    ``p == 0``; all zeros when ``p == 1``), with the cheaper random numbers of
+    :func:`keep_mask` on a CPU and torch's fused kernel elsewhere.
+
+    Args:
+        x: any shape ``(*)``.
+        p: drop probability in ``[0, 1]``.
+        training: apply dropout only when true.
+
+    Returns:
+        Tensor of the shape of ``x``.
+    """
+    p = _check_probability(p)
+    if not training or p == 0.0:
+        return x
+    if _use_fused(x) or p == 1.0:
+        return F.dropout(x, p, training=True)
+    scale = 1.0 / (1.0 - realised_probability(p))
+    return _ScaleKept.apply(x, keep_mask(x.shape, p, x.device), scale)  # (*x.shape)
+
+
+class Dropout(nn.Dropout):
+    """``torch.nn.Dropout`` with :func:`dropout`'s cheaper random numbers on a CPU.
+
+    A subclass, so code that looks for ``nn.Dropout`` modules (to change ``p``, or to skip
+    them in a shape trace) still finds it; ``inplace=True`` uses torch's own kernel.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x``: any shape ``(*)`` → same shape."""
+        if self.inplace:
+            return super().forward(x)
+        return dropout(x, self.p, self.training)
