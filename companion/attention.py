@@ -179,6 +179,26 @@ class AdditiveScore(nn.Module):
         return self.score_proj(torch.tanh(hq + hk)).squeeze(-1)  # (..., q_len, k_len)
 
 
+def _attention_with_dropout(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
+) -> Tensor:
+    """Training-mode attention on a CPU with dropout on the weights (no input checks).
+
+    torch's fused CPU kernel has no dropout, so with ``dropout_p > 0`` torch falls back to
+    its step-by-step path, whose dropout draws one random number per weight with
+    ``bernoulli_``. Written out here, the same arithmetic uses :func:`companion.dropout.dropout`
+    and adds the mask as a small broadcast bias. ``mask`` has a key in every row.
+    """
+    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (batch, heads, q_len, k_len)
+    if is_causal and mask is None:
+        mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (q_len, k_len)
+    if mask is not None:
+        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)  # mask's shape
+        scores = scores + bias.masked_fill_(~mask, float("-inf"))  # (batch, heads, q_len, k_len)
+    weights = torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len)
+    return dropout(weights, dropout_p) @ v  # (batch, heads, q_len, head_dim)
+
+
 class MultiHeadAttention(nn.Module):
     r"""Multi-head attention (Vaswani et al., 2017, section 3.2.2), batch-first.
 
@@ -324,9 +344,12 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:  # rows without a key attend everywhere (no 0/0 = NaN), then zeroed
             has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1)
             mask = mask | ~has_key  # broadcastable to (batch, heads, q_len, k_len)
-        per_head = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-        )  # (batch, heads, q_len, head_dim)
+        if dropout_p > 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
+            per_head = _attention_with_dropout(q, k, v, mask, dropout_p, is_causal)
+        else:
+            per_head = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )  # (batch, heads, q_len, head_dim)
         if mask is not None:
             per_head = per_head.masked_fill(~has_key, 0.0)  # (batch, heads, q_len, head_dim)
         return per_head, None

@@ -78,22 +78,6 @@ def keep_mask(
     return (lanes >= threshold).view(shape)  # (*shape,) bool, True = keep
 
 
-class _ScaleKept(torch.autograd.Function):
-    """``x · keep · scale`` in one pass each way, saving only the boolean mask for backward."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:  # noqa: ANN001
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        # aten's dropout backward computes exactly grad · mask · scale: reused for the forward
-        return torch.ops.aten.native_dropout_backward(x, keep, scale)  # (*x.shape)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:  # noqa: ANN001
-        (keep,) = ctx.saved_tensors
-        return torch.ops.aten.native_dropout_backward(grad, keep, ctx.scale), None, None
-
-
 def _use_fused(x: Tensor) -> bool:
     return (
         x.device.type != "cpu"
@@ -124,7 +108,8 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if _use_fused(x) or p == 1.0:
         return F.dropout(x, p, training=True)
     scale = 1.0 / (1.0 - realised_probability(p))
-    return _ScaleKept.apply(x, keep_mask(x.shape, p, x.device), scale)  # (*x.shape)
+    factor = keep_mask(x.shape, p, x.device).to(x.dtype).mul_(scale)  # (*x.shape): 0 or scale
+    return x * factor  # (*x.shape); backward multiplies the gradient by the same factor
 
 
 class Dropout(nn.Dropout):

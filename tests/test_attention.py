@@ -290,3 +290,32 @@ def test_key_value_cache_step_by_step_equals_causal_attention():
         out, _ = cross_attention(step, memory, memory, cache=cross_cache)
         assert cross_cache.length == 4  # memory projected once, then reused
         assert max_abs_diff(out[:, 0], full_cross[:, t]) <= TOL
+
+
+@pytest.mark.parametrize("kind", ["padding", "causal_flag", "causal_mask_and_blocked_row"])
+def test_training_path_with_dropout_is_attention_when_nothing_is_dropped(kind, monkeypatch):
+    """On a CPU, training-mode attention with dropout > 0 takes a path of its own (with
+    companion.dropout); with dropout made the identity it must equal eval-mode attention."""
+    import companion.attention as attention_module
+
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, dropout=0.3)
+    q, k, v = (torch.randn(3, 4, 6, 4) for _ in range(3))  # (batch, heads, len, head_dim)
+    mask, is_causal = None, False
+    if kind == "padding":
+        mask = torch.rand(3, 1, 1, 6) > 0.3
+        mask[:, :, :, 0] = True
+    elif kind == "causal_flag":
+        is_causal = True
+    else:
+        mask = causal_mask(6).expand(3, 1, 6, 6).clone()
+        mask[1, :, 2] = False  # query 2 of sequence 1 has no key: zero output
+    expected, _ = mha.eval().attend(q, k, v, mask, is_causal=is_causal)
+    monkeypatch.setattr(attention_module, "dropout", lambda weights, p: weights)
+    got, _ = mha.train().attend(q, k, v, mask, is_causal=is_causal)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    monkeypatch.undo()
+    dropped, _ = mha.train().attend(q, k, v, mask, is_causal=is_causal)
+    assert torch.isfinite(dropped).all() and not torch.allclose(dropped, expected)
+    if kind == "causal_mask_and_blocked_row":
+        assert (dropped[1, :, 2] == 0).all()
