@@ -75,12 +75,50 @@ def sequence_loss(
             f"{shape_str(logits.shape)}, got {shape_str(labels.shape)}"
         )
     label_smoothing = check_probability("label_smoothing", label_smoothing)
+    ignore_index = -100 if pad_id is None else pad_id
+    flat_logits, flat_labels = logits.flatten(0, 1), labels.flatten()  # (N, vocab), (N,)
+    if logits.device.type == "cpu" and not torch.compiler.is_compiling():
+        return _SmoothedCrossEntropy.apply(flat_logits, flat_labels, ignore_index, label_smoothing)
     return F.cross_entropy(
-        logits.flatten(0, 1),  # (batch * tgt_len, vocab)
-        labels.flatten(),  # (batch * tgt_len,)
-        ignore_index=-100 if pad_id is None else pad_id,
-        label_smoothing=label_smoothing,
+        flat_logits, flat_labels, ignore_index=ignore_index, label_smoothing=label_smoothing
     )
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """``F.cross_entropy(logits, labels, ignore_index, label_smoothing)`` (mean over the
+    labels that are not ignored), with the gradient written in one expression.
+
+    Per token, the loss is ``-(1 - ε)·log p[label] - ε·mean(log p)``; its gradient with respect
+    to the logits is ``softmax - (1 - ε)·onehot(label) - ε/vocab``. torch's CPU autograd
+    reaches the same numbers through the log-softmax, NLL and smoothing backwards (a zero
+    fill, a scatter, a broadcast add and a log-softmax backward over the whole
+    ``(N, vocab)``); here it is one exponential and two in-place passes.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor, ignore_index: int, eps: float) -> Tensor:  # noqa: ANN001
+        log_probs = torch.log_softmax(logits, dim=-1)  # (N, vocab)
+        counted = labels != ignore_index  # (N,)
+        safe_labels = labels.masked_fill(~counted, 0)  # (N,) any valid index where ignored
+        nll = -log_probs.gather(1, safe_labels[:, None]).squeeze(1)  # (N,)
+        per_token = nll if eps == 0 else (1 - eps) * nll - eps * log_probs.mean(dim=-1)  # (N,)
+        weight = counted.to(logits.dtype) / counted.sum()  # (N,) 1/count where counted (NaN if none)
+        ctx.save_for_backward(log_probs, safe_labels, weight)
+        ctx.eps = eps
+        return (per_token * weight).sum()  # ()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None, None]:  # noqa: ANN001
+        log_probs, safe_labels, weight = ctx.saved_tensors
+        eps, vocab = ctx.eps, log_probs.shape[-1]
+        grad_logits = log_probs.exp()  # (N, vocab) softmax
+        if eps:
+            grad_logits.sub_(eps / vocab)
+        grad_logits.scatter_add_(
+            1, safe_labels[:, None], torch.full_like(weight[:, None], eps - 1)
+        )  # (N, vocab) minus (1 - ε) at each label
+        grad_logits.mul_((weight * grad)[:, None])  # (N, vocab) ignored rows become 0
+        return grad_logits, None, None, None
 
 
 def inverse_sqrt_warmup(

@@ -105,3 +105,36 @@ def test_train_step_reports_the_whole_batch_when_a_process_holds_a_share():
     for a, b in zip(identity[2], plain[2]):
         assert torch.equal(a, b)  # ... and the same update
     assert halved[1] == pytest.approx(plain[1] / 2)  # the weighted loss is back-propagated
+
+
+@pytest.mark.parametrize("pad_id", [None, 0])
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.6])
+def test_sequence_loss_value_and_gradient_equal_torch_cross_entropy(pad_id, eps):
+    """On a CPU, sequence_loss computes the smoothed loss and its gradient itself."""
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(5, 9, 13, dtype=torch.float64)).requires_grad_()
+    labels = torch.randint(1, 13, (5, 9))
+    if pad_id is not None:
+        labels[1, 4:] = pad_id
+        labels[3, :] = pad_id  # a sequence of pads only
+    ours = sequence_loss(logits, labels, pad_id=pad_id, label_smoothing=eps)
+    (ours_grad,) = torch.autograd.grad(2.5 * ours, logits)  # an upstream gradient ≠ 1
+    theirs = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1),
+        labels.flatten(),
+        ignore_index=-100 if pad_id is None else pad_id,
+        label_smoothing=eps,
+    )
+    (theirs_grad,) = torch.autograd.grad(2.5 * theirs, logits)
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours_grad, theirs_grad, rtol=1e-12, atol=1e-14)
+    if pad_id is not None:
+        assert (ours_grad[3] == 0).all()
+
+
+def test_sequence_loss_passes_gradcheck():
+    logits = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    labels = torch.tensor([[1, 2, 0], [4, 0, 0]])
+    assert torch.autograd.gradcheck(
+        lambda x: sequence_loss(x, labels, pad_id=0, label_smoothing=0.2), (logits,)
+    )
