@@ -684,6 +684,7 @@ class Transformer(nn.Module):
                     f"got shape {shape_str(tgt.shape)}"
                 )
             cached = cache.length
+        self._check_length("tgt", tgt.shape[1], offset + cached)
         self._check_masks(
             batch=tgt.shape[0],
             src_len=memory.shape[1],
@@ -719,7 +720,20 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"{name} must have at least one position, got shape {shape_str(tensor.shape)}"
             )
+        self._check_length(name, tensor.shape[1])
         return check_index_range(name, tensor, vocab, f"{name}_vocab")
+
+    def _check_length(self, name: str, length: int, offset: int = 0) -> None:
+        """Learned positions exist only up to ``config.max_len``: name the sequence too long."""
+        max_len = self.config.max_len
+        if self.config.positional == "learned" and offset + length > max_len:
+            at = f" starting at position {offset}" if offset else ""
+            raise ValueError(
+                f"{name} has {length} positions{at}, so it needs positions up to "
+                f"{offset + length - 1}, but the learned position embedding "
+                f"(config.positional='learned') has max_len={max_len} (positions 0..{max_len - 1});"
+                f" pass shorter sequences or build the model with a larger max_len"
+            )
 
 
 def _positions(config: TransformerConfig) -> nn.Module:
