@@ -216,11 +216,26 @@ def load_checkpoint(
 
 def model_from_checkpoint(checkpoint: Mapping[str, Any] | str | os.PathLike[str]) -> Transformer:
     """A :class:`~companion.model.Transformer` with the weights of a checkpoint (a path or the
-    dict from :func:`load_checkpoint`), in evaluation mode."""
+    dict from :func:`load_checkpoint`), in evaluation mode.
+
+    Raises:
+        CheckpointError: the file cannot be read (see :func:`load_checkpoint`), or its model
+            configuration or weights do not make a :class:`~companion.model.Transformer`.
+    """
+    where = "the checkpoint"
     if not isinstance(checkpoint, Mapping):
+        where = str(checkpoint)
         checkpoint = load_checkpoint(checkpoint)
-    model = Transformer(TransformerConfig(**checkpoint["model_config"]))
-    model.load_state_dict(checkpoint["model"])
+    try:
+        model = Transformer(TransformerConfig(**checkpoint["model_config"]))
+        model.load_state_dict(checkpoint["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        reason = " ".join(str(error).split())[:300]  # one line: torch's can run to pages
+        raise CheckpointError(
+            f"{where} does not hold a model this version can rebuild "
+            f"({type(error).__name__}: {reason}); pass a checkpoint written by "
+            "save_checkpoint from a training run of companion"
+        ) from None
     return model.eval()
 
 

@@ -41,11 +41,12 @@ from companion._validation import (
     check_choice,
     check_divisible,
     check_index_range,
-    check_integer,
+    check_module_dtype,
     check_ndim,
     check_positive_int,
     check_probability,
     check_sequence,
+    check_token_ids,
     checked,
     shape_str,
 )
@@ -212,7 +213,7 @@ class TokenEmbedding(nn.Module):
 
     def check_inputs(self, tokens: Tensor) -> None:
         """Raise a clear error unless ``tokens`` holds integer ids in ``[0, vocab_size)``."""
-        check_integer("tokens", tokens)
+        check_token_ids("tokens", tokens)
         check_index_range("tokens", tokens, self.vocab_size, "vocab_size")
 
 
@@ -661,6 +662,7 @@ class Transformer(nn.Module):
         """Raise a clear error for anything :meth:`decode` cannot take (same arguments)."""
         self._check_tokens("tgt", tgt, self.config.tgt_vocab)
         check_sequence("memory", memory, self.config.d_model, "src_len")
+        check_module_dtype("memory", memory, self.decoder)
         if memory.shape[0] != tgt.shape[0]:
             raise ValueError(
                 f"memory must have the same batch size as tgt ({tgt.shape[0]}), "
@@ -714,7 +716,7 @@ class Transformer(nn.Module):
             check_bool_mask("src_mask", src_mask, target, "(batch, heads, tgt_len, src_len)")
 
     def _check_tokens(self, name: str, tokens: object, vocab: int) -> Tensor:
-        tensor = check_integer(name, tokens)
+        tensor = check_token_ids(name, tokens)
         check_ndim(name, tensor, 2, f"(batch, {name}_len)")
         if tensor.shape[1] == 0:
             raise ValueError(
