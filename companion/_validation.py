@@ -256,6 +256,31 @@ def check_same_dtype(name: str, tensor: Tensor, dtype: torch.dtype, owner: str) 
     return tensor
 
 
+def check_module_dtype(name: str, tensor: Tensor, module: torch.nn.Module) -> Tensor:
+    """Raise ``TypeError`` unless ``tensor`` has the dtype of ``module``'s floating-point
+    parameters (e.g. a float64 input to a float32 layer). Skipped under autocast, which mixes
+    dtypes on purpose, and for a module without floating-point parameters."""
+    if torch.is_autocast_enabled(tensor.device.type):
+        return tensor
+    for parameter in module.parameters():
+        if parameter.is_floating_point():
+            owner = f"the parameters of {type(module).__name__}"
+            return check_same_dtype(name, tensor, parameter.dtype, owner)
+    return tensor
+
+
+def check_token_ids(name: str, value: object) -> Tensor:
+    """Raise ``TypeError`` unless ``value`` is a tensor of ids an embedding can index with:
+    dtype ``torch.long`` or ``torch.int32`` (``nn.Embedding`` takes no other)."""
+    tensor = check_integer(name, value)
+    if tensor.dtype not in (torch.long, torch.int32):
+        raise TypeError(
+            f"{name} must be a torch.long (or torch.int32) tensor of token ids, got dtype "
+            f"{tensor.dtype}; convert it with {name}.long()"
+        )
+    return tensor
+
+
 def _check_real(name: str, value: object, expected: str) -> float:
     """Raise ``TypeError`` unless ``value`` is an ``int`` or ``float`` (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

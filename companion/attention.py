@@ -304,6 +304,11 @@ class MultiHeadAttention(nn.Module):
             ``(output, weights)``: output ``(batch, q_len, d_model)``; weights
             ``(batch, heads, q_len, k_len)`` (before dropout) or ``None``. A query with no
             key to attend to (in any head) gets all-zero weights and an all-zero output.
+
+        Empty inputs: ``batch = 0`` or ``q_len = 0`` give an empty output of the shape above
+        (as ``torch.nn.MultiheadAttention``); ``k_len = 0`` (no keys) follows the "no key to
+        attend to" rule: an all-zero output, where ``torch.nn.MultiheadAttention`` returns
+        ``out_proj``'s bias.
         """
         q, k, v = self.project(query, key, value, cache)  # each (batch, heads, len, head_dim)
         mask, kernel_causal = _causal(mask, is_causal, q, k, need_weights)
@@ -313,6 +318,8 @@ class MultiHeadAttention(nn.Module):
         output = self.out_proj(self.merge_heads(per_head))  # (batch, q_len, d_model)
         if mask is not None:  # a query no head lets attend anywhere: zeros, not out_proj's bias
             output = output.masked_fill(~_rows_with_a_key(mask), 0.0)  # (batch, q_len, d_model)
+        elif k.shape[-2] == 0:  # no keys at all (k_len = 0): every query gets zeros, as above
+            output = output * 0.0  # (batch, q_len, d_model)
         return output, weights
 
     def attend(

@@ -6,6 +6,13 @@ safely.
   then ``os.replace``), so a crash while saving leaves the previous checkpoint intact;
 - :func:`load_checkpoint` reads one with ``torch.load(..., weights_only=True)``: a checkpoint
   holds only tensors and plain Python containers, so loading a file cannot run code;
+- every checkpoint carries a SHA-256 digest of its content (:func:`checkpoint_digest`: every
+  tensor's bytes, dtype and shape, and every other value), written at save time and checked at
+  load time, so a damaged file (flipped bytes, a partial copy) raises :class:`CheckpointError`
+  instead of loading wrong weights; a file that cannot be read at all (missing, empty,
+  truncated, not a checkpoint) raises :class:`CheckpointError` too, naming the path and what to
+  do. A checkpoint written before digests existed loads with a :class:`CheckpointWarning`
+  (nothing can tell whether it is intact); saving it again adds the digest;
 - :func:`model_from_checkpoint` rebuilds the trained :class:`~companion.model.Transformer`
   (used by :meth:`companion.metrics.Translator.from_checkpoint`);
 - :func:`rng_state` and :func:`restore_rng_state` capture and restore the random number
@@ -20,9 +27,12 @@ history. This module sits below training and evaluation: it imports neither.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import pickle
 import random
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +45,9 @@ from companion.model import Transformer, TransformerConfig
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "CheckpointError",
+    "CheckpointWarning",
+    "checkpoint_digest",
     "write_json",
     "save_checkpoint",
     "load_checkpoint",
@@ -46,6 +59,55 @@ __all__ = [
 #: Version of the checkpoint layout written by :func:`save_checkpoint`.
 CHECKPOINT_FORMAT = 1
 _CHECKPOINT_KEYS = ("format", "model", "model_config", "config")
+_DIGEST_KEY = "sha256"  # the digest of everything else, written by save_checkpoint
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used: missing, empty, truncated, damaged (its content
+    does not match its SHA-256 digest), or not a :mod:`companion.checkpoint` checkpoint. The
+    message names the file and what to do."""
+
+
+class MissingCheckpointError(CheckpointError, FileNotFoundError):
+    """No checkpoint file at the path (a :class:`CheckpointError` and a ``FileNotFoundError``)."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint without a digest (written before digests existed) was loaded unchecked."""
+
+
+def checkpoint_digest(state: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of a checkpoint's content, the ``"sha256"`` entry itself left out.
+
+    Every tensor contributes its dtype, shape and raw bytes, every other value its type and
+    ``repr``, every dict key its ``repr``, in order: two states have the same digest only if
+    they hold the same values. :func:`save_checkpoint` stores it, :func:`load_checkpoint`
+    recomputes and compares it.
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a dict, got {type(state).__name__}")
+    digest = hashlib.sha256()
+    _digest_update(digest, {k: v for k, v in state.items() if k != _DIGEST_KEY})
+    return digest.hexdigest()
+
+
+def _digest_update(digest: Any, value: Any) -> None:
+    """Feed ``value`` (nested dicts, lists and tuples of tensors and plain values) to ``digest``."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous().reshape(-1)  # (numel,)
+        digest.update(f"tensor:{tensor.dtype}:{tuple(value.shape)}:".encode())
+        digest.update(tensor.view(torch.uint8).numpy())  # its bytes (numel * element size,)
+    elif isinstance(value, Mapping):
+        digest.update(f"dict:{len(value)}:".encode())
+        for key, item in value.items():
+            digest.update(f"{key!r}=".encode())
+            _digest_update(digest, item)
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"list:{len(value)}:".encode())
+        for item in value:
+            _digest_update(digest, item)
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
 
 
 def write_json(path: str | os.PathLike[str], data: Any) -> Path:
@@ -59,49 +121,121 @@ def save_checkpoint(state: Mapping[str, Any], path: str | os.PathLike[str]) -> P
 
     The file is first written to a temporary file in the same folder and then renamed over
     ``path`` (``os.replace``): an exception or a crash during the save leaves the previous
-    checkpoint untouched, and no temporary file behind (unless the process is killed).
+    checkpoint untouched, and no temporary file behind (unless the process is killed). The
+    state is saved with its SHA-256 digest (:func:`checkpoint_digest`) under ``"sha256"``.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a dict, got {type(state).__name__}")
-    return atomic_write(path, lambda file: torch.save(dict(state), file))
+    content = {k: v for k, v in state.items() if k != _DIGEST_KEY}
+    content[_DIGEST_KEY] = checkpoint_digest(content)
+    return atomic_write(path, lambda file: torch.save(content, file))
 
 
 def load_checkpoint(
     path: str | os.PathLike[str], map_location: str | torch.device | None = "cpu"
 ) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` with ``weights_only=True``
-    (plain containers and tensors only: loading a file cannot run arbitrary code).
+    (plain containers and tensors only: loading a file cannot run arbitrary code), and check
+    its SHA-256 digest.
+
+    A checkpoint without a digest (saved by an older version of :mod:`companion`) loads with a
+    :class:`CheckpointWarning`: it may be damaged, and nothing can tell.
 
     Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: the file is not a :mod:`companion.checkpoint` checkpoint.
+        CheckpointError: the file cannot be used - missing (then also a
+            ``FileNotFoundError``), empty, truncated or otherwise unreadable, damaged (its
+            content does not match its digest), or not a :mod:`companion.checkpoint`
+            checkpoint. The message names the path and what to do.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        what = "a folder" if path.is_dir() else "nothing"
+        raise MissingCheckpointError(
+            f"no checkpoint at {path} (found {what}); check the path, or start a new run "
+            "(python -m companion.run writes checkpoint.pt in its --out folder)"
+        )
+    damaged = (
+        "delete or move it, and resume from another copy of the checkpoint or start the run "
+        "again (save_checkpoint writes atomically, so the file was damaged after it was saved: "
+        "an interrupted copy, a full disk, a storage error or an edit)"
+    )
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes); {damaged}")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:  # torch's message would suggest an unsafe load
+        if "Unsupported global" in str(error):  # a pickled class, e.g. a whole nn.Module
+            raise CheckpointError(
+                f"{path} is not a companion.checkpoint checkpoint: it holds Python objects "
+                "other than tensors and plain containers (e.g. a whole nn.Module saved with "
+                "torch.save), which load_checkpoint never unpickles; load a file written by "
+                "save_checkpoint, or re-save the weights with save_checkpoint where the file "
+                "is trusted"
+            ) from None
+        raise CheckpointError(
+            f"checkpoint {path} ({size} bytes) cannot be read: it is truncated, damaged or not "
+            f"a PyTorch file; {damaged}"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - any failure to parse is a damaged file
+        raise CheckpointError(
+            f"checkpoint {path} ({size} bytes) cannot be read ({type(error).__name__}): it is "
+            f"truncated, damaged or not a PyTorch file; {damaged}"
+        ) from None
     missing = [
         k for k in _CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or k not in checkpoint
     ]
     if missing:
-        raise ValueError(
-            f"{path} is not a companion.checkpoint checkpoint: it lacks the key(s) {missing}"
+        kind = "a dict" if isinstance(checkpoint, dict) else f"a {type(checkpoint).__name__}"
+        raise CheckpointError(
+            f"{path} is not a companion.checkpoint checkpoint: it lacks the key(s) {missing} "
+            f"(it holds {kind}); pass a file written by save_checkpoint (e.g. the checkpoint.pt "
+            "of a run)"
         )
     if checkpoint["format"] != CHECKPOINT_FORMAT:
-        raise ValueError(
-            f"{path} has checkpoint format {checkpoint['format']}, this version reads "
-            f"format {CHECKPOINT_FORMAT}"
+        raise CheckpointError(
+            f"{path} has checkpoint format {checkpoint['format']!r}, this version reads "
+            f"format {CHECKPOINT_FORMAT}; use the version of companion that wrote it"
+        )
+    expected = checkpoint.get(_DIGEST_KEY)
+    if expected is None:
+        warnings.warn(
+            f"checkpoint {path} has no SHA-256 digest (it was saved by an older version of "
+            "companion), so damage cannot be detected; save it again with save_checkpoint to "
+            "add one",
+            CheckpointWarning,
+            stacklevel=2,
+        )
+    elif checkpoint_digest(checkpoint) != expected:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: its content does not match the SHA-256 digest "
+            f"written when it was saved, so its weights are not loaded; {damaged}"
         )
     return checkpoint
 
 
 def model_from_checkpoint(checkpoint: Mapping[str, Any] | str | os.PathLike[str]) -> Transformer:
     """A :class:`~companion.model.Transformer` with the weights of a checkpoint (a path or the
-    dict from :func:`load_checkpoint`), in evaluation mode."""
+    dict from :func:`load_checkpoint`), in evaluation mode.
+
+    Raises:
+        CheckpointError: the file cannot be read (see :func:`load_checkpoint`), or its model
+            configuration or weights do not make a :class:`~companion.model.Transformer`.
+    """
+    where = "the checkpoint"
     if not isinstance(checkpoint, Mapping):
+        where = str(checkpoint)
         checkpoint = load_checkpoint(checkpoint)
-    model = Transformer(TransformerConfig(**checkpoint["model_config"]))
-    model.load_state_dict(checkpoint["model"])
+    try:
+        model = Transformer(TransformerConfig(**checkpoint["model_config"]))
+        model.load_state_dict(checkpoint["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        reason = " ".join(str(error).split())[:300]  # one line: torch's can run to pages
+        raise CheckpointError(
+            f"{where} does not hold a model this version can rebuild "
+            f"({type(error).__name__}: {reason}); pass a checkpoint written by "
+            "save_checkpoint from a training run of companion"
+        ) from None
     return model.eval()
 
 

@@ -42,6 +42,7 @@ from companion._validation import (
     check_nonnegative_float,
     check_positive_int,
     inputs_checked,
+    shape_str,
 )
 from companion.data import BOS_ID, EOS_ID, PAD_ID
 from companion.model import Transformer
@@ -78,6 +79,16 @@ def _check_model(model: object) -> Transformer:
             "(unwrap a DistributedDataParallel model with .module)"
         )
     return model
+
+
+def _check_source(model: Transformer, src: Tensor, src_mask: Tensor | None) -> None:
+    """:meth:`Transformer.check_source`, and at least one sentence: a decoder has nothing to
+    return for an empty batch (``batch = 0``), which is a clear ``ValueError``."""
+    model.check_source(src, src_mask)
+    if src.shape[0] == 0:
+        raise ValueError(
+            f"src must hold at least one sentence to decode, got shape {shape_str(src.shape)}"
+        )
 
 
 def _to_model_device(
@@ -181,7 +192,7 @@ def greedy_decode(
         without ``<eos>`` has none.
     """
     model = _check_model(model)
-    model.check_source(src, src_mask)  # once, where src is; the loops below run unchecked
+    _check_source(model, src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
     check_bool("use_cache", use_cache)
@@ -277,7 +288,7 @@ def beam_search(
         ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
     """
     model = _check_model(model)
-    model.check_source(src, src_mask)  # once, where src is; the loops below run unchecked
+    _check_source(model, src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     check_positive_int("beam_size", beam_size)
     if history is not None:
@@ -425,7 +436,7 @@ def sample_decode(
         ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
     """
     model = _check_model(model)
-    model.check_source(src, src_mask)  # once, where src is; the loops below run unchecked
+    _check_source(model, src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     temperature = check_nonnegative_float("temperature", temperature)
     if top_k is not None:

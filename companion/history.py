@@ -72,6 +72,13 @@ class History:
         if not isinstance(state, Mapping):
             raise TypeError(f"state must be History.to_dict()'s output, got {type(state).__name__}")
         known = {f.name for f in fields(cls)}
+        missing = sorted(known - set(state))
+        if missing:
+            raise ValueError(
+                f"state must be History.to_dict()'s output, it lacks the key(s) {missing}"
+            )
+        if not all(isinstance(state[k], (list, tuple)) for k in known):
+            raise TypeError("state must be History.to_dict()'s output: a dict of lists")
         return cls(**{k: list(v) for k, v in state.items() if k in known})
 
     def save_json(self, path: str | os.PathLike[str]) -> Path:
@@ -80,5 +87,20 @@ class History:
 
     @classmethod
     def load_json(cls, path: str | os.PathLike[str]) -> History:
-        """Read a file written by :meth:`save_json`."""
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """Read a file written by :meth:`save_json`.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            ValueError: the file is empty, truncated, not JSON or not a history (the message
+                names the path).
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no history file at {path}")
+        try:
+            return cls.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, TypeError) as error:  # JSONDecodeError and UnicodeError included
+            raise ValueError(
+                f"{path} is not a history written by History.save_json ({error}); it may be "
+                "truncated or damaged: the checkpoint of the run holds the same history"
+            ) from None

@@ -35,6 +35,7 @@ from companion._validation import (
     check_choice,
     check_floating,
     check_min_ndim,
+    check_module_dtype,
     check_positive_int,
     check_probability,
     check_sequence,
@@ -98,6 +99,7 @@ class FeedForward(nn.Module):
         check_floating("x", x)
         check_min_ndim("x", x, 1, f"(..., {self.d_model})")
         check_size("x", x, -1, self.d_model, f"(..., {self.d_model})")
+        check_module_dtype("x", x, self)
 
 
 class _ResidualLayer(nn.Module):
@@ -278,6 +280,7 @@ class EncoderLayer(_ResidualLayer):
     ) -> None:
         """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
         check_sequence("x", x, self.d_model, "src_len")
+        check_module_dtype("x", x, self)
         batch, src_len, _ = x.shape
         if mask is not None:
             target = (batch, self.num_heads, src_len, src_len)
@@ -411,6 +414,8 @@ class DecoderLayer(_ResidualLayer):
         """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
         check_sequence("x", x, self.d_model, "tgt_len")
         check_sequence("memory", memory, self.d_model, "src_len")
+        check_module_dtype("x", x, self)
+        check_module_dtype("memory", memory, self)
         if memory.shape[0] != x.shape[0]:
             raise ValueError(
                 f"memory must have the same batch size as x: x has shape {shape_str(x.shape)}, "

@@ -41,11 +41,12 @@ from companion._validation import (
     check_choice,
     check_divisible,
     check_index_range,
-    check_integer,
+    check_module_dtype,
     check_ndim,
     check_positive_int,
     check_probability,
     check_sequence,
+    check_token_ids,
     checked,
     shape_str,
 )
@@ -212,7 +213,7 @@ class TokenEmbedding(nn.Module):
 
     def check_inputs(self, tokens: Tensor) -> None:
         """Raise a clear error unless ``tokens`` holds integer ids in ``[0, vocab_size)``."""
-        check_integer("tokens", tokens)
+        check_token_ids("tokens", tokens)
         check_index_range("tokens", tokens, self.vocab_size, "vocab_size")
 
 
@@ -661,6 +662,7 @@ class Transformer(nn.Module):
         """Raise a clear error for anything :meth:`decode` cannot take (same arguments)."""
         self._check_tokens("tgt", tgt, self.config.tgt_vocab)
         check_sequence("memory", memory, self.config.d_model, "src_len")
+        check_module_dtype("memory", memory, self.decoder)
         if memory.shape[0] != tgt.shape[0]:
             raise ValueError(
                 f"memory must have the same batch size as tgt ({tgt.shape[0]}), "
@@ -684,6 +686,7 @@ class Transformer(nn.Module):
                     f"got shape {shape_str(tgt.shape)}"
                 )
             cached = cache.length
+        self._check_length("tgt", tgt.shape[1], offset + cached)
         self._check_masks(
             batch=tgt.shape[0],
             src_len=memory.shape[1],
@@ -713,13 +716,26 @@ class Transformer(nn.Module):
             check_bool_mask("src_mask", src_mask, target, "(batch, heads, tgt_len, src_len)")
 
     def _check_tokens(self, name: str, tokens: object, vocab: int) -> Tensor:
-        tensor = check_integer(name, tokens)
+        tensor = check_token_ids(name, tokens)
         check_ndim(name, tensor, 2, f"(batch, {name}_len)")
         if tensor.shape[1] == 0:
             raise ValueError(
                 f"{name} must have at least one position, got shape {shape_str(tensor.shape)}"
             )
+        self._check_length(name, tensor.shape[1])
         return check_index_range(name, tensor, vocab, f"{name}_vocab")
+
+    def _check_length(self, name: str, length: int, offset: int = 0) -> None:
+        """Learned positions exist only up to ``config.max_len``: name the sequence too long."""
+        max_len = self.config.max_len
+        if self.config.positional == "learned" and offset + length > max_len:
+            at = f" starting at position {offset}" if offset else ""
+            raise ValueError(
+                f"{name} has {length} positions{at}, so it needs positions up to "
+                f"{offset + length - 1}, but the learned position embedding "
+                f"(config.positional='learned') has max_len={max_len} (positions 0..{max_len - 1});"
+                f" pass shorter sequences or build the model with a larger max_len"
+            )
 
 
 def _positions(config: TransformerConfig) -> nn.Module:

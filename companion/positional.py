@@ -164,7 +164,9 @@ class SinusoidalPositionalEncoding(nn.Module):
     """Add the fixed sinusoidal encodings (:func:`sinusoidal_table`) to a sequence, then dropout.
 
     The table is a non-trainable buffer of ``max_len`` rows; a longer sequence grows it (to
-    at least twice its size), so any length works.
+    at least twice its size), so any length works. It is always computed in float64 and cast
+    once to the buffer's dtype (the default dtype at construction, then the module's after
+    ``.to(dtype)``/``.double()``): a float64 module has exact float64 encodings at every length.
 
     Args:
         d_model: size of the vectors; must be even.
@@ -180,8 +182,18 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.d_model = _check_even("d_model", check_positive_int("d_model", d_model))
         self.base = float(base)
         self.dropout = Dropout(check_probability("dropout", dropout))
-        table = sinusoidal_table(check_positive_int("max_len", max_len), d_model, base=base)
+        max_len = check_positive_int("max_len", max_len)
+        table = sinusoidal_table(max_len, d_model, base=base, dtype=torch.get_default_dtype())
         self.register_buffer("table", table, persistent=False)  # (max_len, d_model)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        """``.to()``, ``.double()``, ``.cuda()``, ...: convert, then recompute the table from
+        the formula in float64 and cast it once, so a float64 module gets float64 values (not a
+        float32 table widened)."""
+        super()._apply(fn, recurse)
+        exact = sinusoidal_table(self.max_len, self.d_model, base=self.base, dtype=torch.float64)
+        self.table = exact.to(self.table.device, self.table.dtype)  # (max_len, d_model)
+        return self
 
     @property
     def max_len(self) -> int:
@@ -195,7 +207,8 @@ class SinusoidalPositionalEncoding(nn.Module):
             _check_offset(offset)
         needed = offset + seq_len
         if needed > self.max_len:  # grow: the formula holds for every position
-            grown = sinusoidal_table(max(needed, 2 * self.max_len), self.d_model, base=self.base)
+            new_len = max(needed, 2 * self.max_len)
+            grown = sinusoidal_table(new_len, self.d_model, base=self.base, dtype=torch.float64)
             self.table = grown.to(self.table.device, self.table.dtype)  # (new_len, d_model)
         return self.table[offset:needed]  # (seq_len, d_model)
 
@@ -271,15 +284,23 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = _check_even("head_dim", check_positive_int("head_dim", head_dim))
         self.base = float(base)
-        cos, sin = self._tables(check_positive_int("max_len", max_len))
+        cos, sin = self._tables(check_positive_int("max_len", max_len), torch.get_default_dtype())
         self.register_buffer("cos", cos, persistent=False)  # (max_len, head_dim/2)
         self.register_buffer("sin", sin, persistent=False)  # (max_len, head_dim/2)
 
-    def _tables(self, max_len: int) -> tuple[Tensor, Tensor]:
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        """``.to()``, ``.double()``, ...: convert, then recompute the tables in float64 and cast
+        them once (a float64 module gets float64 values, not float32 tables widened)."""
+        super()._apply(fn, recurse)
+        cos, sin = self._tables(self.max_len, self.cos.dtype)  # (max_len, head_dim/2) each
+        self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
+        return self
+
+    def _tables(self, max_len: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         positions = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
         frequencies = sinusoidal_frequencies(self.head_dim, base=self.base)  # (head_dim/2,)
         angles = positions * frequencies  # (max_len, head_dim/2)
-        return torch.cos(angles).float(), torch.sin(angles).float()  # (max_len, head_dim/2) each
+        return torch.cos(angles).to(dtype), torch.sin(angles).to(dtype)  # (max_len, head_dim/2)
 
     @property
     def max_len(self) -> int:
@@ -288,7 +309,8 @@ class RotaryEmbedding(nn.Module):
 
     def _ensure(self, needed: int) -> None:
         if needed > self.max_len:
-            cos, sin = self._tables(max(needed, 2 * self.max_len))  # (new_len, head_dim/2) each
+            new_len = max(needed, 2 * self.max_len)
+            cos, sin = self._tables(new_len, self.cos.dtype)  # (new_len, head_dim/2) each
             self.cos, self.sin = cos.to(self.cos.device), sin.to(self.sin.device)
 
     def rotate(self, x: Tensor, positions: Tensor | None = None, offset: int = 0) -> Tensor:

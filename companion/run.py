@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Dataset
 
-from companion._files import atomic_write
+from companion._files import OutputFolderError, atomic_write, check_output_folder
 from companion.checkpoint import write_json
 from companion.configs import CONFIG_NAMES, MODEL_FIELDS, TrainConfig, get_config
 from companion.data import (
@@ -50,6 +50,7 @@ from companion.model import Transformer, TransformerConfig
 from companion.trainer import Trainer
 
 __all__ = [
+    "OutputFolderError",
     "RunData",
     "prepare_data",
     "build_model",
@@ -219,6 +220,11 @@ def train(
         a :class:`TrainResult`; ``results`` holds the step count, training time, target
         tokens per second, the last validation loss and the test figures.
 
+    Raises:
+        OutputFolderError: ``out_dir`` cannot be created or written (read-only, not a
+            folder), or has no room for two checkpoints; raised before the data is prepared
+            (the room: before the first step).
+
     Under ``torchrun`` (``WORLD_SIZE > 1``) it joins the process group (gloo on CPU, NCCL on
     GPU); only the first process writes files and evaluates the test set.
     """
@@ -236,6 +242,8 @@ def train(
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     out = None if out_dir is None else Path(out_dir)
+    if out is not None and rank == 0:  # a read-only or full folder fails now, not at the end
+        check_output_folder(out, name="out_dir")
     try:
         if world > 1 and rank != 0:
             dist.barrier()  # the first process prepares (and maybe downloads) the data first
@@ -252,6 +260,9 @@ def train(
         torch.manual_seed(config.seed + 1 + rank)  # dropout: a different stream per process
         random.seed(config.seed + rank)
         np.random.seed(config.seed + rank)
+        if out is not None and rank == 0:  # room for two checkpoints (the atomic save's copy)
+            weights = sum(p.numel() * p.element_size() for p in model.parameters())
+            check_output_folder(out, needed_bytes=2 * 3 * weights, name="out_dir")  # + Adam
         trainer = Trainer(
             model=model,
             config=config,
@@ -437,19 +448,22 @@ def main(
         config = get_config(args.config, **changes)
     except (TypeError, ValueError) as error:
         parser.error(str(error))
-    result = train(
-        config=config,
-        out_dir=args.out,
-        data_root=args.data_root,
-        download=not args.no_download,
-        time_budget=args.time_budget,
-        max_steps=args.max_steps,
-        max_epochs=args.max_epochs,
-        resume=args.resume,
-        device=args.device,
-        progress=not args.no_progress,
-        evaluate=not args.no_eval,
-    )
+    try:
+        result = train(
+            config=config,
+            out_dir=args.out,
+            data_root=args.data_root,
+            download=not args.no_download,
+            time_budget=args.time_budget,
+            max_steps=args.max_steps,
+            max_epochs=args.max_epochs,
+            resume=args.resume,
+            device=args.device,
+            progress=not args.no_progress,
+            evaluate=not args.no_eval,
+        )
+    except OutputFolderError as error:  # a clear one-line error, before any training
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result.results, indent=1), file=sys.stdout, flush=True)
     return result.results

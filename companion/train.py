@@ -31,10 +31,13 @@ from torch import Tensor, nn
 
 from companion._validation import (
     check_floating,
+    check_index_range,
+    check_integer,
     check_ndim,
     check_positive_int,
     check_probability,
     check_tensor,
+    checks_enabled,
     shape_str,
 )
 
@@ -61,22 +64,34 @@ def sequence_loss(
 
     Args:
         logits: ``(batch, tgt_len, vocab)``, unnormalised scores from the model.
-        labels: ``(batch, tgt_len)`` token ids; positions equal to ``pad_id`` are ignored.
+        labels: ``(batch, tgt_len)`` integer token ids in ``[0, vocab)``; positions equal to
+            ``pad_id`` are ignored (and may hold any value).
         pad_id: padding id, or ``None`` when nothing is padded.
+
+    Raises:
+        TypeError: ``labels`` is not an integer tensor, ``logits`` not a float tensor.
+        ValueError: a shape does not match, or a label (other than ``pad_id``) is outside
+            ``[0, vocab)``.
         label_smoothing: ε of label smoothing (Szegedy et al., 2016): the target puts
             ``1 - ε`` on the right token and spreads ``ε`` uniformly over the vocabulary.
     """
     check_floating("logits", logits)
     check_ndim("logits", logits, 3, "(batch, tgt_len, vocab)")
-    check_tensor("labels", labels)
+    check_integer("labels", labels)
     if labels.shape != logits.shape[:2]:
         raise ValueError(
             f"labels must have shape {shape_str(logits.shape[:2])} to match logits "
             f"{shape_str(logits.shape)}, got {shape_str(labels.shape)}"
         )
+    if pad_id is not None:
+        check_positive_int("pad_id", pad_id, minimum=0)
     label_smoothing = check_probability("label_smoothing", label_smoothing)
+    if checks_enabled():  # reads the ids (a host sync): not under torch.compile
+        real = labels if pad_id is None else labels[labels != pad_id]  # (tokens,)
+        check_index_range("labels", real, logits.shape[-1], "vocab, the size of logits")
     ignore_index = -100 if pad_id is None else pad_id
-    flat_logits, flat_labels = logits.flatten(0, 1), labels.flatten()  # (N, vocab), (N,)
+    # (N, vocab) and (N,) int64 ids, what cross_entropy takes
+    flat_logits, flat_labels = logits.flatten(0, 1), labels.flatten().long()
     if logits.device.type == "cpu" and not torch.compiler.is_compiling():
         return _SmoothedCrossEntropy.apply(flat_logits, flat_labels, ignore_index, label_smoothing)
     return F.cross_entropy(
@@ -102,7 +117,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         safe_labels = labels.masked_fill(~counted, 0)  # (N,) any valid index where ignored
         nll = -log_probs.gather(1, safe_labels[:, None]).squeeze(1)  # (N,)
         per_token = nll if eps == 0 else (1 - eps) * nll - eps * log_probs.mean(dim=-1)  # (N,)
-        weight = counted.to(logits.dtype) / counted.sum()  # (N,) 1/count where counted (NaN if none)
+        weight = (
+            counted.to(logits.dtype) / counted.sum()
+        )  # (N,) 1/count where counted (NaN if none)
         ctx.save_for_backward(log_probs, safe_labels, weight)
         ctx.eps = eps
         return (per_token * weight).sum()  # ()

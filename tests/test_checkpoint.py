@@ -134,3 +134,139 @@ def test_checkpoint_and_metrics_do_not_import_training(module):
         or any(name == m or name.startswith(m + ".") for m in TRAINING_MODULES)
     }
     assert not bad, f"{module.__name__} imports {sorted(bad)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged and foreign files (issue 11, item 2): one clear CheckpointError naming the path and
+# what to do, never torch's advice to load with weights_only=False; a SHA-256 digest catches
+# flipped bytes.
+# ---------------------------------------------------------------------------------------------
+
+MARKER = torch.arange(4096, dtype=torch.float32) + 0.5  # easy to find in the file's bytes
+
+
+def small_checkpoint(path):
+    state = {"format": 1, "model": {"w": MARKER.clone()}, "model_config": {}, "config": {}}
+    return save_checkpoint(state, path)
+
+
+def damage(kind, path):
+    """Write a damaged or foreign file of the given ``kind`` at ``path``."""
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        data = small_checkpoint(path).read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "random bytes":
+        path.write_bytes(bytes(np.random.default_rng(0).integers(0, 256, 3000, dtype=np.uint8)))
+    elif kind == "text":
+        path.write_text("step 10, loss 2.3\nthis is not a checkpoint\n")
+    elif kind == "json":
+        path.write_text(json.dumps({"format": 1, "model": {}}))
+    elif kind == "plain pickle":
+        import pickle
+
+        path.write_bytes(pickle.dumps({"format": 1}, protocol=2))
+    elif kind == "tensor":
+        torch.save(torch.ones(3), path)
+    elif kind == "whole module":
+        torch.save(torch.nn.Linear(2, 2), path)  # needs an unsafe load: refused
+    elif kind == "state dict":
+        torch.save(torch.nn.Linear(2, 2).state_dict(), path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        raise AssertionError(kind)
+    return path
+
+
+DAMAGE = [
+    "empty",
+    "truncated",
+    "random bytes",
+    "text",
+    "json",
+    "plain pickle",
+    "tensor",
+    "whole module",
+    "state dict",
+    "folder",
+]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_unreadable_files_give_one_clear_error(kind, tmp_path):
+    from companion.checkpoint import CheckpointError
+
+    path = damage(kind, tmp_path / "checkpoint.pt")
+    with pytest.raises(CheckpointError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert str(path) in message
+    assert "weights_only" not in message and "weights_only=False" not in repr(caught.value)
+    error = caught.value  # torch's own error (and its advice) is not chained to ours
+    assert error.__cause__ is None and (error.__context__ is None or error.__suppress_context__)
+    assert any(hint in message for hint in ("start the run", "save_checkpoint", "start a new"))
+    assert ("holds Python objects" in message) == (kind == "whole module")
+    with pytest.raises(CheckpointError):  # the model cannot be built from it either
+        model_from_checkpoint(path)
+
+
+def test_missing_file_is_a_checkpoint_error_and_a_file_not_found_error(tmp_path):
+    from companion.checkpoint import CheckpointError
+
+    with pytest.raises(CheckpointError, match="no checkpoint at") as caught:
+        load_checkpoint(tmp_path / "missing.pt")
+    assert isinstance(caught.value, FileNotFoundError)
+
+
+def test_flipped_bytes_in_the_weights_are_detected(tmp_path):
+    from companion.checkpoint import CheckpointError
+
+    path = small_checkpoint(tmp_path / "checkpoint.pt")
+    data = bytearray(path.read_bytes())
+    start = bytes(data).index(MARKER.numpy().tobytes()[:64])  # the tensor's bytes in the file
+    for offset in (4001, 4002, 4003):  # the exponent byte of three floats: weights of ~1e38
+        data[start + offset] ^= 0x7F
+    path.write_bytes(bytes(data))
+    raw = torch.load(path, weights_only=True)  # torch itself reads the damaged file ...
+    assert not torch.equal(raw["model"]["w"], MARKER)
+    with pytest.raises(CheckpointError, match="is damaged: its content does not match"):
+        load_checkpoint(path)  # ... load_checkpoint refuses it
+
+
+def test_digest_is_saved_and_covers_every_value(tmp_path):
+    from companion.checkpoint import checkpoint_digest
+
+    path = small_checkpoint(tmp_path / "checkpoint.pt")
+    loaded = load_checkpoint(path)
+    assert loaded["sha256"] == checkpoint_digest(loaded) and len(loaded["sha256"]) == 64
+    for change in (
+        lambda s: s["model"].__setitem__("w", MARKER.double()),  # same values, other dtype
+        lambda s: s["model"].__setitem__("w", MARKER.view(64, 64)),  # other shape
+        lambda s: s.__setitem__("config", {"lr": 1.0}),  # a plain value
+    ):
+        state = load_checkpoint(path)
+        change(state)
+        assert checkpoint_digest(state) != loaded["sha256"]
+    save_checkpoint(loaded, tmp_path / "again.pt")  # re-saving a loaded checkpoint works
+    assert load_checkpoint(tmp_path / "again.pt")["sha256"] == loaded["sha256"]
+
+
+def test_checkpoint_without_digest_loads_with_a_warning(tmp_path):
+    from companion.checkpoint import CheckpointWarning
+
+    state = {"format": 1, "model": {"w": MARKER}, "model_config": {}, "config": {}}
+    torch.save(state, tmp_path / "old.pt")  # as save_checkpoint wrote it before digests
+    with pytest.warns(CheckpointWarning, match="has no SHA-256 digest"):
+        loaded = load_checkpoint(tmp_path / "old.pt")
+    assert torch.equal(loaded["model"]["w"], MARKER)
+
+
+def test_unsupported_format_is_a_clear_error(tmp_path):
+    from companion.checkpoint import CheckpointError
+
+    state = {"format": 99, "model": {}, "model_config": {}, "config": {}}
+    save_checkpoint(state, tmp_path / "future.pt")
+    with pytest.raises(CheckpointError, match="checkpoint format 99, this version reads format 1"):
+        load_checkpoint(tmp_path / "future.pt")

@@ -372,3 +372,28 @@ def test_decode_is_causal_false_lets_positions_see_the_future():
     assert (leaky[:, :-1] - causal[:, :-1]).abs().max() > 1e-3
     with pytest.raises(TypeError, match="is_causal"):
         model.decode(tgt, memory, is_causal=None)
+
+
+def test_learned_position_errors_name_src_and_tgt():
+    """Issue 11, item 5: a sequence longer than the learned table is named ``src``/``tgt``."""
+    from helpers import tiny_transformer
+
+    model = tiny_transformer(11, positional="learned", max_len=5).eval()
+    short, long = torch.ones(1, 3, dtype=torch.long), torch.ones(1, 7, dtype=torch.long)
+    for call, name in (
+        (lambda: model(long, short), "src"),
+        (lambda: model(short, long), "tgt"),
+        (lambda: model.encode(long), "src"),
+        (lambda: model.decode(long, model.encode(short)), "tgt"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} has 7 positions, so it needs .* max_len=5"):
+            call()
+    memory = model.encode(short)
+    with pytest.raises(ValueError, match=r"^tgt has 3 positions starting at position 4"):
+        model.decode(short, memory, offset=4)
+    cache = model.new_cache()
+    model.decode(torch.ones(1, 4, dtype=torch.long), memory, cache=cache)  # positions 0..3
+    model.decode(short[:, :1], memory, cache=cache)  # position 4: the last one
+    with pytest.raises(ValueError, match=r"^tgt has 1 positions starting at position 5"):
+        model.decode(short[:, :1], memory, cache=cache)
+    assert model(torch.ones(1, 5, dtype=torch.long), short).shape == (1, 3, 11)  # 5 fits

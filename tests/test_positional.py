@@ -119,3 +119,51 @@ def test_rotary_module_apply_with_function_is_still_module_apply():
     seen = []
     rope.apply(lambda module: seen.append(type(module).__name__))
     assert seen == ["RotaryEmbedding"]
+
+
+def float64_formula(positions: torch.Tensor, d_model: int) -> torch.Tensor:
+    """``PE[p, 2i] = sin(p / 10000^(2i/d))``, ``PE[p, 2i+1] = cos(...)`` in float64."""
+    frequencies = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angles = positions.double()[:, None] * frequencies  # (len, d_model/2)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(-2)  # (len, d_model)
+
+
+@pytest.mark.parametrize("make_float64", ["double()", "to(float64)", "default dtype"])
+def test_float64_sinusoidal_encoding_is_exact_at_every_length(make_float64):
+    """Issue 11, item 4: a float64 module has float64 encodings, for the initial rows and for
+    rows added when the table grows (the precision does not depend on the length)."""
+    from companion.positional import SinusoidalPositionalEncoding
+
+    if make_float64 == "default dtype":
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            module = SinusoidalPositionalEncoding(16, max_len=50)
+        finally:
+            torch.set_default_dtype(previous)
+    elif make_float64 == "double()":
+        module = SinusoidalPositionalEncoding(16, max_len=50).double()
+    else:
+        module = SinusoidalPositionalEncoding(16, max_len=50).to(torch.float64)
+    assert module.table.dtype == torch.float64
+    for length in (50, 3000):  # within the initial table, then grown
+        x = torch.zeros(1, length, 16, dtype=torch.float64)
+        got = module(x)[0]  # (length, 16)
+        expected = float64_formula(torch.arange(length), 16)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-15)
+    back = module.float()  # and back to float32: the float32 rounding of the exact values
+    assert torch.equal(back.table, float64_formula(torch.arange(back.max_len), 16).float())
+
+
+def test_float64_rotary_tables_are_exact():
+    from companion.positional import RotaryEmbedding
+
+    rope = RotaryEmbedding(8, max_len=16).double()
+    angles = torch.arange(40, dtype=torch.float64)[:, None] * 10000.0 ** (
+        -torch.arange(0, 8, 2, dtype=torch.float64) / 8
+    )  # (40, 4)
+    x = torch.zeros(40, 8, dtype=torch.float64)
+    x[:, 0::2] = 1.0  # rotating (1, 0) gives (cos, sin)
+    rotated = rope.rotate(x)  # grows the tables to 40 rows
+    torch.testing.assert_close(rotated[:, 0::2], angles.cos(), rtol=0, atol=1e-15)
+    torch.testing.assert_close(rotated[:, 1::2], angles.sin(), rtol=0, atol=1e-15)

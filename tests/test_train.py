@@ -138,3 +138,31 @@ def test_sequence_loss_passes_gradcheck():
     assert torch.autograd.gradcheck(
         lambda x: sequence_loss(x, labels, pad_id=0, label_smoothing=0.2), (logits,)
     )
+
+
+def test_sequence_loss_checks_the_labels():
+    """Issue 11, item 3: float labels and ids outside the vocabulary name ``labels``; padding
+    positions may hold anything."""
+    logits = torch.randn(2, 3, 7)
+    with pytest.raises(
+        TypeError, match=r"^labels must be an integer tensor .* got dtype torch.float32"
+    ):
+        sequence_loss(logits, torch.zeros(2, 3))
+    with pytest.raises(TypeError, match="^labels must be an integer tensor"):
+        sequence_loss(logits, torch.zeros(2, 3, dtype=torch.bool))
+    too_big = torch.tensor([[1, 2, 7], [0, 0, 0]])
+    with pytest.raises(ValueError, match=r"^labels must hold ids in \[0, 6\] .* got 7"):
+        sequence_loss(logits, too_big, pad_id=0)
+    with pytest.raises(ValueError, match=r"^labels must hold ids in \[0, 6\] .* got -1"):
+        sequence_loss(logits, torch.tensor([[1, 2, -1], [0, 0, 0]]))
+    with pytest.raises(ValueError, match=r"^labels must hold ids in \[0, 6\] .* got 7"):
+        sequence_loss(logits, too_big)  # without a pad id, every position counts
+    with pytest.raises(ValueError, match="^pad_id must be >= 0"):
+        sequence_loss(logits, torch.zeros(2, 3, dtype=torch.long), pad_id=-1)
+    padded = torch.tensor([[1, 2, 9], [3, 9, 9]])  # pad id 9 lies outside the vocabulary: fine
+    loss = sequence_loss(logits, padded, pad_id=9)
+    expected = torch.nn.functional.cross_entropy(logits[padded != 9], padded[padded != 9])
+    torch.testing.assert_close(loss, expected)
+    for dtype in (torch.int32, torch.int16, torch.uint8):  # any integer dtype is accepted
+        loss = sequence_loss(logits, padded.clamp(max=6).to(dtype))
+        assert torch.isfinite(loss)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from pathlib import Path
 
 from companion._validation import check_bool, check_positive_float
@@ -224,13 +225,21 @@ def read_parallel(
     exactly; only the line break is removed (``\\n``; a ``\\r`` before it too).
 
     Raises:
-        ValueError: the two files have different numbers of lines.
+        ValueError: the two files have different numbers of lines, or a file is truncated,
+            damaged or not UTF-8 text (the message names it).
     """
     sides = []
     for path in (Path(src_path), Path(tgt_path)):
         opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as file:
-            text = file.read().decode("utf-8")
+        try:
+            with opener(path, "rb") as file:
+                text = file.read().decode("utf-8")
+        except (EOFError, gzip.BadGzipFile, UnicodeDecodeError, zlib.error) as error:
+            kind = "gzip-compressed " if path.suffix == ".gz" else ""
+            raise ValueError(
+                f"{path} is not a readable {kind}UTF-8 text file ({type(error).__name__}: "
+                f"{error}); it is truncated or damaged: delete it and download or copy it again"
+            ) from None
         lines = text.split("\n")  # not splitlines(): it also splits at U+2028, U+0085, ...
         if lines and lines[-1] == "":
             lines.pop()
