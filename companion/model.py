@@ -731,7 +731,8 @@ class Transformer(nn.Module):
         if self.config.positional == "learned" and offset + length > max_len:
             at = f" starting at position {offset}" if offset else ""
             raise ValueError(
-                f"{name} has {length} positions{at}, so it needs positions up to "
+                f"{name} has {length} position{'s' if length != 1 else ''}{at}, so it needs "
+                f"positions up to "
                 f"{offset + length - 1}, but the learned position embedding "
                 f"(config.positional='learned') has max_len={max_len} (positions 0..{max_len - 1});"
                 f" pass shorter sequences or build the model with a larger max_len"
