@@ -232,3 +232,112 @@ def test_cases_are_reproducible():
 
 def test_softmax_cases_include_large_magnitudes():
     assert max(float(c["scores"].abs().max()) for c in ch01._row_softmax_cases()) >= 1000
+
+
+# --------------------------------------------------------------------------------------------
+# is_permutation_equivariant: the reader writes the test, the check grades its verdicts
+# --------------------------------------------------------------------------------------------
+
+
+def equivariance_test_correct(layer, x):
+    n = x.shape[0]
+    out = layer(x)
+    for _ in range(10):
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(_))
+        if not torch.allclose(layer(x[perm]), out[perm], atol=1e-5):
+            return False
+    return True
+
+
+def equivariance_test_all_permutations(layer, x):
+    import itertools
+
+    n = x.shape[0]
+    out = layer(x)
+    perms = itertools.islice(itertools.permutations(range(n)), 1, 200)
+    return all(torch.allclose(layer(x[list(p)]), out[list(p)], atol=1e-5) for p in perms)
+
+
+def equivariance_test_exact(layer, x):  # torch.equal: a reordered float sum differs in its last bit
+    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
+    return torch.equal(layer(x[perm]), layer(x)[perm])
+
+
+def equivariance_test_output_not_permuted(layer, x):  # compares with the unshuffled output
+    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
+    return torch.allclose(layer(x[perm]), layer(x), atol=1e-5)
+
+
+def equivariance_test_inverse(layer, x):  # shuffles the output with the inverse permutation
+    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
+    return torch.allclose(layer(x[perm]), layer(x)[perm.argsort()], atol=1e-5)
+
+
+def equivariance_test_reversal_only(layer, x):
+    perm = torch.arange(x.shape[0] - 1, -1, -1)
+    return torch.allclose(layer(x[perm]), layer(x)[perm], atol=1e-5)
+
+
+def equivariance_test_shifts_only(layer, x):
+    n = x.shape[0]
+    return all(
+        torch.allclose(layer(x.roll(s, 0)), layer(x).roll(s, 0), atol=1e-5) for s in range(1, n)
+    )
+
+
+def equivariance_test_loose(layer, x):  # a tolerance of 0.1 hides small position codes
+    perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
+    return torch.allclose(layer(x[perm]), layer(x)[perm], atol=0.1)
+
+
+def equivariance_test_features(layer, x):  # shuffles the features, not the tokens
+    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
+    return torch.allclose(layer(x[:, perm]), layer(x)[:, perm], atol=1e-5)
+
+
+def test_equivariance_test_accepts_correct():
+    assert ch01.check_is_permutation_equivariant(equivariance_test_correct, verbose=False)
+    assert ch01.check_is_permutation_equivariant(equivariance_test_all_permutations, verbose=False)
+    assert ch01.check_is_permutation_equivariant(
+        ch01.reference_is_permutation_equivariant, verbose=False
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        equivariance_test_exact,
+        equivariance_test_output_not_permuted,
+        equivariance_test_inverse,
+        equivariance_test_reversal_only,
+        equivariance_test_shifts_only,
+        equivariance_test_loose,
+        equivariance_test_features,
+        lambda layer, x: True,  # a test that cannot fail
+        lambda layer, x: False,
+    ],
+)
+def test_equivariance_test_rejects_wrong(wrong):
+    assert not ch01.check_is_permutation_equivariant(wrong, verbose=False)
+
+
+def test_equivariance_layers_are_what_their_names_say():
+    """Each layer of the check is (or is not) equivariant, and attention's reordered output
+    differs in its last bits, so an exact comparison is not enough."""
+    layers = ch01.equivariance_test_layers()
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+    equivariant = {"self-attention", "per-token linear layer", "attention plus the mean token"}
+    for name, layer in layers.items():
+        assert ch01.reference_is_permutation_equivariant(layer, x) == (name in equivariant), name
+        assert repr(layer) == f"NamedLayer({name!r})"
+    # the reference agrees with the chapter's attention from companion
+    w_q, w_k, w_v = (
+        torch.randn(4, 3, generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3)
+    )
+    layer = ch01.NamedLayer(
+        "companion", lambda x: scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, scale=1.0)[0]
+    )
+    assert ch01.reference_is_permutation_equivariant(layer, x)
+    attention = layers["self-attention"]
+    perms = [torch.randperm(6, generator=torch.Generator().manual_seed(s)) for s in range(5)]
+    assert any(not torch.equal(attention(x[p]), attention(x)[p]) for p in perms)

@@ -7,13 +7,19 @@ difference. It never raises on a wrong answer; it returns a truthy/falsy
 
     from companion.exercises import ch02
     ch02.check_scaled_attention(my_scaled_attention)
+
+The chapter's exercises use :func:`check_blockwise_attention`, :func:`check_masked_softmax`,
+:func:`check_weight_entropy` and :func:`check_gradient_threshold`; the other checks are kept
+for readers who want to write the plain function or the variance experiment themselves.
 """
 
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,6 +34,12 @@ from companion.exercises._checker import (
 )
 
 __all__ = [
+    "GRADIENT_THRESHOLDS",
+    "check_blockwise_attention",
+    "check_gradient_threshold",
+    "median_score_gradient",
+    "reference_blockwise_attention",
+    "reference_gradient_threshold",
     "check_scaled_attention",
     "check_masked_softmax",
     "check_weight_entropy",
@@ -275,3 +287,207 @@ def check_dot_product_variance(
         _dot_product_variance_cases(),
         verbose=verbose,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise - attention one block of keys at a time (the online softmax)
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_blockwise_attention(q: Tensor, k: Tensor, v: Tensor, block_size: int) -> Tensor:
+    """Reference: ``softmax(q kᵀ / √d_k) v`` one block of keys at a time (the online softmax).
+
+    Args:
+        q: queries ``(..., q_len, d_k)``.
+        k: keys ``(..., k_len, d_k)``.
+        v: values ``(..., k_len, d_v)``.
+        block_size: keys per block; the last block may be shorter.
+
+    Returns:
+        the output ``(..., q_len, d_v)``; only ``(..., q_len, block_size)`` scores exist at once.
+    """
+    scale = 1 / math.sqrt(q.shape[-1])
+    running_max = torch.full((*q.shape[:-1], 1), float("-inf"))  # (..., q_len, 1)
+    running_sum = torch.zeros(*q.shape[:-1], 1)  # (..., q_len, 1): Σ exp(s - running_max)
+    mixed = torch.zeros(*q.shape[:-1], v.shape[-1])  # (..., q_len, d_v): Σ exp(s - max) v
+    for start in range(0, k.shape[-2], block_size):
+        k_block = k[..., start : start + block_size, :]  # (..., block, d_k)
+        v_block = v[..., start : start + block_size, :]  # (..., block, d_v)
+        scores = q @ k_block.transpose(-2, -1) * scale  # (..., q_len, block)
+        new_max = torch.maximum(running_max, scores.amax(dim=-1, keepdim=True))  # (..., q_len, 1)
+        rescale = torch.exp(running_max - new_max)  # (..., q_len, 1), 0 on the first block
+        exp_scores = torch.exp(scores - new_max)  # (..., q_len, block), all ≤ 1
+        running_sum = running_sum * rescale + exp_scores.sum(dim=-1, keepdim=True)
+        mixed = mixed * rescale + exp_scores @ v_block  # (..., q_len, d_v)
+        running_max = new_max
+    return mixed / running_sum  # (..., q_len, d_v)
+
+
+def _blockwise_cases(seed: int = 20) -> Iterator[Case]:
+    gen = seeded_generator(seed)
+    # (leading dims, q_len, k_len, d_k, d_v, block_size, score size)
+    settings = [
+        ((), 3, 8, 4, 2, 4, 1.0),  # two full blocks
+        ((), 4, 7, 4, 3, 3, 1.0),  # the last block is shorter
+        ((2,), 3, 5, 8, 4, 1, 1.0),  # one key per block
+        ((2,), 2, 5, 4, 4, 16, 1.0),  # one block holds every key
+        ((2, 3), 5, 9, 8, 3, 4, 1.0),  # batch × heads
+        ((), 3, 10, 4, 2, 3, 30.0),  # scores in the thousands: exp overflows without a max
+    ]
+    for lead, q_len, k_len, d_k, d_v, block_size, size in settings:
+        yield {
+            "q": size * torch.randn(*lead, q_len, d_k, generator=gen),
+            "k": size * torch.randn(*lead, k_len, d_k, generator=gen),
+            "v": torch.randn(*lead, k_len, d_v, generator=gen),
+            "block_size": block_size,
+        }
+    # keys sorted by rising score: every new block raises the running maximum
+    q = torch.randn(2, 4, generator=gen)  # (2, 4)
+    k = torch.randn(12, 4, generator=gen)  # (12, 4)
+    k = k[(q[0] @ k.T).argsort()] * 4  # (12, 4)
+    yield {"q": q, "k": k, "v": torch.randn(12, 3, generator=gen), "block_size": 4}
+
+
+def check_blockwise_attention(
+    blockwise_attention: Callable[[Tensor, Tensor, Tensor, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``blockwise_attention(q, k, v, block_size) -> output``.
+
+    ``q (..., q_len, d_k)``, ``k (..., k_len, d_k)``, ``v (..., k_len, d_v)``; the output
+    ``(..., q_len, d_v)`` must equal ``softmax(q kᵀ / √d_k) v``. The cases include a short
+    last block, blocks of one key, one block for all keys, scores in the thousands and keys
+    whose scores rise from block to block. (The check compares results: it cannot see whether
+    you kept to one block of keys at a time.)
+    """
+    return run_check(
+        "blockwise_attention",
+        blockwise_attention,
+        lambda q, k, v, block_size: reference_scaled_attention(q, k, v)[0],
+        _blockwise_cases(),
+        verbose=verbose,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise - a measurement: the d_k at which unscaled attention stops learning
+# ---------------------------------------------------------------------------------------------
+
+#: For 8, 16 and 32 keys: the smallest d_k at which the median gradient norm reaching the
+#: unscaled scores falls below 1e-3 (standard normal q, k and upstream gradient), measured
+#: with 10⁶ queries per d_k; ``tests/test_exercises_ch02.py`` re-measures them.
+GRADIENT_THRESHOLDS = {8: 253, 16: 371, 32: 497}
+
+
+def median_score_gradient(
+    d_k: int,
+    n_keys: int = 16,
+    n_queries: int = 100_000,
+    generator: torch.Generator | None = None,
+) -> float:
+    """Median over queries of ``‖∂L/∂s‖`` for unscaled scores ``s = q·k`` (float64).
+
+    The protocol of chapter 2, section 2.5: ``q``, the ``n_keys`` keys and the upstream
+    gradient ``t`` have independent standard normal entries, ``p = softmax(s)``,
+    ``L = Σ_j p_j t_j``, so ``∂L/∂s = p ⊙ (t − pᵀt)``. Given ``q``, the scores ``q·k_j`` are
+    independent normals of standard deviation ``‖q‖``, so they are drawn as ``‖q‖ z_j`` with
+    ``‖q‖² ~ χ²(d_k)`` (from numpy, seeded from ``generator``): the same distribution without
+    the ``(n_queries, n_keys, d_k)`` tensor.
+
+    Args:
+        d_k: width of the query and key vectors.
+        n_keys: keys per query.
+        n_queries: number of queries sampled.
+        generator: random source (a fresh one seeded with 0 by default).
+
+    Returns:
+        the median gradient norm, a float.
+    """
+    gen = generator if generator is not None else seeded_generator(0)
+    seed = int(torch.randint(2**31 - 1, (1,), generator=gen))
+    squared_norms = np.random.default_rng(seed).chisquare(d_k, size=(n_queries, 1))  # ‖q‖²
+    q_norm = torch.from_numpy(squared_norms).sqrt()  # (N, 1), float64
+    scores = q_norm * torch.randn(n_queries, n_keys, generator=gen, dtype=torch.float64)
+    probs = torch.softmax(scores, dim=-1)  # (N, n_keys)
+    upstream = torch.randn(n_queries, n_keys, generator=gen, dtype=torch.float64)  # (N, n_keys)
+    grad = probs * (upstream - (probs * upstream).sum(-1, keepdim=True))  # (N, n_keys)
+    return grad.norm(dim=-1).median().item()
+
+
+def reference_gradient_threshold(n_keys: int) -> int:
+    """Reference: the smallest ``d_k`` at which the median ``‖∂L/∂s‖`` of unscaled attention
+    with ``n_keys`` keys per query falls below ``1e-3``.
+
+    Bisection over ``d_k`` in ``[16, 2048]`` on :func:`median_score_gradient` with 100 000
+    queries per ``d_k`` (the median falls steadily with ``d_k``).
+    """
+    generator = seeded_generator(0)
+    low, high = 16, 2048  # median above 1e-3 at low, below at high
+    while high - low > 1:
+        middle = (low + high) // 2
+        if median_score_gradient(middle, n_keys, 100_000, generator) < 1e-3:
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def check_gradient_threshold(
+    gradient_threshold: Callable[[int], int], verbose: bool = True
+) -> CheckResult:
+    """Check a measurement ``gradient_threshold(n_keys) -> d_k``: the smallest ``d_k`` at which
+    the median gradient norm reaching the unscaled scores falls below ``1e-3``.
+
+    Called with 16, 8 and 32 keys; each answer is accepted within ±15 % of
+    :data:`GRADIENT_THRESHOLDS`, a band that covers the sampling noise of a measurement with a
+    few thousand queries per ``d_k``. The message on a wrong answer does not give the value.
+    """
+    name = "gradient_threshold"
+    result = None
+    count = 0
+    for count, n_keys in enumerate((16, 8, 32), start=1):
+        try:
+            got = gradient_threshold(n_keys=n_keys)
+        except NotImplementedError:
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"⏳ {name}: not attempted yet (the function raises NotImplementedError).",
+            )
+            break
+        except Exception as exc:  # the reader's code: report, do not crash the notebook
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            result = CheckResult(
+                name, False, count, f"❌ {name}: case {count} (n_keys={n_keys}) raised {last}"
+            )
+            break
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: case {count} (n_keys={n_keys}): expected a number (a d_k), "
+                f"got {type(got).__name__} {got!r}",
+            )
+            break
+        reference = GRADIENT_THRESHOLDS[n_keys]
+        if abs(got - reference) > 0.15 * reference:
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: case {count} (n_keys={n_keys}): d_k = {got:g} is more than 15 % away"
+                " from the reference measurement.\n   Check the protocol: unscaled scores, the"
+                " norm of each query's gradient with respect to its scores, then the median.",
+            )
+            break
+    if result is None:
+        result = CheckResult(
+            name,
+            True,
+            count,
+            f"✅ {name}: all {count} cases agree with the reference measurement (within 15 %).",
+        )
+    if verbose:
+        print(result.message)
+    return result
