@@ -471,7 +471,10 @@ def test_reference_my_mha_matches_companion_with_and_without_rope():
     x = torch.randn(2, 7, 16)
     state = dict(module.state_dict())
     torch.testing.assert_close(
-        ch04.reference_my_mha(state, x, 2, rope=False), module(x, x, x)[0], atol=1e-5, rtol=1e-4
+        ch04.reference_mha_forward(state, x, 2, rope=False),
+        module(x, x, x)[0],
+        atol=1e-5,
+        rtol=1e-4,
     )
     # RoPE by hand on companion's own projections and RotaryEmbedding
     q, k, v = (
@@ -480,7 +483,7 @@ def test_reference_my_mha_matches_companion_with_and_without_rope():
     rope = RotaryEmbedding(8)
     per_head, _ = scaled_dot_product_attention(rope.rotate(q), rope.rotate(k), v)
     expected = module.out_proj(module.merge_heads(per_head))
-    torch.testing.assert_close(ch04.reference_my_mha(state, x, 2, rope=True), expected)
+    torch.testing.assert_close(ch04.reference_mha_forward(state, x, 2, rope=True), expected)
 
 
 def encode_correct(tokens, embedding, attention):
@@ -551,7 +554,7 @@ def equivariant_wrong_axis(fn, x):
 
 
 def test_equivariance_test_accepts_correct():
-    assert ch04.check_equivariance_test(equivariant_correct, verbose=False)
+    assert ch04.check_is_permutation_equivariant(equivariant_correct, verbose=False)
 
 
 @pytest.mark.parametrize(
@@ -565,4 +568,4 @@ def test_equivariance_test_accepts_correct():
     ],
 )
 def test_equivariance_test_rejects_wrong(wrong):
-    assert not ch04.check_equivariance_test(wrong, verbose=False)
+    assert not ch04.check_is_permutation_equivariant(wrong, verbose=False)

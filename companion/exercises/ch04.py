@@ -15,7 +15,7 @@ the similarity ``PE[p] · PE[p + k]``, in closed form  :func:`check_pe_similarit
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
 capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
 capstone: ``encode(tokens, ...)``                :func:`check_encode`
-capstone: a permutation-equivariance test        :func:`check_equivariance_test`
+capstone: a permutation-equivariance test        :func:`check_is_permutation_equivariant`
 ===============================================  ==================================
 
 The references are written from the formulas (in float64), independently of
@@ -39,12 +39,13 @@ __all__ = [
     "check_rope_rotate",
     "check_my_mha",
     "check_encode",
-    "check_equivariance_test",
+    "check_is_permutation_equivariant",
     "reference_sinusoidal_table",
     "reference_concat_table",
     "reference_concat_shift_matrix",
     "reference_pe_similarity",
     "reference_rope_rotate",
+    "reference_mha_forward",
     "reference_my_mha",
     "reference_encode",
     "reference_is_permutation_equivariant",
@@ -272,7 +273,9 @@ MHA_PARAMETERS = (
 )
 
 
-def reference_my_mha(state: dict[str, Tensor], x: Tensor, num_heads: int, rope: bool) -> Tensor:
+def reference_mha_forward(
+    state: dict[str, Tensor], x: Tensor, num_heads: int, rope: bool
+) -> Tensor:
     """Multi-head self-attention from a state dict, with optional RoPE.
 
     With ``rope=True`` the queries and keys of every head are rotated (pairs ``(2m, 2m+1)`` of
@@ -303,6 +306,26 @@ def reference_my_mha(state: dict[str, Tensor], x: Tensor, num_heads: int, rope: 
     heads = torch.softmax(scores, dim=-1) @ v  # (batch, h, seq_len, d_k)
     merged = heads.transpose(1, 2).reshape(batch, seq_len, d_model)  # (batch, seq_len, d_model)
     return merged @ state["out_proj.weight"].T + state["out_proj.bias"]  # (batch, seq_len, d)
+
+
+class _ReferenceMHA(nn.Module):
+    """The reference ``MyMHA``: four named ``nn.Linear``, forward by :func:`reference_mha_forward`."""
+
+    def __init__(self, d_model: int, num_heads: int, rope: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.rope = num_heads, rope
+        self.query_proj = nn.Linear(d_model, d_model)
+        self.key_proj = nn.Linear(d_model, d_model)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return reference_mha_forward(dict(self.state_dict()), x, self.num_heads, self.rope)
+
+
+def reference_my_mha(d_model: int, num_heads: int, rope: bool = False) -> nn.Module:
+    """A reference ``MyMHA(d_model, num_heads, rope)`` module (self-attention, optional RoPE)."""
+    return _ReferenceMHA(d_model, num_heads, rope=rope)
 
 
 def _torch_mha(state: dict[str, Tensor], x: Tensor, num_heads: int) -> Tensor:
@@ -363,7 +386,7 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
     Its parameters must be named as in :data:`MHA_PARAMETERS` (four ``nn.Linear`` with
     biases), so that the check can copy random weights in. Without RoPE the result is
     compared with ``torch.nn.MultiheadAttention`` holding the same weights; with RoPE with
-    :func:`reference_my_mha`.
+    :func:`reference_mha_forward`.
     """
 
     def build_and_run(d_model: int, num_heads: int, rope: bool, state: dict, x: Tensor) -> Tensor:
@@ -374,7 +397,7 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
 
     def reference(d_model: int, num_heads: int, rope: bool, state: dict, x: Tensor) -> Tensor:
         if rope:
-            return reference_my_mha(state, x, num_heads, rope=True)
+            return reference_mha_forward(state, x, num_heads, rope=True)
         return _torch_mha(state, x, num_heads)
 
     return run_check("MyMHA", build_and_run, reference, _my_mha_cases(), verbose=verbose)
@@ -398,14 +421,14 @@ def reference_encode(tokens: Tensor, embedding: nn.Embedding, attention: nn.Modu
 
 
 class _StateAttention(nn.Module):
-    """Self-attention computed by :func:`reference_my_mha` from fixed weights (a test double)."""
+    """Self-attention computed by :func:`reference_mha_forward` from fixed weights (a test double)."""
 
     def __init__(self, state: dict[str, Tensor], num_heads: int) -> None:
         super().__init__()
         self.state, self.num_heads = state, num_heads
 
     def forward(self, x: Tensor) -> Tensor:
-        return reference_my_mha(self.state, x, self.num_heads, rope=False)
+        return reference_mha_forward(self.state, x, self.num_heads, rope=False)
 
 
 def _encode_cases() -> list[Case]:
@@ -469,13 +492,13 @@ def _equivariance_cases() -> list[Case]:
     table = reference_sinusoidal_table(12, d)  # (12, d)
 
     def attention(x: Tensor) -> Tensor:  # no positions: equivariant
-        return reference_my_mha(state, x, 2, rope=False)
+        return reference_mha_forward(state, x, 2, rope=False)
 
     def attention_with_positions(x: Tensor) -> Tensor:  # added codes: not equivariant
         return attention(x + table[: x.shape[1]])
 
     def attention_with_rope(x: Tensor) -> Tensor:  # rotated q, k: not equivariant
-        return reference_my_mha(state, x, 2, rope=True)
+        return reference_mha_forward(state, x, 2, rope=True)
 
     def mean_broadcast(x: Tensor) -> Tensor:  # every row gets the mean: equivariant (invariant too)
         return x.mean(dim=1, keepdim=True).expand_as(x)
@@ -504,7 +527,7 @@ def _equivariance_cases() -> list[Case]:
     return [{"fn": fn, "x": torch.randn(2, 12, d, generator=g)} for fn in fns]
 
 
-def check_equivariance_test(
+def check_is_permutation_equivariant(
     is_permutation_equivariant: Callable[[Callable[[Tensor], Tensor], Tensor], bool],
     verbose: bool = True,
 ) -> CheckResult:
