@@ -1,5 +1,6 @@
 """Chapter 3 exercise checks: right answers pass, plausible wrong answers (a reshape without a
-transpose, which mixes the heads; the wrong scale; forgetting the values in the cache) fail,
+transpose, which mixes positions; the other fused layout; ``repeat`` instead of
+``repeat_interleave``; the wrong scale; forgetting the values in the cache) fail,
 stubs are reported without raising."""
 
 from __future__ import annotations
@@ -14,96 +15,76 @@ from companion.exercises import ch03
 from companion.utils import count_parameters
 
 # --------------------------------------------------------------------------------------------
-# split_heads
+# split_fused_qkv (per-head layout)
 # --------------------------------------------------------------------------------------------
 
 
-def split_correct(x, num_heads):
-    return x.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+def fused_correct(qkv, num_heads):
+    per_head = qkv.unflatten(-1, (num_heads, -1)).transpose(1, 2)  # (batch, h, len, 3·d_k)
+    return tuple(per_head.chunk(3, dim=-1))
 
 
-def split_without_transpose(x, num_heads):
-    # the classic bug: right shape, but "head 0" gets the first features of several positions
-    batch, length, d_model = x.shape
-    return x.reshape(batch, num_heads, length, d_model // num_heads)
+def fused_by_slices(qkv, num_heads):
+    d_k = qkv.shape[-1] // (3 * num_heads)
+    blocks = [qkv[..., i * d_k : (i + 1) * d_k] for i in range(3 * num_heads)]
+    q = torch.stack(blocks[0::3], dim=1)
+    k = torch.stack(blocks[1::3], dim=1)
+    v = torch.stack(blocks[2::3], dim=1)
+    return q, k, v
 
 
-def split_interleaved(x, num_heads):
-    # head h gets features h, h + heads, h + 2·heads, ... instead of a contiguous slice
-    batch, length, d_model = x.shape
-    return x.view(batch, length, d_model // num_heads, num_heads).permute(0, 3, 1, 2)
+def fused_chunk_first(qkv, num_heads):
+    # the other layout, [all q | all k | all v]: valid for weights stored that way, not here
+    return tuple(_split(part, num_heads) for part in qkv.chunk(3, dim=-1))
 
 
-def split_no_move(x, num_heads):
-    # forgets to move the head axis in front of the positions
-    batch, length, d_model = x.shape
-    return x.view(batch, length, num_heads, d_model // num_heads)
+def fused_without_transpose(qkv, num_heads):
+    # right shape, but moves features between positions
+    batch, length, width = qkv.shape
+    per_head = qkv.reshape(batch, num_heads, length, width // num_heads)
+    return tuple(per_head.chunk(3, dim=-1))
 
 
-def test_split_heads_accepts_correct():
-    assert ch03.check_split_heads(split_correct, verbose=False)
-    assert ch03.check_split_heads(
-        lambda x, num_heads: torch.stack(x.chunk(num_heads, dim=-1), dim=1), verbose=False
-    )
+def fused_heads_interleaved(qkv, num_heads):
+    # head h gets every num_heads-th block instead of a contiguous group
+    batch, length, width = qkv.shape
+    per_head = qkv.view(batch, length, 3 * width // (3 * num_heads), num_heads)
+    return tuple(per_head.permute(0, 3, 1, 2).chunk(3, dim=-1))
 
 
-@pytest.mark.parametrize("wrong", [split_without_transpose, split_interleaved, split_no_move])
-def test_split_heads_rejects_wrong(wrong):
-    assert not ch03.check_split_heads(wrong, verbose=False)
+def test_split_fused_qkv_accepts_correct():
+    assert ch03.check_split_fused_qkv(fused_correct, verbose=False)
+    assert ch03.check_split_fused_qkv(fused_by_slices, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong", [fused_chunk_first, fused_without_transpose, fused_heads_interleaved]
+)
+def test_split_fused_qkv_rejects_wrong(wrong):
+    assert not ch03.check_split_fused_qkv(wrong, verbose=False)
 
 
 def test_split_without_transpose_fails_on_values_not_only_shapes():
     """Where len = heads = head_dim the wrong reshape has the right shape: values catch it."""
-    result = ch03.check_split_heads(split_without_transpose, verbose=False)
+    result = ch03.check_split_fused_qkv(fused_without_transpose, verbose=False)
     assert not result
     assert "entries differ" in result.message
 
 
-def test_reference_split_matches_the_companion_module():
+def test_per_head_layout_is_a_row_permutation_of_the_companion_weights():
+    """Permuting the rows of the stacked weights turns companion's layout into the per-head
+    one, and the per-head split then gives the module's own q, k, v."""
+    torch.manual_seed(0)
     module = MultiHeadAttention(12, 3)
     x = torch.randn(2, 5, 12)
-    torch.testing.assert_close(ch03.reference_split_heads(x, 3), module.split_heads(x))
-
-
-# --------------------------------------------------------------------------------------------
-# merge_heads
-# --------------------------------------------------------------------------------------------
-
-
-def merge_correct(x):
-    return x.transpose(1, 2).flatten(-2)
-
-
-def merge_without_transpose(x):
-    batch, heads, length, head_dim = x.shape
-    return x.reshape(batch, length, heads * head_dim)
-
-
-def merge_interleaved(x):
-    # features of the heads interleaved instead of concatenated
-    batch, heads, length, head_dim = x.shape
-    return x.permute(0, 2, 3, 1).reshape(batch, length, heads * head_dim)
-
-
-def merge_sum(x):
-    # adds the heads instead of concatenating them
-    return x.sum(dim=1)
-
-
-def test_merge_heads_accepts_correct():
-    assert ch03.check_merge_heads(merge_correct, verbose=False)
-    assert ch03.check_merge_heads(lambda x: torch.cat(x.unbind(dim=1), dim=-1), verbose=False)
-
-
-@pytest.mark.parametrize("wrong", [merge_without_transpose, merge_interleaved, merge_sum])
-def test_merge_heads_rejects_wrong(wrong):
-    assert not ch03.check_merge_heads(wrong, verbose=False)
-
-
-def test_merge_inverts_split():
-    x = torch.randn(2, 5, 12)
-    split = ch03.reference_split_heads(x, 3)
-    assert torch.equal(ch03.reference_merge_heads(split), x)
+    stacked = torch.cat(
+        [module.query_proj.weight, module.key_proj.weight, module.value_proj.weight]
+    )
+    order = torch.arange(36).view(3, 3, 4).transpose(0, 1).flatten()  # per head: q, k, v rows
+    qkv = x @ stacked[order].T
+    q, k, v = ch03.reference_split_fused_qkv(qkv, 3)
+    torch.testing.assert_close(q, module.split_heads(x @ module.query_proj.weight.T))
+    torch.testing.assert_close(v, module.split_heads(x @ module.value_proj.weight.T))
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,6 +211,79 @@ def test_reference_mha_matches_the_companion_module():
     )
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(weights, expected_weights)
+
+
+# --------------------------------------------------------------------------------------------
+# grouped_query_attention
+# --------------------------------------------------------------------------------------------
+
+
+def gqa_loop(query, key, value, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+    """One query head at a time, each with key/value head h // group: a different route."""
+    d_k = w_q.shape[1] // num_heads
+    group = num_heads // num_kv_heads
+    outputs = []
+    for h in range(num_heads):
+        g = h // group
+        q = query @ w_q[:, h * d_k : (h + 1) * d_k]
+        k = key @ w_k[:, g * d_k : (g + 1) * d_k]
+        v = value @ w_v[:, g * d_k : (g + 1) * d_k]
+        outputs.append(scaled_dot_product_attention(q, k, v)[0])
+    return torch.cat(outputs, dim=-1) @ w_o
+
+
+def _gqa_with(expand):
+    def gqa(query, key, value, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+        d_k = w_q.shape[1] // num_heads
+        q = _split(query @ w_q, num_heads)
+        k = expand(_split(key @ w_k, num_kv_heads), num_heads // num_kv_heads)
+        v = expand(_split(value @ w_v, num_kv_heads), num_heads // num_kv_heads)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)
+        return _merge(weights @ v) @ w_o
+
+    return gqa
+
+
+gqa_interleave = _gqa_with(lambda t, r: t.repeat_interleave(r, dim=1))
+gqa_expand_reshape = _gqa_with(
+    lambda t, r: t[:, :, None].expand(-1, -1, r, -1, -1).flatten(1, 2)  # the Llama code's way
+)
+gqa_repeat = _gqa_with(lambda t, r: t.repeat(1, r, 1, 1))  # kv head h % g: the wrong groups
+gqa_only_first_kv_head = _gqa_with(lambda t, r: t[:, :1].expand(-1, r * t.shape[1], -1, -1))
+
+
+def gqa_scaled_by_kv_width(query, key, value, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+    d_kv = w_k.shape[1]  # the width of all key/value heads, not of one head
+    q = _split(query @ w_q, num_heads)
+    r = num_heads // num_kv_heads
+    k = _split(key @ w_k, num_kv_heads).repeat_interleave(r, dim=1)
+    v = _split(value @ w_v, num_kv_heads).repeat_interleave(r, dim=1)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_kv), dim=-1)
+    return _merge(weights @ v) @ w_o
+
+
+def test_gqa_accepts_correct():
+    for fn in (gqa_loop, gqa_interleave, gqa_expand_reshape):
+        assert ch03.check_grouped_query_attention(fn, verbose=False), fn
+
+
+@pytest.mark.parametrize("wrong", [gqa_repeat, gqa_only_first_kv_head, gqa_scaled_by_kv_width])
+def test_gqa_rejects_wrong(wrong):
+    assert not ch03.check_grouped_query_attention(wrong, verbose=False)
+
+
+def test_gqa_with_one_group_per_head_is_multi_head_attention():
+    for case in ch03._mha_cases():
+        if case["w_q"].shape != case["w_v"].shape:
+            continue  # d_k != d_v: not a GQA shape
+        heads = case["num_heads"]
+        expected, _ = ch03.reference_multi_head_attention(**case)
+        got = ch03.reference_grouped_query_attention(**case, num_kv_heads=heads)
+        torch.testing.assert_close(got, expected)
+
+
+def test_gqa_cases_tell_repeat_from_repeat_interleave():
+    assert any(1 < c["num_kv_heads"] < c["num_heads"] for c in ch03._gqa_cases())
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
+from companion.attention import MultiHeadAttention, scaled_dot_product_attention
 from companion.exercises import ch04
 from companion.positional import RotaryEmbedding, sinusoidal_shift_matrix, sinusoidal_table
 
@@ -122,62 +124,62 @@ def test_reference_table_matches_companion():
 
 
 # --------------------------------------------------------------------------------------------
-# shift_matrix
+# concat_shift_matrix (the sin | cos layout)
 # --------------------------------------------------------------------------------------------
 
 
-def shift_correct(shift, d_model):
-    blocks = []
-    for i in range(d_model // 2):
-        angle = shift / 10000 ** (2 * i / d_model)
-        c, s = math.cos(angle), math.sin(angle)
-        blocks.append(torch.tensor([[c, s], [-s, c]]))
-    return torch.block_diag(*blocks)
+def concat_shift_by_permutation(shift, d_model):
+    """Correct: the interleaved M_Δ with rows and columns permuted into the sin | cos order."""
+    order = torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
 
 
-def shift_transposed(shift, d_model):
-    return shift_correct(shift, d_model).T  # the inverse rotation, M_{-k}
+def concat_shift_blocks(shift, d_model):
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    c, s = torch.diag(torch.cos(shift * omega)), torch.diag(torch.sin(shift * omega))
+    return torch.cat([torch.cat([c, s], 1), torch.cat([-s, c], 1)], 0)
 
 
-def shift_double_index(shift, d_model):
-    blocks = []
-    for i in range(0, d_model, 2):  # the classic bug again, now in M_k
-        angle = shift / 10000 ** (2 * i / d_model)
-        c, s = math.cos(angle), math.sin(angle)
-        blocks.append(torch.tensor([[c, s], [-s, c]]))
-    return torch.block_diag(*blocks)
+def concat_shift_interleaved(shift, d_model):
+    return sinusoidal_shift_matrix(shift, d_model)  # the other layout's matrix
 
 
-def shift_forgot_k(shift, d_model):
-    return shift_correct(1, d_model)  # one step, whatever the shift
+def concat_shift_transposed(shift, d_model):
+    return concat_shift_blocks(shift, d_model).T  # M_{-Δ}
 
 
-def shift_dense(shift, d_model):
-    # every sine row mixes every cosine: not block-diagonal
-    m = shift_correct(shift, d_model)
-    return m + 0.1 * (m != 0).logical_not().float()
+def concat_shift_signs_swapped(shift, d_model):
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    c, s = torch.diag(torch.cos(shift * omega)), torch.diag(torch.sin(shift * omega))
+    return torch.cat([torch.cat([c, -s], 1), torch.cat([s, c], 1)], 0)
 
 
-def test_shift_matrix_accepts_correct():
-    assert ch04.check_shift_matrix(shift_correct, verbose=False)
-    assert ch04.check_shift_matrix(sinusoidal_shift_matrix, verbose=False)
+def test_concat_shift_matrix_accepts_correct():
+    assert ch04.check_concat_shift_matrix(concat_shift_by_permutation, verbose=False)
+    assert ch04.check_concat_shift_matrix(concat_shift_blocks, verbose=False)
 
 
 @pytest.mark.parametrize(
-    "wrong", [shift_transposed, shift_double_index, shift_forgot_k, shift_dense]
+    "wrong", [concat_shift_interleaved, concat_shift_transposed, concat_shift_signs_swapped]
 )
-def test_shift_matrix_rejects_wrong(wrong):
-    assert not ch04.check_shift_matrix(wrong, verbose=False)
+def test_concat_shift_matrix_rejects_wrong(wrong):
+    assert not ch04.check_concat_shift_matrix(wrong, verbose=False)
 
 
-def test_reference_shift_matrix_matches_companion_and_shifts_the_table():
-    table = sinusoidal_table(60, 16, dtype=torch.float64)
+def test_reference_concat_shift_matrix_shifts_the_concat_table():
+    table = ch04.reference_concat_table(60, 16).double()
     for shift in [0, 1, 7, -4]:
-        m = ch04.reference_shift_matrix(shift, 16)
-        torch.testing.assert_close(m, sinusoidal_shift_matrix(shift, 16))
+        m = ch04.reference_concat_shift_matrix(shift, 16).double()
         start, stop = max(0, -shift), 60 - max(0, shift)
-        shifted = table[start:stop] @ m.double().T  # row p → row p + shift
+        shifted = table[start:stop] @ m.T  # row i → row i + shift
         torch.testing.assert_close(shifted, table[start + shift : stop + shift], atol=1e-6, rtol=0)
+
+
+def test_concat_table_is_a_column_permutation_of_the_interleaved_one():
+    order = torch.cat([torch.arange(0, 16, 2), torch.arange(1, 16, 2)])
+    torch.testing.assert_close(
+        ch04.reference_concat_table(30, 16), sinusoidal_table(30, 16)[:, order]
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,3 +335,237 @@ def test_cases_are_reproducible():
     first, second = ch04._rope_cases(), ch04._rope_cases()
     assert all(torch.equal(a["x"], b["x"]) for a, b in zip(first, second))
     assert all(torch.equal(a["positions"], b["positions"]) for a, b in zip(first, second))
+
+
+# --------------------------------------------------------------------------------------------
+# capstone: MyMHA, encode, the equivariance test
+# --------------------------------------------------------------------------------------------
+
+
+def _rotate(x, positions):
+    return RotaryEmbedding(x.shape[-1]).rotate(x, positions)
+
+
+class MHACorrect(nn.Module):
+    def __init__(self, d_model, num_heads, rope=False):
+        super().__init__()
+        self.h, self.d_k, self.rope = num_heads, d_model // num_heads, rope
+        self.query_proj = nn.Linear(d_model, d_model)
+        self.key_proj = nn.Linear(d_model, d_model)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def split(self, t):  # (batch, n, d_model) → (batch, h, n, d_k)
+        return t.unflatten(-1, (self.h, self.d_k)).transpose(1, 2)
+
+    def rotate_qk(self, q, k):
+        positions = torch.arange(q.shape[-2])
+        return _rotate(q, positions), _rotate(k, positions)
+
+    def attend(self, q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(self.d_k), dim=-1) @ v
+
+    def forward(self, x):
+        q, k, v = (
+            self.split(self.query_proj(x)),
+            self.split(self.key_proj(x)),
+            self.split(self.value_proj(x)),
+        )
+        if self.rope:
+            q, k = self.rotate_qk(q, k)
+        return self.out_proj(self.attend(q, k, v).transpose(1, 2).flatten(-2))
+
+
+class MHARotateAcrossHeads(MHACorrect):
+    """Rotates the whole d_model vector before the split: pairs use d_model's frequencies."""
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1])
+        q, k = self.query_proj(x), self.key_proj(x)
+        if self.rope:
+            q, k = _rotate(q, positions), _rotate(k, positions)
+        q, k, v = self.split(q), self.split(k), self.split(self.value_proj(x))
+        return self.out_proj(self.attend(q, k, v).transpose(1, 2).flatten(-2))
+
+
+class MHARotateAfterAttention(MHACorrect):
+    """Rotates each head's output instead of the queries and keys."""
+
+    def forward(self, x):
+        q, k, v = (
+            self.split(self.query_proj(x)),
+            self.split(self.key_proj(x)),
+            self.split(self.value_proj(x)),
+        )
+        heads = self.attend(q, k, v)
+        if self.rope:
+            heads = _rotate(heads, torch.arange(x.shape[1]))
+        return self.out_proj(heads.transpose(1, 2).flatten(-2))
+
+
+class MHARotateValuesToo(MHACorrect):
+    def forward(self, x):
+        q, k, v = (
+            self.split(self.query_proj(x)),
+            self.split(self.key_proj(x)),
+            self.split(self.value_proj(x)),
+        )
+        if self.rope:
+            positions = torch.arange(x.shape[1])
+            q, k, v = _rotate(q, positions), _rotate(k, positions), _rotate(v, positions)
+        return self.out_proj(self.attend(q, k, v).transpose(1, 2).flatten(-2))
+
+
+class MHAIgnoresRope(MHACorrect):
+    def __init__(self, d_model, num_heads, rope=False):
+        super().__init__(d_model, num_heads, rope=False)  # positions ignored
+
+
+class MHARotateOnlyQueries(MHACorrect):
+    def rotate_qk(self, q, k):
+        return _rotate(q, torch.arange(q.shape[-2])), k
+
+
+class MHAScaledByDModel(MHACorrect):
+    def attend(self, q, k, v):
+        d_model = self.h * self.d_k
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_model), dim=-1) @ v
+
+
+def test_my_mha_accepts_correct():
+    assert ch04.check_my_mha(MHACorrect, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        MHARotateAcrossHeads,
+        MHARotateAfterAttention,
+        MHARotateValuesToo,
+        MHAIgnoresRope,
+        MHARotateOnlyQueries,
+        MHAScaledByDModel,
+    ],
+)
+def test_my_mha_rejects_wrong(wrong):
+    assert not ch04.check_my_mha(wrong, verbose=False)
+
+
+def test_my_mha_reports_wrong_parameter_names():
+    class Renamed(MHACorrect):
+        def __init__(self, d_model, num_heads, rope=False):
+            super().__init__(d_model, num_heads, rope)
+            self.w_q = self.query_proj
+            del self.query_proj
+
+    result = ch04.check_my_mha(Renamed, verbose=False)
+    assert not result and "raised" in result.message
+
+
+def test_reference_my_mha_matches_companion_with_and_without_rope():
+    torch.manual_seed(0)
+    module = MultiHeadAttention(16, 2)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(std=0.3)
+    x = torch.randn(2, 7, 16)
+    state = dict(module.state_dict())
+    torch.testing.assert_close(
+        ch04.reference_mha_forward(state, x, 2, rope=False),
+        module(x, x, x)[0],
+        atol=1e-5,
+        rtol=1e-4,
+    )
+    # RoPE by hand on companion's own projections and RotaryEmbedding
+    q, k, v = (
+        module.split_heads(p(x)) for p in (module.query_proj, module.key_proj, module.value_proj)
+    )
+    rope = RotaryEmbedding(8)
+    per_head, _ = scaled_dot_product_attention(rope.rotate(q), rope.rotate(k), v)
+    expected = module.out_proj(module.merge_heads(per_head))
+    torch.testing.assert_close(ch04.reference_mha_forward(state, x, 2, rope=True), expected)
+
+
+def encode_correct(tokens, embedding, attention):
+    x = embedding(tokens) * math.sqrt(embedding.embedding_dim)
+    return attention(x + sinusoidal_table(tokens.shape[1], embedding.embedding_dim))
+
+
+def encode_no_scale(tokens, embedding, attention):
+    return attention(embedding(tokens) + sinusoidal_table(tokens.shape[1], embedding.embedding_dim))
+
+
+def encode_no_positions(tokens, embedding, attention):
+    return attention(embedding(tokens) * math.sqrt(embedding.embedding_dim))
+
+
+def encode_scales_the_sum(tokens, embedding, attention):
+    d = embedding.embedding_dim
+    return attention((embedding(tokens) + sinusoidal_table(tokens.shape[1], d)) * math.sqrt(d))
+
+
+def encode_positions_from_one(tokens, embedding, attention):
+    d = embedding.embedding_dim
+    return attention(
+        embedding(tokens) * math.sqrt(d) + sinusoidal_table(tokens.shape[1] + 1, d)[1:]
+    )
+
+
+def test_encode_accepts_correct():
+    assert ch04.check_encode(encode_correct, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [encode_no_scale, encode_no_positions, encode_scales_the_sum, encode_positions_from_one],
+)
+def test_encode_rejects_wrong(wrong):
+    assert not ch04.check_encode(wrong, verbose=False)
+
+
+def equivariant_correct(fn, x):
+    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
+    return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=1e-5)
+
+
+def equivariant_exact(fn, x):
+    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
+    return torch.equal(fn(x[:, perm]), fn(x)[:, perm])  # float rounding makes it fail
+
+
+def equivariant_checks_invariance(fn, x):
+    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
+    return torch.allclose(fn(x[:, perm]), fn(x), atol=1e-5)  # forgot to permute the output
+
+
+def equivariant_reversal_only(fn, x):
+    perm = torch.arange(x.shape[1] - 1, -1, -1)  # one special permutation: misses a flip
+    return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=1e-5)
+
+
+def equivariant_identity_perm(fn, x):
+    perm = torch.arange(x.shape[1])  # tests nothing
+    return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=1e-5)
+
+
+def equivariant_wrong_axis(fn, x):
+    perm = torch.randperm(x.shape[-1], generator=torch.Generator().manual_seed(0))
+    return torch.allclose(fn(x[..., perm]), fn(x)[..., perm], atol=1e-5)  # permutes features
+
+
+def test_equivariance_test_accepts_correct():
+    assert ch04.check_is_permutation_equivariant(equivariant_correct, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        equivariant_exact,
+        equivariant_checks_invariance,
+        equivariant_reversal_only,
+        equivariant_identity_perm,
+        equivariant_wrong_axis,
+    ],
+)
+def test_equivariance_test_rejects_wrong(wrong):
+    assert not ch04.check_is_permutation_equivariant(wrong, verbose=False)

@@ -10,9 +10,9 @@ in the notebook.
 =================================  ============================================
 exercise                           check
 =================================  ============================================
-split ``d_model`` into heads       :func:`check_split_heads`
-merge the heads back               :func:`check_merge_heads`
+split a per-head fused projection  :func:`check_split_fused_qkv`
 multi-head attention from weights  :func:`check_multi_head_attention`
+grouped-query attention            :func:`check_grouped_query_attention`
 parameters of MHA / GQA / MQA      :func:`check_attention_parameter_count`
 the key/value cache in bytes       :func:`check_kv_cache_bytes`
 =================================  ============================================
@@ -32,110 +32,78 @@ from torch import Tensor
 from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
 
 __all__ = [
-    "check_split_heads",
-    "check_merge_heads",
+    "check_split_fused_qkv",
     "check_multi_head_attention",
+    "check_grouped_query_attention",
     "check_attention_parameter_count",
     "check_kv_cache_bytes",
-    "reference_split_heads",
-    "reference_merge_heads",
+    "reference_split_fused_qkv",
     "reference_multi_head_attention",
+    "reference_grouped_query_attention",
     "reference_attention_parameter_count",
     "reference_kv_cache_bytes",
 ]
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: split d_model into heads
+# Exercise 1: split a fused projection laid out head by head
 # --------------------------------------------------------------------------------------------
 
 
-def reference_split_heads(x: Tensor, num_heads: int) -> Tensor:
-    """Cut every vector into ``num_heads`` consecutive slices and move the heads forward.
+def reference_split_fused_qkv(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Split the output of one fused projection whose features are grouped **per head**.
+
+    The layout of each position's ``3·d_model`` features is
+    ``[q_0 | k_0 | v_0 | q_1 | k_1 | v_1 | ...]``, each block ``head_dim`` wide (the layout of
+    the UvA deep-learning tutorials), not ``[all queries | all keys | all values]``.
 
     Args:
-        x: projected queries, keys or values, shape ``(batch, len, d_model)``.
-        num_heads: number of heads; divides ``d_model``.
+        qkv: shape ``(batch, len, 3·d_model)``.
+        num_heads: number of heads; ``d_model = num_heads · head_dim``.
 
     Returns:
-        Shape ``(batch, num_heads, len, d_model / num_heads)``; ``result[:, h]`` holds
-        features ``h·head_dim … (h+1)·head_dim - 1`` of every position.
+        ``(q, k, v)``, each of shape ``(batch, num_heads, len, head_dim)``.
     """
-    batch, length, d_model = x.shape
-    split = x.view(batch, length, num_heads, d_model // num_heads)  # (batch, len, heads, head_dim)
-    return split.transpose(1, 2)  # (batch, heads, len, head_dim)
+    batch, length, width = qkv.shape
+    head_dim = width // (3 * num_heads)
+    per_head = qkv.view(batch, length, num_heads, 3 * head_dim)  # (batch, len, heads, 3·head_dim)
+    per_head = per_head.transpose(1, 2)  # (batch, heads, len, 3·head_dim)
+    q, k, v = per_head.chunk(3, dim=-1)  # each (batch, heads, len, head_dim)
+    return q, k, v
 
 
-def _split_cases() -> list[Case]:
+def _fused_cases() -> list[Case]:
     g = seeded_generator(301)
     shapes = [
-        # (batch, len, d_model, num_heads)
-        (2, 5, 12, 3),  # the chapter's walk-through
-        (1, 3, 8, 2),
-        (3, 4, 16, 4),  # len = heads = head_dim = 4: a reshape without transpose fits
-        (2, 2, 4, 2),  # len = heads = head_dim = 2, likewise
-        (2, 6, 6, 1),  # one head: nothing to split
-        (2, 1, 6, 6),  # head_dim = 1
+        # (batch, len, num_heads, head_dim)
+        (2, 5, 3, 4),  # the chapter's walk-through sizes
+        (1, 3, 2, 4),
+        (3, 4, 4, 4),  # len = heads = head_dim = 4: a reshape without transpose fits
+        (2, 2, 2, 2),  # likewise
+        (2, 6, 1, 6),  # one head: the two layouts coincide
+        (2, 1, 6, 1),  # head_dim = 1
     ]
     return [
-        {"x": torch.randn(batch, length, d_model, generator=g), "num_heads": heads}
-        for batch, length, d_model, heads in shapes
+        {"qkv": torch.randn(batch, length, 3 * heads * dim, generator=g), "num_heads": heads}
+        for batch, length, heads, dim in shapes
     ]
 
 
-def check_split_heads(
-    split_heads: Callable[[Tensor, int], Tensor], verbose: bool = True
+def check_split_fused_qkv(
+    split_fused_qkv: Callable[[Tensor, int], tuple[Tensor, Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
-    """Check ``split_heads(x, num_heads)``: ``(batch, len, d_model)`` →
-    ``(batch, heads, len, head_dim)``."""
+    """Check ``split_fused_qkv(qkv, num_heads)``: ``(batch, len, 3·d_model)`` with the
+    per-head layout → ``(q, k, v)``, each ``(batch, heads, len, head_dim)``."""
     return run_check(
-        "split_heads", split_heads, reference_split_heads, _split_cases(), verbose=verbose
+        "split_fused_qkv",
+        split_fused_qkv,
+        reference_split_fused_qkv,
+        _fused_cases(),
+        verbose=verbose,
     )
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: merge the heads back (concatenation)
-# --------------------------------------------------------------------------------------------
-
-
-def reference_merge_heads(x: Tensor) -> Tensor:
-    """Concatenate the heads of every position: the inverse of :func:`reference_split_heads`.
-
-    Args:
-        x: per-head outputs, shape ``(batch, heads, len, head_dim)``.
-
-    Returns:
-        Shape ``(batch, len, heads · head_dim)``: position ``t`` is
-        ``concat(x[:, 0, t], x[:, 1, t], …)``.
-    """
-    batch, heads, length, head_dim = x.shape
-    heads_last = x.transpose(1, 2)  # (batch, len, heads, head_dim)
-    return heads_last.reshape(batch, length, heads * head_dim)  # (batch, len, heads * head_dim)
-
-
-def _merge_cases() -> list[Case]:
-    g = seeded_generator(302)
-    shapes = [
-        # (batch, heads, len, head_dim)
-        (2, 3, 5, 4),  # the chapter's walk-through
-        (1, 2, 3, 4),
-        (3, 4, 4, 4),  # heads = len: a reshape without transpose fits
-        (2, 2, 2, 2),
-        (2, 1, 6, 6),  # one head
-        (2, 6, 1, 1),  # one position
-    ]
-    return [{"x": torch.randn(*shape, generator=g)} for shape in shapes]
-
-
-def check_merge_heads(merge_heads: Callable[[Tensor], Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``merge_heads(x)``: ``(batch, heads, len, head_dim)`` →
-    ``(batch, len, heads · head_dim)``."""
-    return run_check(
-        "merge_heads", merge_heads, reference_merge_heads, _merge_cases(), verbose=verbose
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 3: multi-head attention from weight matrices
+# Exercise 2: multi-head attention from weight matrices
 # --------------------------------------------------------------------------------------------
 
 
@@ -219,6 +187,102 @@ def check_multi_head_attention(
         multi_head_attention,
         reference_multi_head_attention,
         _mha_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: grouped-query attention
+# --------------------------------------------------------------------------------------------
+
+
+def reference_grouped_query_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    w_q: Tensor,
+    w_k: Tensor,
+    w_v: Tensor,
+    w_o: Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> Tensor:
+    """Grouped-query attention (Ainslie et al., 2023) without biases, math convention ``y = x W``.
+
+    ``num_heads`` query heads share ``num_kv_heads`` key/value heads: query heads
+    ``g·r … (g+1)·r - 1`` use key/value head ``g``, with ``r = num_heads / num_kv_heads``
+    (``repeat_interleave``). ``num_kv_heads == num_heads`` is multi-head attention, 1 is
+    multi-query attention.
+
+    Args:
+        query: shape ``(batch, q_len, d_model)``.
+        key, value: shape ``(batch, k_len, d_model)``.
+        w_q: shape ``(d_model, num_heads · d_k)``.
+        w_k, w_v: shape ``(d_model, num_kv_heads · d_k)``.
+        w_o: shape ``(num_heads · d_k, d_model)``.
+        num_heads, num_kv_heads: numbers of query and of key/value heads.
+
+    Returns:
+        Shape ``(batch, q_len, d_model)``.
+    """
+    batch, q_len, _ = query.shape
+    k_len = key.shape[1]
+    d_k = w_q.shape[1] // num_heads
+    group = num_heads // num_kv_heads
+    q = (query @ w_q).view(batch, q_len, num_heads, d_k).transpose(1, 2)  # (batch, h, q_len, d_k)
+    k = (key @ w_k).view(batch, k_len, num_kv_heads, d_k).transpose(1, 2)  # (batch, g, k_len, d_k)
+    v = (
+        (value @ w_v).view(batch, k_len, num_kv_heads, d_k).transpose(1, 2)
+    )  # (batch, g, k_len, d_k)
+    k = k.repeat_interleave(group, dim=1)  # (batch, h, k_len, d_k): kv head g for its r queries
+    v = v.repeat_interleave(group, dim=1)  # (batch, h, k_len, d_k)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)  # (batch, h, q, k)
+    heads = weights @ v  # (batch, h, q_len, d_k)
+    merged = heads.transpose(1, 2).reshape(batch, q_len, num_heads * d_k)  # (batch, q_len, h·d_k)
+    return merged @ w_o  # (batch, q_len, d_model)
+
+
+def _gqa_cases() -> list[Case]:
+    g = seeded_generator(306)
+    shapes = [
+        # (batch, q_len, k_len, d_model, num_heads, num_kv_heads)
+        (2, 5, 5, 16, 4, 2),  # two groups of two query heads
+        (2, 3, 6, 24, 6, 3),  # cross-attention, groups of two
+        (1, 4, 4, 32, 8, 2),  # groups of four: repeat and repeat_interleave differ
+        (2, 4, 4, 12, 6, 2),  # groups of three
+        (2, 3, 3, 16, 4, 1),  # multi-query attention: one key/value head
+        (1, 5, 5, 12, 3, 3),  # groups of one: ordinary multi-head attention
+    ]
+    cases: list[Case] = []
+    for batch, q_len, k_len, d_model, heads, kv_heads in shapes:
+        d_k = d_model // heads
+        std = 1 / math.sqrt(d_model)
+        cases.append(
+            {
+                "query": torch.randn(batch, q_len, d_model, generator=g),
+                "key": torch.randn(batch, k_len, d_model, generator=g),
+                "value": torch.randn(batch, k_len, d_model, generator=g),
+                "w_q": 2 * std * torch.randn(d_model, heads * d_k, generator=g),
+                "w_k": 2 * std * torch.randn(d_model, kv_heads * d_k, generator=g),
+                "w_v": std * torch.randn(d_model, kv_heads * d_k, generator=g),
+                "w_o": std * torch.randn(heads * d_k, d_model, generator=g),
+                "num_heads": heads,
+                "num_kv_heads": kv_heads,
+            }
+        )
+    return cases
+
+
+def check_grouped_query_attention(
+    grouped_query_attention: Callable[..., Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``grouped_query_attention(query, key, value, w_q, w_k, w_v, w_o, num_heads,
+    num_kv_heads)`` → ``(batch, q_len, d_model)``."""
+    return run_check(
+        "grouped_query_attention",
+        grouped_query_attention,
+        reference_grouped_query_attention,
+        _gqa_cases(),
         verbose=verbose,
     )
 

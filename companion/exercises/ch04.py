@@ -10,9 +10,12 @@ stub in the notebook.
 exercise                                         check
 ===============================================  ==================================
 the sinusoidal table, by hand                    :func:`check_sinusoidal_table`
-the shift matrix ``M_k``                         :func:`check_shift_matrix`
+the shift matrix ``M_Δ`` of the sin | cos layout  :func:`check_concat_shift_matrix`
 the similarity ``PE[p] · PE[p + k]``, in closed form  :func:`check_pe_similarity`
-a rotary (RoPE) rotation of queries or keys      :func:`check_rope_rotate`
+capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
+capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
+capstone: ``encode(tokens, ...)``                :func:`check_encode`
+capstone: a permutation-equivariance test        :func:`check_is_permutation_equivariant`
 ===============================================  ==================================
 
 The references are written from the formulas (in float64), independently of
@@ -21,22 +24,31 @@ The references are written from the formulas (in float64), independently of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
 
 __all__ = [
     "check_sinusoidal_table",
-    "check_shift_matrix",
+    "check_concat_shift_matrix",
     "check_pe_similarity",
     "check_rope_rotate",
+    "check_my_mha",
+    "check_encode",
+    "check_is_permutation_equivariant",
     "reference_sinusoidal_table",
-    "reference_shift_matrix",
+    "reference_concat_table",
+    "reference_concat_shift_matrix",
     "reference_pe_similarity",
     "reference_rope_rotate",
+    "reference_mha_forward",
+    "reference_my_mha",
+    "reference_encode",
+    "reference_is_permutation_equivariant",
 ]
 
 #: The ``10000`` of "Attention Is All You Need"; every exercise of the chapter uses it.
@@ -95,32 +107,41 @@ def check_sinusoidal_table(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: the shift matrix M_k with PE[p + k] = M_k PE[p]
+# The shift matrix M_Δ of the concatenated (sin | cos) layout
 # --------------------------------------------------------------------------------------------
 
 
-def reference_shift_matrix(shift: int, d_model: int) -> Tensor:
-    """The block-diagonal ``M_k`` with ``PE[p + k] = M_k @ PE[p]`` for every position ``p``.
+def reference_concat_table(max_len: int, d_model: int) -> Tensor:
+    """The sinusoidal table in the concatenated layout of tensor2tensor: all sines, then all
+    cosines, ``[sin(i ω_0) … sin(i ω_{d/2-1}) | cos(i ω_0) … cos(i ω_{d/2-1})]``.
 
-    Block ``i`` acts on the pair ``(sin(p ω_i), cos(p ω_i))`` and is
-    ``[[cos(k ω_i), sin(k ω_i)], [-sin(k ω_i), cos(k ω_i)]]`` (angle-addition formulas).
+    Returns:
+        float32 tensor of shape ``(max_len, d_model)``.
+    """
+    positions = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    angles = positions * _frequencies(d_model)  # (max_len, d_model/2)
+    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1).float()  # (max_len, d)
+
+
+def reference_concat_shift_matrix(shift: int, d_model: int) -> Tensor:
+    """``M_Δ`` with ``PE[i + Δ] = M_Δ @ PE[i]`` (column vectors) for the **concatenated** layout.
+
+    The four ``d/2 × d/2`` blocks are diagonal: ``[[C, S], [-S, C]]`` with
+    ``C = diag(cos(Δ ω_m))`` and ``S = diag(sin(Δ ω_m))`` - the interleaved ``M_Δ`` with its
+    rows and columns permuted.
 
     Args:
-        shift: the offset ``k`` (any integer, also negative).
+        shift: the offset ``Δ`` (any integer, also negative).
         d_model: size of an encoding vector (even).
 
     Returns:
         float32 tensor of shape ``(d_model, d_model)``.
     """
     angles = shift * _frequencies(d_model)  # (d_model/2,)
-    cos, sin = torch.cos(angles), torch.sin(angles)  # (d_model/2,) each
-    matrix = torch.zeros(d_model, d_model, dtype=torch.float64)  # (d_model, d_model)
-    even = torch.arange(0, d_model, 2)  # (d_model/2,) row/column of each sine
-    matrix[even, even] = cos  # new sin ← cos(kω) · sin
-    matrix[even, even + 1] = sin  # new sin ← sin(kω) · cos
-    matrix[even + 1, even] = -sin  # new cos ← -sin(kω) · sin
-    matrix[even + 1, even + 1] = cos  # new cos ← cos(kω) · cos
-    return matrix.float()  # (d_model, d_model)
+    cos, sin = torch.diag(torch.cos(angles)), torch.diag(torch.sin(angles))  # (d/2, d/2) each
+    top = torch.cat([cos, sin], dim=1)  # new sines   ← cos · sin + sin · cos
+    bottom = torch.cat([-sin, cos], dim=1)  # new cosines ← -sin · sin + cos · cos
+    return torch.cat([top, bottom], dim=0).float()  # (d_model, d_model)
 
 
 def _shift_cases() -> list[Case]:
@@ -128,12 +149,17 @@ def _shift_cases() -> list[Case]:
     return [{"shift": shift, "d_model": d_model} for shift, d_model in pairs]
 
 
-def check_shift_matrix(
-    shift_matrix: Callable[[int, int], Tensor], verbose: bool = True
+def check_concat_shift_matrix(
+    concat_shift_matrix: Callable[[int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``shift_matrix(shift, d_model) -> (d_model, d_model)``."""
+    """Check ``concat_shift_matrix(shift, d_model) -> (d_model, d_model)`` for the sin | cos
+    layout."""
     return run_check(
-        "shift_matrix", shift_matrix, reference_shift_matrix, _shift_cases(), verbose=verbose
+        "concat_shift_matrix",
+        concat_shift_matrix,
+        reference_concat_shift_matrix,
+        _shift_cases(),
+        verbose=verbose,
     )
 
 
@@ -227,4 +253,297 @@ def check_rope_rotate(
     """Check ``rope_rotate(x, positions)``: ``(..., seq_len, head_dim)``, ``(seq_len,)`` → same shape as ``x``."""
     return run_check(
         "rope_rotate", rope_rotate, reference_rope_rotate, _rope_cases(), verbose=verbose
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Capstone: MyMHA (optional RoPE), encode, and a permutation-equivariance test
+# --------------------------------------------------------------------------------------------
+
+#: Parameter names a ``MyMHA`` must have, so that weights can be copied in by name.
+MHA_PARAMETERS = (
+    "query_proj.weight",
+    "query_proj.bias",
+    "key_proj.weight",
+    "key_proj.bias",
+    "value_proj.weight",
+    "value_proj.bias",
+    "out_proj.weight",
+    "out_proj.bias",
+)
+
+
+def reference_mha_forward(
+    state: dict[str, Tensor], x: Tensor, num_heads: int, rope: bool
+) -> Tensor:
+    """Multi-head self-attention from a state dict, with optional RoPE.
+
+    With ``rope=True`` the queries and keys of every head are rotated (pairs ``(2m, 2m+1)`` of
+    the head's ``head_dim`` features, position ``i`` by ``i ω_m``) after the split into heads
+    and before the scores; the values are not rotated.
+
+    Args:
+        state: ``nn.Linear`` weights ``(out, in)`` and biases named as in :data:`MHA_PARAMETERS`.
+        x: shape ``(batch, seq_len, d_model)``.
+        num_heads: number of heads.
+        rope: rotate queries and keys.
+
+    Returns:
+        Shape ``(batch, seq_len, d_model)``.
+    """
+    batch, seq_len, d_model = x.shape
+    head_dim = d_model // num_heads
+
+    def project(name: str) -> Tensor:  # (batch, seq_len, d_model) → (batch, h, seq_len, d_k)
+        y = x @ state[f"{name}.weight"].T + state[f"{name}.bias"]  # (batch, seq_len, d_model)
+        return y.view(batch, seq_len, num_heads, head_dim).transpose(1, 2)
+
+    q, k, v = project("query_proj"), project("key_proj"), project("value_proj")
+    if rope:
+        positions = torch.arange(seq_len)  # (seq_len,)
+        q, k = reference_rope_rotate(q, positions), reference_rope_rotate(k, positions)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (batch, h, seq_len, seq_len)
+    heads = torch.softmax(scores, dim=-1) @ v  # (batch, h, seq_len, d_k)
+    merged = heads.transpose(1, 2).reshape(batch, seq_len, d_model)  # (batch, seq_len, d_model)
+    return merged @ state["out_proj.weight"].T + state["out_proj.bias"]  # (batch, seq_len, d)
+
+
+class _ReferenceMHA(nn.Module):
+    """The reference ``MyMHA``: four named ``nn.Linear``, forward by :func:`reference_mha_forward`."""
+
+    def __init__(self, d_model: int, num_heads: int, rope: bool = False) -> None:
+        super().__init__()
+        self.num_heads, self.rope = num_heads, rope
+        self.query_proj = nn.Linear(d_model, d_model)
+        self.key_proj = nn.Linear(d_model, d_model)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return reference_mha_forward(dict(self.state_dict()), x, self.num_heads, self.rope)
+
+
+def reference_my_mha(d_model: int, num_heads: int, rope: bool = False) -> nn.Module:
+    """A reference ``MyMHA(d_model, num_heads, rope)`` module (self-attention, optional RoPE)."""
+    return _ReferenceMHA(d_model, num_heads, rope=rope)
+
+
+def _torch_mha(state: dict[str, Tensor], x: Tensor, num_heads: int) -> Tensor:
+    """The same attention computed by ``torch.nn.MultiheadAttention`` (weights copied in)."""
+    d_model = x.shape[-1]
+    module = nn.MultiheadAttention(d_model, num_heads, batch_first=True)
+    with torch.no_grad():
+        module.in_proj_weight.copy_(
+            torch.cat([state[f"{n}.weight"] for n in ("query_proj", "key_proj", "value_proj")])
+        )
+        module.in_proj_bias.copy_(
+            torch.cat([state[f"{n}.bias"] for n in ("query_proj", "key_proj", "value_proj")])
+        )
+        module.out_proj.weight.copy_(state["out_proj.weight"])
+        module.out_proj.bias.copy_(state["out_proj.bias"])
+        output, _ = module(x, x, x, need_weights=False)  # (batch, seq_len, d_model)
+    return output
+
+
+def _mha_state(d_model: int, g: torch.Generator) -> dict[str, Tensor]:
+    std = 1 / math.sqrt(d_model)
+    state = {}
+    for name in ("query_proj", "key_proj", "value_proj", "out_proj"):
+        scale = 3 * std if name in ("query_proj", "key_proj") else std  # peaked weights
+        state[f"{name}.weight"] = scale * torch.randn(d_model, d_model, generator=g)
+        state[f"{name}.bias"] = 0.1 * torch.randn(d_model, generator=g)
+    return state
+
+
+def _my_mha_cases() -> list[Case]:
+    g = seeded_generator(403)
+    cases: list[Case] = []
+    # (d_model, num_heads, rope, batch, seq_len)
+    for d_model, heads, rope, batch, seq_len in [
+        (16, 2, False, 2, 5),
+        (24, 3, False, 1, 7),
+        (16, 2, True, 2, 6),  # head_dim 8: four pairs per head
+        (24, 4, True, 2, 9),  # head_dim 6
+        (32, 4, True, 1, 12),
+        (8, 1, True, 2, 5),  # one head: rotation of the whole vector is right
+    ]:
+        cases.append(
+            {
+                "d_model": d_model,
+                "num_heads": heads,
+                "rope": rope,
+                "state": _mha_state(d_model, g),
+                "x": torch.randn(batch, seq_len, d_model, generator=g),
+            }
+        )
+    return cases
+
+
+def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -> CheckResult:
+    """Check a class ``MyMHA(d_model, num_heads, rope=False)`` whose ``forward(x)`` maps
+    ``(batch, seq_len, d_model)`` to ``(batch, seq_len, d_model)``.
+
+    Its parameters must be named as in :data:`MHA_PARAMETERS` (four ``nn.Linear`` with
+    biases), so that the check can copy random weights in. Without RoPE the result is
+    compared with ``torch.nn.MultiheadAttention`` holding the same weights; with RoPE with
+    :func:`reference_mha_forward`.
+    """
+
+    def build_and_run(d_model: int, num_heads: int, rope: bool, state: dict, x: Tensor) -> Tensor:
+        module = my_mha_class(d_model, num_heads, rope=rope)
+        module.load_state_dict(state)
+        with torch.no_grad():
+            return module(x)  # (batch, seq_len, d_model)
+
+    def reference(d_model: int, num_heads: int, rope: bool, state: dict, x: Tensor) -> Tensor:
+        if rope:
+            return reference_mha_forward(state, x, num_heads, rope=True)
+        return _torch_mha(state, x, num_heads)
+
+    return run_check("MyMHA", build_and_run, reference, _my_mha_cases(), verbose=verbose)
+
+
+def reference_encode(tokens: Tensor, embedding: nn.Embedding, attention: nn.Module) -> Tensor:
+    """``attention(embedding(tokens) · √d_model + PE[0:seq_len])``.
+
+    Args:
+        tokens: integer ids, shape ``(batch, seq_len)``.
+        embedding: an ``nn.Embedding(vocab_size, d_model)``.
+        attention: any module mapping ``(batch, seq_len, d_model)`` to the same shape.
+
+    Returns:
+        Shape ``(batch, seq_len, d_model)``.
+    """
+    d_model = embedding.embedding_dim
+    x = embedding(tokens) * math.sqrt(d_model)  # (batch, seq_len, d_model)
+    x = x + reference_sinusoidal_table(tokens.shape[-1], d_model)  # added position codes
+    return attention(x)  # (batch, seq_len, d_model)
+
+
+class _StateAttention(nn.Module):
+    """Self-attention computed by :func:`reference_mha_forward` from fixed weights (a test double)."""
+
+    def __init__(self, state: dict[str, Tensor], num_heads: int) -> None:
+        super().__init__()
+        self.state, self.num_heads = state, num_heads
+
+    def forward(self, x: Tensor) -> Tensor:
+        return reference_mha_forward(self.state, x, self.num_heads, rope=False)
+
+
+def _encode_cases() -> list[Case]:
+    g = seeded_generator(404)
+    cases: list[Case] = []
+    for vocab, d_model, heads, batch, seq_len in [
+        (10, 16, 2, 2, 6),
+        (7, 8, 1, 1, 9),
+        (20, 32, 4, 2, 12),
+    ]:
+        embedding = nn.Embedding(vocab, d_model)
+        with torch.no_grad():
+            embedding.weight.copy_(torch.randn(vocab, d_model, generator=g) / math.sqrt(d_model))
+        cases.append(
+            {
+                "tokens": torch.randint(0, vocab, (batch, seq_len), generator=g),
+                "embedding": embedding,
+                "attention": _StateAttention(_mha_state(d_model, g), heads),
+            }
+        )
+    return cases
+
+
+def check_encode(encode: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``encode(tokens, embedding, attention)`` =
+    ``attention(embedding(tokens) · √d_model + PE)``."""
+
+    def no_grad(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+        def run(**kwargs: object) -> Tensor:
+            with torch.no_grad():
+                return fn(**kwargs)
+
+        return run
+
+    return run_check(
+        "encode", no_grad(encode), no_grad(reference_encode), _encode_cases(), verbose=verbose
+    )
+
+
+def reference_is_permutation_equivariant(fn: Callable[[Tensor], Tensor], x: Tensor) -> bool:
+    """Whether ``fn(x[:, perm]) == fn(x)[:, perm]`` (to float32 rounding) for random ``perm``.
+
+    Args:
+        fn: maps ``(batch, seq_len, d)`` to ``(batch, seq_len, d_out)``.
+        x: shape ``(batch, seq_len, d)``.
+    """
+    g = seeded_generator(405)
+    with torch.no_grad():
+        out = fn(x)  # (batch, seq_len, d_out)
+        for _ in range(3):
+            perm = torch.randperm(x.shape[1], generator=g)  # (seq_len,)
+            if not torch.allclose(fn(x[:, perm]), out[:, perm], atol=1e-5, rtol=1e-4):
+                return False
+    return True
+
+
+def _equivariance_cases() -> list[Case]:
+    g = seeded_generator(406)
+    d = 16
+    state = _mha_state(d, g)
+    table = reference_sinusoidal_table(12, d)  # (12, d)
+
+    def attention(x: Tensor) -> Tensor:  # no positions: equivariant
+        return reference_mha_forward(state, x, 2, rope=False)
+
+    def attention_with_positions(x: Tensor) -> Tensor:  # added codes: not equivariant
+        return attention(x + table[: x.shape[1]])
+
+    def attention_with_rope(x: Tensor) -> Tensor:  # rotated q, k: not equivariant
+        return reference_mha_forward(state, x, 2, rope=True)
+
+    def mean_broadcast(x: Tensor) -> Tensor:  # every row gets the mean: equivariant (invariant too)
+        return x.mean(dim=1, keepdim=True).expand_as(x)
+
+    def reversed_rows(x: Tensor) -> Tensor:  # a fixed reordering: not equivariant
+        return x.flip(1)
+
+    def running_sum(x: Tensor) -> Tensor:  # a causal prefix sum: not equivariant
+        return x.cumsum(dim=1)
+
+    def last_row_marked(x: Tensor) -> Tensor:  # one position treated apart: not equivariant
+        marked = x.clone()
+        marked[:, -1] += 1.0
+        return attention(marked)
+
+    fns = [
+        attention,
+        attention_with_positions,
+        mean_broadcast,
+        reversed_rows,
+        attention_with_rope,
+        running_sum,
+        last_row_marked,
+        torch.tanh,  # row by row: equivariant
+    ]
+    return [{"fn": fn, "x": torch.randn(2, 12, d, generator=g)} for fn in fns]
+
+
+def check_is_permutation_equivariant(
+    is_permutation_equivariant: Callable[[Callable[[Tensor], Tensor], Tensor], bool],
+    verbose: bool = True,
+) -> CheckResult:
+    """Check the reader's test ``is_permutation_equivariant(fn, x) -> bool`` on functions whose
+    answer is known (attention with and without positions, a reversal, a running sum, ...)."""
+
+    def as_bool(fn: Callable[..., object]) -> Callable[..., bool]:
+        def run(**kwargs: object) -> bool:
+            return bool(fn(**kwargs))
+
+        return run
+
+    return run_check(
+        "is_permutation_equivariant",
+        as_bool(is_permutation_equivariant),
+        reference_is_permutation_equivariant,
+        _equivariance_cases(),
+        verbose=verbose,
     )
