@@ -394,6 +394,6 @@ def test_learned_position_errors_name_src_and_tgt():
     cache = model.new_cache()
     model.decode(torch.ones(1, 4, dtype=torch.long), memory, cache=cache)  # positions 0..3
     model.decode(short[:, :1], memory, cache=cache)  # position 4: the last one
-    with pytest.raises(ValueError, match=r"^tgt has 1 positions starting at position 5"):
+    with pytest.raises(ValueError, match=r"^tgt has 1 position starting at position 5"):
         model.decode(short[:, :1], memory, cache=cache)
     assert model(torch.ones(1, 5, dtype=torch.long), short).shape == (1, 3, 11)  # 5 fits
