@@ -254,6 +254,7 @@ def _layer_options_from_torch(layer: TorchLayer) -> dict[str, object]:
         "norm_first": layer.norm_first,
         "layer_norm_eps": layer.norm1.eps,
         "bias": layer.linear1.bias is not None,
+        "norm": "layer",  # torch's layers have LayerNorm only
     }
 
 
@@ -269,6 +270,7 @@ def _layer_options(layer: Layer) -> dict[str, object]:
         "norm_first": layer.norm_first,
         "layer_norm_eps": layer.layer_norm_eps,
         "bias": layer.bias,
+        "norm": layer.norm,
     }
 
 
@@ -314,7 +316,17 @@ def _norm_and_linear_pairs(ours: Layer, theirs: TorchLayer) -> list[tuple[nn.Mod
     return pairs
 
 
+def _check_layer_norm_only(norm: str, what: str) -> None:
+    """torch.nn's Transformer layers take no choice of normalisation: LayerNorm only."""
+    if norm != "layer":
+        raise ValueError(
+            f"cannot convert {what} with norm={norm!r} to torch.nn, whose Transformer layers "
+            "have LayerNorm only; only norm='layer' converts"
+        )
+
+
 def _layer_to_torch(layer: Layer) -> TorchLayer:
+    _check_layer_norm_only(layer.norm, "a layer")
     if layer.residual_scale != 1:
         raise ValueError(
             f"cannot convert a layer with residual_scale={layer.residual_scale} to torch.nn "
@@ -394,6 +406,7 @@ def _transformer_to_torch(model: Transformer) -> nn.Transformer:
     """A ``torch.nn.Transformer(batch_first=True)`` with the model's two stacks (a missing
     final norm becomes ``norm=None``); torch's has no embeddings or generator."""
     config = model.config
+    _check_layer_norm_only(config.norm, "a Transformer")
     weight = model.generator.weight
     with warnings.catch_warnings():  # its encoder is replaced below anyway
         warnings.filterwarnings("ignore", message="enable_nested_tensor is True")

@@ -6,6 +6,9 @@ and a LayerNorm, placed in one of two ways (``norm_first``), see :meth:`EncoderL
 * **Post-LN** (``norm_first=False``, the original paper): ``x = norm(x + dropout(sublayer(x)))``;
 * **Pre-LN** (``norm_first=True``, more stable to train deep): ``x = x + dropout(sublayer(norm(x)))``.
 
+``norm="rms"`` replaces every LayerNorm by an RMSNorm (Zhang & Sennrich, 2019), which divides by
+the root mean square and drops both the mean subtraction and the bias (see :func:`make_norm`).
+
 Post-LN layers take ``residual_scale`` (α, default 1), which scales the residual path:
 ``x = norm(α·x + dropout(sublayer(x)))``, the residual connection of DeepNorm (Wang et al.,
 2022, "DeepNet: Scaling Transformers to 1,000 Layers"; chapter 6 pairs it with the β-scaled
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -47,10 +51,45 @@ from companion.attention import MultiHeadAttention
 from companion.cache import DecoderLayerCache, KeyValueCache
 from companion.dropout import Dropout
 
-__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "ACTIVATIONS"]
+__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "ACTIVATIONS", "NORMS", "make_norm"]
 
 #: Activation functions of the feed-forward network, by name (GELU is the exact, erf form).
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu}
+
+#: The normalisations a layer can use: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
+NORMS: tuple[str, ...] = ("layer", "rms")
+
+
+class _RMSNorm(nn.Module):
+    """``torch.nn.RMSNorm`` for torch < 2.4 (same parameter ``weight``, same result)."""
+
+    def __init__(self, normalized_shape: int, eps: float) -> None:
+        super().__init__()
+        self.normalized_shape = (normalized_shape,)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(normalized_shape))
+
+    def forward(self, x: Tensor) -> Tensor:
+        rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
+        return self.weight * (x / rms)  # (..., d_model)
+
+
+def make_norm(kind: str, d_model: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:
+    r"""The normalisation of every sub-layer, over the last axis ``(..., d_model)`` → same.
+
+    * ``"layer"``: ``torch.nn.LayerNorm``,
+      :math:`\gamma \odot (x - \mu) / \sqrt{\sigma^2 + \varepsilon} + \beta`
+      (the bias :math:`\beta` only when ``bias``);
+    * ``"rms"``: ``torch.nn.RMSNorm`` (Zhang & Sennrich, 2019),
+      :math:`\gamma \odot x / \sqrt{\operatorname{mean}(x^2) + \varepsilon}`: no mean
+      subtraction and no bias, whatever ``bias`` says. On torch < 2.4, which has no
+      ``nn.RMSNorm``, a module with the same parameter and result is used.
+    """
+    check_choice("norm", kind, NORMS)
+    if kind == "layer":
+        return nn.LayerNorm(d_model, eps=eps, bias=bias)
+    rms_norm = getattr(nn, "RMSNorm", None)
+    return _RMSNorm(d_model, eps) if rms_norm is None else rms_norm(d_model, eps=eps)
 
 
 class FeedForward(nn.Module):
@@ -117,6 +156,7 @@ class _ResidualLayer(nn.Module):
         layer_norm_eps: float,
         bias: bool,
         residual_scale: float,
+        norm: str,
     ) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
@@ -127,6 +167,7 @@ class _ResidualLayer(nn.Module):
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {layer_norm_eps}")
         self.bias = check_bool("bias", bias)
+        self.norm = check_choice("norm", norm, NORMS)
         self.dropout = check_probability("dropout", dropout)
         self.feed_forward = FeedForward(
             d_model, d_ff, dropout=dropout, activation=activation, bias=bias
@@ -138,12 +179,10 @@ class _ResidualLayer(nn.Module):
             self.d_model, self.num_heads, dropout=self.dropout, bias=self.bias
         )
 
-    def layer_norm(self) -> nn.LayerNorm:
-        return nn.LayerNorm(self.d_model, eps=self.layer_norm_eps, bias=self.bias)
+    def layer_norm(self) -> nn.Module:
+        return make_norm(self.norm, self.d_model, eps=self.layer_norm_eps, bias=self.bias)
 
-    def residual(
-        self, x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.LayerNorm
-    ) -> Tensor:
+    def residual(self, x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module) -> Tensor:
         """One sub-layer with its residual connection, ``(batch, len, d_model)`` → same:
         Pre-LN ``x + dropout(sublayer(norm(x)))``, Post-LN ``norm(α·x + dropout(sublayer(x)))``."""
         if self.norm_first:
@@ -204,10 +243,11 @@ class EncoderLayer(_ResidualLayer):
             branches), as in ``torch.nn.TransformerEncoderLayer``.
         activation: ``"relu"`` or ``"gelu"``.
         norm_first: Pre-LN if ``True``, Post-LN (the paper) if ``False``.
-        layer_norm_eps: epsilon of the LayerNorms.
-        bias: biases in the linear layers and LayerNorms.
+        layer_norm_eps: epsilon of the LayerNorms (or RMSNorms).
+        bias: biases in the linear layers and LayerNorms (an RMSNorm never has one).
         residual_scale: α multiplying the residual path of a Post-LN layer,
             ``norm(α·x + dropout(sublayer(x)))`` (DeepNorm); must be 1 for Pre-LN.
+        norm: ``"layer"`` (LayerNorm, the paper) or ``"rms"`` (RMSNorm), see :func:`make_norm`.
     """
 
     def __init__(
@@ -222,6 +262,7 @@ class EncoderLayer(_ResidualLayer):
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
         residual_scale: float = 1.0,
+        norm: str = "layer",
     ) -> None:
         super().__init__(
             d_model,
@@ -233,6 +274,7 @@ class EncoderLayer(_ResidualLayer):
             layer_norm_eps=layer_norm_eps,
             bias=bias,
             residual_scale=residual_scale,
+            norm=norm,
         )
         self.self_attention = self.attention()
         self.self_attention_norm = self.layer_norm()
@@ -314,6 +356,7 @@ class DecoderLayer(_ResidualLayer):
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
         residual_scale: float = 1.0,
+        norm: str = "layer",
     ) -> None:
         super().__init__(
             d_model,
@@ -325,6 +368,7 @@ class DecoderLayer(_ResidualLayer):
             layer_norm_eps=layer_norm_eps,
             bias=bias,
             residual_scale=residual_scale,
+            norm=norm,
         )
         self.self_attention = self.attention()
         self.cross_attention = self.attention()

@@ -51,7 +51,7 @@ from companion._validation import (
     shape_str,
 )
 from companion.cache import DecoderCache
-from companion.layers import ACTIVATIONS, DecoderLayer, EncoderLayer
+from companion.layers import ACTIVATIONS, NORMS, DecoderLayer, EncoderLayer, make_norm
 from companion.masking import causal_mask, padding_mask
 from companion.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
 
@@ -93,7 +93,10 @@ class TransformerConfig:
         src_pad_id, tgt_pad_id: padding ids used to build the default masks, or ``None``.
         final_norm: final LayerNorm after each stack; default ``norm_first``
             (``torch.nn.Transformer`` always has one - pass ``True`` to match it).
-        layer_norm_eps: epsilon of every LayerNorm.
+        layer_norm_eps: epsilon of every LayerNorm (or RMSNorm).
+        norm: ``"layer"`` (LayerNorm, the paper) or ``"rms"`` (RMSNorm, no mean and no bias)
+            in every layer and final norm; ``torch.nn.Transformer`` has only LayerNorm, so
+            :mod:`companion.interop` refuses an RMSNorm model.
     """
 
     src_vocab: int | None = None
@@ -114,6 +117,7 @@ class TransformerConfig:
     final_norm: bool | None = None
     layer_norm_eps: float = 1e-5
     tie_source_embedding: bool = False
+    norm: str = "layer"
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab"):
@@ -158,6 +162,7 @@ class TransformerConfig:
             check_bool("final_norm", self.final_norm)
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be > 0, got {self.layer_norm_eps}")
+        check_choice("norm", self.norm, NORMS)
 
     @property
     def decoder_layers(self) -> int:
@@ -173,6 +178,7 @@ class TransformerConfig:
             "activation": self.activation,
             "norm_first": self.norm_first,
             "layer_norm_eps": self.layer_norm_eps,
+            "norm": self.norm,
         }
 
     @property
@@ -224,11 +230,11 @@ def _stack_weights(weights: list[Tensor | None]) -> Tensor | None:
     return torch.stack(weights)  # (layers, batch, heads, q_len, k_len)
 
 
-def _final_norm(config: TransformerConfig) -> nn.LayerNorm | None:
-    """The LayerNorm that ends a stack, or ``None`` (see :attr:`TransformerConfig.has_final_norm`)."""
+def _final_norm(config: TransformerConfig) -> nn.Module | None:
+    """The norm that ends a stack, or ``None`` (see :attr:`TransformerConfig.has_final_norm`)."""
     if not config.has_final_norm:
         return None
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+    return make_norm(config.norm, config.d_model, eps=config.layer_norm_eps)
 
 
 class _Stack(nn.Module):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -262,37 +263,117 @@ def test_deepnorm_constants_for_the_chapter_model():
 
 
 # --------------------------------------------------------------------------------------------
-# fails_without_warmup
+# log_log_slope and the measured slope of Pre-LN without its final LayerNorm
 # --------------------------------------------------------------------------------------------
 
 
-def test_fails_without_warmup_accepts_the_table():
-    assert ch06.check_fails_without_warmup(
-        lambda norm_first, learning_rate: ch06.FAILS_WITHOUT_WARMUP[norm_first, learning_rate],
-        verbose=False,
-    )
+def slope_correct(depths, values):
+    return float(np.polyfit(np.log(depths), np.log(values), 1)[0])
+
+
+def slope_log10(depths, values):  # another base for both logarithms: the same slope
+    return float(np.polyfit(np.log10(depths), np.log10(values), 1)[0])
+
+
+def slope_end_points(depths, values):  # only the first and the last point
+    return math.log(values[-1] / values[0]) / math.log(depths[-1] / depths[0])
+
+
+def slope_swapped_axes(depths, values):  # log L against log v: about 1 / slope
+    return float(np.polyfit(np.log(values), np.log(depths), 1)[0])
+
+
+def slope_no_logs(depths, values):  # a straight line through the raw values
+    return float(np.polyfit(depths, values, 1)[0])
+
+
+def slope_log_values_only(depths, values):  # semi-log: log v against L
+    return float(np.polyfit(depths, np.log(values), 1)[0])
+
+
+def test_log_log_slope_accepts_correct():
+    assert ch06.check_log_log_slope(slope_correct, verbose=False)
+    assert ch06.check_log_log_slope(slope_log10, verbose=False)
 
 
 @pytest.mark.parametrize(
-    "wrong",
+    "wrong", [slope_end_points, slope_swapped_axes, slope_no_logs, slope_log_values_only]
+)
+def test_log_log_slope_rejects_wrong(wrong):
+    assert not ch06.check_log_log_slope(wrong, verbose=False)
+
+
+def test_reference_slope_of_an_exact_power_law():
+    depths = np.array([2.0, 4, 8, 16, 24])
+    assert math.isclose(ch06.reference_log_log_slope(depths, 3 * depths**-0.5), -0.5)
+
+
+@pytest.mark.parametrize("slope", [0.0, -0.03, 0.02, np.float64(0.1), -0.15])
+def test_slope_band_accepts_a_flat_slope(slope):
+    assert ch06.verify_pre_ln_slope_without_final_norm(slope, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "slope",
     [
-        lambda norm_first, learning_rate: not norm_first,  # "Post-LN always fails"
-        lambda norm_first, learning_rate: False,  # "nothing fails"
-        lambda norm_first, learning_rate: True,  # "everything fails"
-        lambda norm_first, learning_rate: learning_rate >= 1e-3,  # "only the rate matters"
-        lambda norm_first, learning_rate: norm_first and learning_rate >= 3e-3,  # swapped
-        lambda norm_first, learning_rate: learning_rate >= 3e-3,  # ignores the placement
-        lambda norm_first, learning_rate: not norm_first and learning_rate >= 1e-3,  # too early
+        -0.53,  # the stack *with* its final LayerNorm (what the chapter printed)
+        -0.5,
+        0.5,  # a sign error
+        -1.0,
+        2.0,  # swapped axes of a shallow slope
+        float("nan"),
+        float("inf"),
     ],
 )
-def test_fails_without_warmup_rejects_wrong(wrong):
-    assert not ch06.check_fails_without_warmup(wrong, verbose=False)
+def test_slope_band_rejects_the_classic_wrong_values(slope):
+    assert not ch06.verify_pre_ln_slope_without_final_norm(slope, verbose=False)
 
 
-def test_truth_table_covers_both_placements():
-    assert {nf for nf, _ in ch06.FAILS_WITHOUT_WARMUP} == {True, False}
-    assert not any(fails for (nf, _), fails in ch06.FAILS_WITHOUT_WARMUP.items() if nf)
-    assert any(fails for (nf, _), fails in ch06.FAILS_WITHOUT_WARMUP.items() if not nf)
+def test_slope_band_hints_at_the_final_norm(capsys):
+    assert not ch06.verify_pre_ln_slope_without_final_norm(-0.52)
+    assert "final_norm=False" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", [None, "0.0", True, [0.0], torch.tensor([0.0, 1.0])])
+def test_slope_band_reports_non_numbers_without_raising(value, capsys):
+    result = ch06.verify_pre_ln_slope_without_final_norm(value)
+    assert not result
+    out = capsys.readouterr().out
+    assert ("not attempted yet" in out) == (value is None)
+
+
+def test_the_band_holds_for_the_real_measurement():
+    """Measure what the exercise asks (3 seeds, depths 2-24): inside the band without the
+    final norm, far outside with it."""
+    from companion.model import Encoder, TransformerConfig
+
+    def last_grad(depth, final_norm, seed):
+        torch.manual_seed(seed)
+        config = TransformerConfig(
+            num_layers=depth, d_model=64, num_heads=4, d_ff=256, dropout=0.0,
+            norm_first=True, final_norm=final_norm,
+        )  # fmt: skip
+        encoder = Encoder(config)
+        for name, parameter in encoder.named_parameters():
+            if parameter.dim() > 1:
+                nn.init.xavier_normal_(parameter)
+            elif name.endswith("bias"):
+                nn.init.zeros_(parameter)
+        gen = torch.Generator().manual_seed(1000 + seed)
+        x = torch.randn(8, 16, 64, generator=gen)
+        readout = torch.randn(8, 16, 64, generator=gen)
+        ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
+        return encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item()
+
+    depths = [2, 4, 8, 16, 24]
+    slopes = {
+        final_norm: ch06.reference_log_log_slope(
+            depths, [np.mean([last_grad(d, final_norm, s) for s in range(3)]) for d in depths]
+        )
+        for final_norm in (False, True)
+    }
+    assert ch06.verify_pre_ln_slope_without_final_norm(slopes[False], verbose=False)
+    assert not ch06.verify_pre_ln_slope_without_final_norm(slopes[True], verbose=False)
 
 
 # --------------------------------------------------------------------------------------------
@@ -304,7 +385,7 @@ CHECKS = [
     ch06.check_pre_ln_block,
     ch06.check_relative_updates,
     ch06.check_deepnorm_constants,
-    ch06.check_fails_without_warmup,
+    ch06.check_log_log_slope,
 ]
 
 
@@ -336,7 +417,7 @@ def test_crashing_answer_is_reported_not_raised(check):
         (ch06.check_pre_ln_block, ch06.reference_pre_ln_block),
         (ch06.check_relative_updates, ch06.reference_relative_updates),
         (ch06.check_deepnorm_constants, ch06.reference_deepnorm_constants),
-        (ch06.check_fails_without_warmup, ch06.reference_fails_without_warmup),
+        (ch06.check_log_log_slope, ch06.reference_log_log_slope),
     ],
 )
 def test_reference_passes_its_own_check_on_several_cases(check, reference):

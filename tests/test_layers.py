@@ -1,6 +1,7 @@
 """Layers: parity of EncoderLayer/DecoderLayer with torch's (both norm_first), feed-forward,
 attention weights for plots, weight copying."""
 
+import dataclasses
 import math
 
 import pytest
@@ -11,8 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from companion.interop import from_torch, to_torch, to_torch_attn_mask, to_torch_key_padding_mask
-from companion.layers import DecoderLayer, EncoderLayer, FeedForward
+from companion.interop import (
+    from_torch,
+    load_from_torch,
+    to_torch,
+    to_torch_attn_mask,
+    to_torch_key_padding_mask,
+)
+from companion.layers import DecoderLayer, EncoderLayer, FeedForward, _RMSNorm, make_norm
 from companion.masking import causal_mask, combine_masks
 from companion.model import Transformer, TransformerConfig
 
@@ -346,3 +353,124 @@ def test_scale_set_on_a_transformer_is_used_and_trains():
     loss.backward()
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+# ---------------------------------------------------------------------------------------------
+# RMSNorm (norm="rms")
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("eps", [1e-5, 1e-2])
+def test_make_norm_rms_matches_torch_rms_norm(dtype, eps):
+    """The package's RMSNorm (``torch.nn.RMSNorm``, or the fallback for torch < 2.4) and
+    ``torch.nn.RMSNorm`` with the same weight agree to 1e-5."""
+    g = torch.Generator().manual_seed(0)
+    ours = make_norm("rms", 16, eps=eps).to(dtype)
+    fallback = _RMSNorm(16, eps).to(dtype)
+    reference = nn.RMSNorm(16, eps=eps, dtype=dtype)
+    weight = 1 + 0.5 * torch.randn(16, generator=g, dtype=dtype)
+    with torch.no_grad():
+        for module in (ours, fallback, reference):
+            module.weight.copy_(weight)
+    x = 3 * torch.randn(4, 7, 16, generator=g, dtype=dtype) + 1  # (batch, len, d), mean ≠ 0
+    expected = reference(x)
+    for module in (ours, fallback):
+        assert [name for name, _ in module.named_parameters()] == ["weight"]  # no bias
+        assert module(x).dtype == dtype
+        torch.testing.assert_close(module(x), expected, atol=1e-5, rtol=0)
+    by_hand = weight * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # (4, 7, 16)
+    torch.testing.assert_close(ours(x), by_hand, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("cls", [EncoderLayer, DecoderLayer])
+def test_rms_layer_uses_rms_norm_and_matches_a_replay(cls, norm_first):
+    """Every norm of an ``norm="rms"`` layer is an RMSNorm (one weight, no bias), and the
+    layer computes the residual formula with ``torch.nn.RMSNorm``."""
+    torch.manual_seed(0)
+    layer = cls(D_MODEL, HEADS, D_FF, dropout=0.0, norm_first=norm_first, norm="rms").eval()
+    norms = [m for m in layer.modules() if isinstance(m, (nn.RMSNorm, _RMSNorm))]
+    assert len(norms) == (2 if cls is EncoderLayer else 3)
+    assert not any(isinstance(m, nn.LayerNorm) for m in layer.modules())
+    assert layer.norm == "rms"
+    x = torch.randn(2, 5, D_MODEL)
+    with torch.no_grad():
+        for norm in norms:
+            norm.weight.copy_(1 + 0.3 * torch.randn(D_MODEL))
+        if cls is EncoderLayer:
+            out = layer(x)
+            sa = layer.self_attention
+            norm_sa, norm_ff = layer.self_attention_norm, layer.feed_forward_norm
+            if norm_first:
+                h = x + sa(norm_sa(x), norm_sa(x), norm_sa(x))[0]
+                replay = h + layer.feed_forward(norm_ff(h))
+            else:
+                h = norm_sa(x + sa(x, x, x)[0])
+                replay = norm_ff(h + layer.feed_forward(h))
+            torch.testing.assert_close(out, replay, atol=1e-5, rtol=0)
+        else:
+            memory = torch.randn(2, 4, D_MODEL)
+            assert torch.isfinite(layer(x, memory)).all()
+
+
+def test_rms_and_layer_norm_layers_differ():
+    torch.manual_seed(0)
+    layer = EncoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0).eval()
+    rms = EncoderLayer(D_MODEL, HEADS, D_FF, dropout=0.0, norm="rms").eval()
+    rms.load_state_dict(
+        {k: v for k, v in layer.state_dict().items() if not k.endswith("norm.bias")}
+    )
+    x = torch.randn(2, 5, D_MODEL) + 2  # a mean per token: LayerNorm removes it, RMSNorm not
+    with torch.no_grad():
+        assert (layer(x) - rms(x)).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("bad", ["batch", "RMS", "rmsnorm", None, 1])
+@pytest.mark.parametrize("cls", [EncoderLayer, DecoderLayer])
+def test_unknown_norm_is_a_clear_error(cls, bad):
+    with pytest.raises(ValueError, match=r"norm must be one of 'layer', 'rms', got"):
+        cls(D_MODEL, HEADS, D_FF, norm=bad)
+
+
+@pytest.mark.parametrize("bad", ["batch", "", "Layer"])
+def test_unknown_norm_in_config_or_make_norm_is_a_clear_error(bad):
+    with pytest.raises(ValueError, match="norm must be one of 'layer', 'rms'"):
+        TransformerConfig(norm=bad)
+    with pytest.raises(ValueError, match="norm must be one of 'layer', 'rms'"):
+        make_norm(bad, 8)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_rms_config_builds_rms_norms_everywhere_and_round_trips(norm_first):
+    config = TransformerConfig(
+        12, 12, d_model=D_MODEL, num_heads=HEADS, num_layers=2, d_ff=D_FF, dropout=0.0,
+        norm_first=norm_first, final_norm=True, norm="rms",
+    )  # fmt: skip
+    assert config.layer_options["norm"] == "rms"
+    assert TransformerConfig(**dataclasses.asdict(config)) == config  # as a checkpoint stores it
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    norms = [m for m in model.modules() if isinstance(m, (nn.RMSNorm, _RMSNorm))]
+    assert len(norms) == 2 * 2 + 2 * 3 + 2  # encoder layers, decoder layers, final norms
+    assert not any(isinstance(m, nn.LayerNorm) for m in model.modules())
+    src, tgt = torch.randint(0, 12, (2, 6)), torch.randint(0, 12, (2, 5))
+    logits = model(src, tgt)  # (2, 5, 12)
+    logits.sum().backward()
+    assert torch.isfinite(logits).all()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert TransformerConfig().norm == "layer"  # the paper's LayerNorm stays the default
+
+
+def test_interop_refuses_rms_models_clearly():
+    torch.manual_seed(0)
+    layer = EncoderLayer(D_MODEL, HEADS, D_FF, norm="rms")
+    with pytest.raises(ValueError, match="norm='rms'.*LayerNorm only"):
+        to_torch(layer)
+    config = TransformerConfig(12, 12, d_model=D_MODEL, num_heads=HEADS, num_layers=1, d_ff=D_FF)
+    rms_config = dataclasses.replace(config, norm="rms")
+    with pytest.raises(ValueError, match="norm='rms'.*LayerNorm only"):
+        to_torch(Transformer(rms_config))
+    with pytest.raises(ValueError, match="norm: expected 'rms', got 'layer'"):
+        load_from_torch(layer, to_torch(EncoderLayer(D_MODEL, HEADS, D_FF)))
+    assert from_torch(to_torch(EncoderLayer(D_MODEL, HEADS, D_FF))).norm == "layer"

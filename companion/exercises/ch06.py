@@ -13,7 +13,8 @@ exercise                         check
 LayerNorm by hand                :func:`check_layer_norm`
 a Pre-LN block from a Post-LN    :func:`check_pre_ln_block`
 relative updates of a stream     :func:`check_relative_updates`
-which run fails without warm-up  :func:`check_fails_without_warmup`
+a depth slope, measured         :func:`check_log_log_slope`,
+                                 :func:`verify_pre_ln_slope_without_final_norm`
 DeepNorm's constants             :func:`check_deepnorm_constants`
 ===============================  ==================================================
 """
@@ -21,8 +22,9 @@ DeepNorm's constants             :func:`check_deepnorm_constants`
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -33,13 +35,14 @@ __all__ = [
     "check_pre_ln_block",
     "check_relative_updates",
     "check_deepnorm_constants",
-    "check_fails_without_warmup",
+    "check_log_log_slope",
+    "verify_pre_ln_slope_without_final_norm",
     "reference_layer_norm",
     "reference_pre_ln_block",
     "reference_relative_updates",
     "reference_deepnorm_constants",
-    "reference_fails_without_warmup",
-    "FAILS_WITHOUT_WARMUP",
+    "reference_log_log_slope",
+    "PRE_LN_NO_FINAL_NORM_SLOPE_BAND",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -257,44 +260,98 @@ def check_relative_updates(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: predict which training run fails without warm-up
+# Exercise 4: measure a depth slope (Pre-LN without its final LayerNorm)
 # --------------------------------------------------------------------------------------------
 
-#: What chapter 6 measured: does the 6 + 6-layer encoder-decoder on the reversal task,
-#: trained for 200 steps at this constant learning rate *without* warm-up, stall (end with a
-#: loss above 1.6, i.e. without having learned which digits to write)? Keys are
-#: ``(norm_first, learning_rate)``; ``norm_first=False`` is Post-LN.
-FAILS_WITHOUT_WARMUP: dict[tuple[bool, float], bool] = {
-    (False, 3e-4): False,
-    (False, 1e-3): False,
-    (False, 3e-3): True,
-    (True, 3e-4): False,
-    (True, 1e-3): False,
-    (True, 3e-3): False,
-}
+
+def reference_log_log_slope(depths: Sequence[float], values: Sequence[float]) -> float:
+    r"""Least-squares slope :math:`a` of :math:`\log v = a \log L + c`.
+
+    Args:
+        depths: the depths :math:`L`, shape ``(k,)`` (positive, at least two distinct).
+        values: the measured values :math:`v` at those depths, shape ``(k,)`` (positive).
+
+    Returns:
+        The fitted exponent :math:`a`: :math:`v \propto L^a`.
+    """
+    log_depths = np.log(np.asarray(depths, dtype=float))  # (k,)
+    log_values = np.log(np.asarray(values, dtype=float))  # (k,)
+    return float(np.polyfit(log_depths, log_values, 1)[0])
 
 
-def reference_fails_without_warmup(norm_first: bool, learning_rate: float) -> bool:
-    """The truth table :data:`FAILS_WITHOUT_WARMUP` measured in chapter 6."""
-    return FAILS_WITHOUT_WARMUP[bool(norm_first), float(learning_rate)]
+def _slope_cases() -> list[Case]:
+    rng = np.random.default_rng(604)
+    cases: list[Case] = []
+    for depths, exponent, noise in [
+        ([2, 4, 8, 16, 24], -0.5, 0.0),  # an exact power law
+        ([2, 4, 8, 16, 24], 0.0, 0.05),  # flat, with noise
+        ([1, 3, 10, 30], 0.3, 0.1),  # noisy: least squares differs from the end points
+        ([2, 5, 6, 7, 50], -1.0, 0.2),  # unevenly spaced depths
+        ([3, 12], 2.0, 0.0),  # two points
+    ]:
+        log_noise = noise * rng.standard_normal(len(depths))
+        values = 1.7 * np.asarray(depths, dtype=float) ** exponent * np.exp(log_noise)
+        cases.append({"depths": list(depths), "values": values.tolist()})
+    return cases
 
 
-def _fails_cases() -> list[Case]:
-    return [{"norm_first": nf, "learning_rate": lr} for nf, lr in FAILS_WITHOUT_WARMUP]
-
-
-def check_fails_without_warmup(
-    fails_without_warmup: Callable[[bool, float], bool], verbose: bool = True
+def check_log_log_slope(
+    log_log_slope: Callable[[Sequence[float], Sequence[float]], float], verbose: bool = True
 ) -> CheckResult:
-    """Check ``fails_without_warmup(norm_first, learning_rate) -> bool`` against the runs of
-    chapter 6 (Post-LN is ``norm_first=False``)."""
+    """Check ``log_log_slope(depths, values)`` → the least-squares slope of log values against
+    log depths (a float)."""
     return run_check(
-        "fails_without_warmup",
-        fails_without_warmup,
-        reference_fails_without_warmup,
-        _fails_cases(),
+        "log_log_slope",
+        log_log_slope,
+        reference_log_log_slope,
+        _slope_cases(),
+        atol=1e-6,
+        rtol=1e-6,
         verbose=verbose,
     )
+
+
+#: The band for the slope of the last layer's ‖∂L/∂W²‖_F against depth in a Pre-LN encoder
+#: *without* its final LayerNorm (chapter 6's setup, depths 2-24, seeds 0-2). Measured: about
+#: 0.00 (per seed between -0.03 and +0.03); the same stack *with* the final norm gives about
+#: -0.53, Post-LN about -0.02.
+PRE_LN_NO_FINAL_NORM_SLOPE_BAND: tuple[float, float] = (-0.15, 0.15)
+
+
+def verify_pre_ln_slope_without_final_norm(slope: float, verbose: bool = True) -> CheckResult:
+    """Check a *measured value* (not a function, hence not a ``check_*``): the depth slope of
+    the last ``W²`` gradient of a Pre-LN encoder built with ``final_norm=False`` must lie in
+    :data:`PRE_LN_NO_FINAL_NORM_SLOPE_BAND`.
+
+    A slope near -1/2 is the stack *with* its final LayerNorm (the chapter's measurement); a
+    slope near +1/2 or -1 usually means swapped axes or a fit of the values instead of their
+    logarithms.
+    """
+    low, high = PRE_LN_NO_FINAL_NORM_SLOPE_BAND
+    name = "pre_ln_slope_without_final_norm"
+    if slope is None:
+        message = f"⏳ {name}: not attempted yet (the measurement is still None)."
+        passed = False
+    elif isinstance(slope, bool) or not isinstance(slope, (int, float, np.floating)):
+        message = f"❌ {name}: expected a number (the fitted slope), got {type(slope).__name__}"
+        passed = False
+    elif not math.isfinite(float(slope)):
+        message = f"❌ {name}: expected a finite number, got {slope}"
+        passed = False
+    else:
+        passed = low <= float(slope) <= high
+        if passed:
+            message = f"✅ {name}: {float(slope):+.3f} lies in [{low}, {high}]."
+        else:
+            hint = (
+                " (that is the stack *with* its final LayerNorm: build it with final_norm=False)"
+                if -0.7 < float(slope) < -0.35
+                else ""
+            )
+            message = f"❌ {name}: {float(slope):+.3f} is outside [{low}, {high}]{hint}."
+    if verbose:
+        print(message)
+    return CheckResult(name, passed, 1, message)
 
 
 # --------------------------------------------------------------------------------------------
