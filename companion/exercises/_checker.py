@@ -119,6 +119,22 @@ def _inputs(kwargs: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}: {_describe(v)}" for k, v in kwargs.items())
 
 
+def call_reader(
+    name: str, count: int, user_fn: Callable[..., Any], kwargs: Mapping[str, Any]
+) -> tuple[Any, CheckResult | None]:
+    """Call the reader's function on case ``count``: ``(value, None)``, or ``(None, result)``
+    with a failed :class:`CheckResult` when it is not written yet or raises (the notebook
+    never crashes on the reader's code)."""
+    try:
+        return user_fn(**kwargs), None
+    except NotImplementedError:
+        message = f"⏳ {name}: not attempted yet (the function raises NotImplementedError)."
+    except Exception as exc:  # the reader's code: report any error, do not crash the notebook
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        message = f"❌ {name}: case {count} raised {last}"
+    return None, CheckResult(name, False, count, message)
+
+
 def run_check(
     name: str,
     user_fn: Callable[..., Any],
@@ -142,24 +158,10 @@ def run_check(
     result: CheckResult | None = None
     for count, case in enumerate(cases, start=1):
         expected = reference_fn(**clone(case))
-        try:
-            got = user_fn(**clone(case))
-        except NotImplementedError:
-            result = CheckResult(
-                name,
-                False,
-                count,
-                f"⏳ {name}: not attempted yet (the function raises NotImplementedError).",
-            )
-            break
-        except Exception as exc:  # the reader's code: report any error, do not crash the notebook
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            result = CheckResult(
-                name,
-                False,
-                count,
-                f"❌ {name}: case {count} raised {last}\n   inputs: {_inputs(case)}",
-            )
+        got, result = call_reader(name, count, user_fn, clone(case))
+        if result is not None:
+            if result.message.startswith("❌"):  # raised: show the inputs that made it raise
+                result.message += f"\n   inputs: {_inputs(case)}"
             break
         problem = compare(expected, got, atol, rtol)
         if problem:

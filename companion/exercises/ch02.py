@@ -16,7 +16,6 @@ for readers who want to write the plain function or the variance experiment them
 from __future__ import annotations
 
 import math
-import traceback
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -26,6 +25,7 @@ from torch import Tensor
 from companion.exercises._checker import (
     Case,
     CheckResult,
+    call_reader,
     causal_bool_mask,
     lengths_mask,
     random_bool_mask,
@@ -445,21 +445,8 @@ def check_gradient_threshold(
     result = None
     count = 0
     for count, n_keys in enumerate((16, 8, 32), start=1):
-        try:
-            got = gradient_threshold(n_keys=n_keys)
-        except NotImplementedError:
-            result = CheckResult(
-                name,
-                False,
-                count,
-                f"⏳ {name}: not attempted yet (the function raises NotImplementedError).",
-            )
-            break
-        except Exception as exc:  # the reader's code: report, do not crash the notebook
-            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
-            result = CheckResult(
-                name, False, count, f"❌ {name}: case {count} (n_keys={n_keys}) raised {last}"
-            )
+        got, result = call_reader(name, count, gradient_threshold, {"n_keys": n_keys})
+        if result is not None:
             break
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             result = CheckResult(
