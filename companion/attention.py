@@ -34,6 +34,7 @@ from companion._validation import (
     check_floating,
     check_min_ndim,
     check_ndim,
+    check_positive_float,
     check_positive_int,
     check_probability,
     check_same_dtype,
@@ -46,13 +47,23 @@ from companion._validation import (
 from companion.cache import KeyValueCache
 from companion.dropout import dropout
 from companion.masking import causal_mask
+from companion.positional import RotaryEmbedding, alibi_bias, alibi_slopes
 
 __all__ = [
     "scaled_dot_product_attention",
     "AdditiveScore",
     "MultiHeadAttention",
+    "repeat_kv_heads",
     "fused_linear",
+    "POSITIONAL",
 ]
+
+#: The position schemes :class:`MultiHeadAttention` applies itself (``positional=``).
+POSITIONAL: tuple[str, ...] = ("rope", "alibi")
+
+#: torch >= 2.5: ``F.scaled_dot_product_attention`` pairs query and key/value heads itself
+#: (``enable_gqa=True``); older versions get the key/value heads repeated explicitly.
+_SDPA_HAS_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
 
 
 def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -90,6 +101,7 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     *,
     scale: float | None = None,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     r"""Attention written out step by step: ``softmax(q kᵀ / √d_k) v``.
 
@@ -104,6 +116,10 @@ def scaled_dot_product_attention(
             multiply ``v``; the returned weights are the ones *before* dropout).
         scale: factor applied to the scores; default ``1/√d_k``. Pass ``1.0`` to see what
             happens without scaling (chapter 2).
+        bias: optional float tensor added to the scaled scores before the softmax (ALiBi's
+            distance penalty, :func:`companion.positional.alibi_bias`), broadcastable to
+            ``(..., q_len, k_len)``, the dtype of ``q``, finite; blocked positions stay
+            blocked whatever their bias.
 
     Returns:
         ``(output, weights)``: output of shape ``(..., q_len, d_v)`` and weights of shape
@@ -116,10 +132,14 @@ def scaled_dot_product_attention(
     score_shape = (*q.shape[:-2], q_len, k_len)
     if mask is not None:
         check_bool_mask("mask", mask, score_shape, "the scores (..., q_len, k_len)")
+    if bias is not None and checks_enabled():  # not when a checked module calls it
+        _check_bias(bias, score_shape, q.dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., q_len, k_len)
+    if bias is not None:
+        scores = scores + bias  # (..., q_len, k_len)
     if mask is not None:
         # The most negative finite number, not -inf: a fully blocked row then gives a finite
         # (uniform) softmax instead of 0/0 = NaN, and is set to zero just below.
@@ -179,17 +199,39 @@ class AdditiveScore(nn.Module):
         return self.score_proj(torch.tanh(hq + hk)).squeeze(-1)  # (..., q_len, k_len)
 
 
+def _check_bias(bias: object, score_shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """A finite float ``bias`` of ``dtype`` broadcasting to ``score_shape`` without growing it."""
+    check_floating("bias", bias)
+    check_same_dtype("bias", bias, dtype, "q")
+    padded = (1,) * (len(score_shape) - bias.dim()) + tuple(bias.shape)
+    if bias.dim() > len(score_shape) or any(b not in (1, t) for b, t in zip(padded, score_shape)):
+        raise ValueError(
+            f"bias of shape {shape_str(bias.shape)} does not broadcast to the scores "
+            f"(..., q_len, k_len) {shape_str(score_shape)}; each dimension must be 1 or equal"
+        )
+    check_finite("bias", bias)
+
+
 def _attention_with_dropout(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """Training-mode attention on a CPU with dropout on the weights (no input checks).
 
     torch's fused CPU kernel has no dropout, so with ``dropout_p > 0`` torch falls back to
     its step-by-step path, whose dropout draws one random number per weight with
     ``bernoulli_``. Written out here, the same arithmetic uses :func:`companion.dropout.dropout`
-    and adds the mask as a small broadcast bias. ``mask`` has a key in every row.
+    and adds the mask as a small broadcast bias. ``mask`` has a key in every row; ``bias``
+    (ALiBi) is added to the scores. ``k`` and ``v`` have one head per query head.
     """
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (batch, heads, q_len, k_len)
+    if bias is not None:
+        scores = scores + bias  # (batch, heads, q_len, k_len)
     if is_causal and mask is None:
         mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (q_len, k_len)
     if mask is not None:
@@ -231,19 +273,50 @@ class MultiHeadAttention(nn.Module):
     parameters stay separate and readable. Conversion from and to
     ``torch.nn.MultiheadAttention``: :mod:`companion.interop`.
 
+    **Fewer key/value heads** (``num_kv_heads``): grouped-query attention (GQA, Ainslie et al.,
+    2023) projects keys and values to ``num_kv_heads`` heads only, each shared by a group of
+    ``num_heads / num_kv_heads`` consecutive query heads: query head ``h`` reads key/value head
+    ``h // (num_heads / num_kv_heads)`` (:func:`repeat_kv_heads`, the grouping of
+    ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)``).
+    ``num_kv_heads = num_heads`` is multi-head attention, ``num_kv_heads = 1`` multi-query
+    attention (MQA, Shazeer 2019). A :class:`KeyValueCache` then holds
+    ``num_kv_heads`` heads, not ``num_heads``: the cache shrinks by the group size.
+
+    **Positions inside attention** (``positional``, for self-attention): ``"rope"`` rotates
+    every head's queries and keys (:class:`~companion.positional.RotaryEmbedding`);
+    ``"alibi"`` adds ``-slope_h · distance`` to the scores of head ``h``
+    (:func:`~companion.positional.alibi_bias`, the symmetric form unless ``is_causal``). Keys
+    sit at positions ``0 .. k_len - 1`` and the queries are the *last* ``q_len`` of them
+    (with a cache: the new positions after the cached ones), the alignment of ``is_causal``.
+    Both depend only on the distance between a query and a key.
+
     Args:
         d_model: size of the input and output vectors; must be divisible by ``num_heads``.
-        num_heads: number of heads.
+        num_heads: number of (query) heads.
         dropout: dropout probability on the attention weights (training mode only).
         bias: whether the four projections have biases.
+        num_kv_heads: number of key/value heads; ``None`` means ``num_heads``. Must divide
+            ``num_heads``.
+        positional: ``None``, ``"rope"`` or ``"alibi"`` (see above).
+        rope_base: the base of the rotary frequencies (``positional="rope"`` only).
 
-    Parameters: ``query_proj``, ``key_proj``, ``value_proj``, ``out_proj`` (each
-    ``nn.Linear(d_model, d_model)``): ``4·d_model² + 4·d_model`` numbers with biases,
-    ``4·d_model²`` without.
+    Parameters: ``query_proj``, ``out_proj`` (``nn.Linear(d_model, d_model)``), ``key_proj``,
+    ``value_proj`` (``nn.Linear(d_model, num_kv_heads · head_dim)``): with ``g = num_kv_heads``
+    and ``h = num_heads``, ``2·d_model² + 2·d_model²·g/h`` weights plus
+    ``2·d_model + 2·d_model·g/h`` biases (``4·d_model² + 4·d_model`` for multi-head
+    attention). RoPE and ALiBi add no parameters.
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, *, dropout: float = 0.0, bias: bool = True
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        dropout: float = 0.0,
+        bias: bool = True,
+        num_kv_heads: int | None = None,
+        positional: str | None = None,
+        rope_base: float = 10000.0,
     ) -> None:
         super().__init__()
         check_positive_int("d_model", d_model)
@@ -252,13 +325,31 @@ class MultiHeadAttention(nn.Module):
         self.d_model = d_model
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
+        self.num_kv_heads = _check_kv_heads(num_kv_heads, num_heads)
+        self.positional = _check_positional(positional, self.head_dim)
         self.dropout = check_probability("dropout", dropout)
         self.bias = check_bool("bias", bias)
+        kv_dim = self.num_kv_heads * self.head_dim
         self.query_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.key_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.value_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.key_proj = nn.Linear(d_model, kv_dim, bias=bias)
+        self.value_proj = nn.Linear(d_model, kv_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        rope_base = check_positive_float("rope_base", rope_base)
+        self.rotary = (
+            RotaryEmbedding(self.head_dim, base=rope_base) if positional == "rope" else None
+        )
+        slopes = alibi_slopes(num_heads) if positional == "alibi" else None  # (num_heads,)
+        self.register_buffer("alibi_slopes", slopes, persistent=False)  # not in the state dict
         self.reset_parameters()
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        """``.to()``, ``.double()``, ...: convert, then recompute the ALiBi slopes in float64 and
+        cast them once (a float64 module gets float64 slopes, not float32 ones widened)."""
+        super()._apply(fn, recurse)
+        if self.alibi_slopes is not None:
+            exact = alibi_slopes(self.num_heads, dtype=torch.float64)  # (num_heads,)
+            self.alibi_slopes = exact.to(self.alibi_slopes.device, self.alibi_slopes.dtype)
+        return self
 
     def reset_parameters(self) -> None:
         """Initialise like ``torch.nn.MultiheadAttention``: Xavier-uniform projections, zero biases."""
@@ -269,7 +360,12 @@ class MultiHeadAttention(nn.Module):
                 nn.init.zeros_(proj.bias)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+        text = f"d_model={self.d_model}, num_heads={self.num_heads}, dropout={self.dropout}"
+        if self.num_kv_heads != self.num_heads:
+            text += f", num_kv_heads={self.num_kv_heads}"
+        if self.positional is not None:
+            text += f", positional={self.positional!r}"
+        return text
 
     # ------------------------------------------------------------------ forward
 
@@ -310,10 +406,11 @@ class MultiHeadAttention(nn.Module):
         attend to" rule: an all-zero output, where ``torch.nn.MultiheadAttention`` returns
         ``out_proj``'s bias.
         """
-        q, k, v = self.project(query, key, value, cache)  # each (batch, heads, len, head_dim)
-        mask, kernel_causal = _causal(mask, is_causal, q, k, need_weights)
+        q, k, v = self.project(query, key, value, cache)  # (batch, heads or kv_heads, len, hd)
+        bias = self.position_bias(q, k, is_causal)  # ALiBi (heads, q_len, k_len) or None
+        mask, kernel_causal = _causal(mask, is_causal, q, k, need_weights or bias is not None)
         per_head, weights = self.attend(
-            q, k, v, mask, need_weights=need_weights, is_causal=kernel_causal
+            q, k, v, mask, need_weights=need_weights, is_causal=kernel_causal, bias=bias
         )  # (batch, heads, q_len, head_dim), (batch, heads, q_len, k_len) or None
         output = self.out_proj(self.merge_heads(per_head))  # (batch, q_len, d_model)
         if mask is not None:  # a query no head lets attend anywhere: zeros, not out_proj's bias
@@ -331,15 +428,20 @@ class MultiHeadAttention(nn.Module):
         *,
         need_weights: bool = False,
         is_causal: bool = False,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attention in every head at once (no input checks).
 
         Args:
             q: ``(batch, heads, q_len, head_dim)``.
-            k, v: ``(batch, heads, k_len, head_dim)``.
+            k, v: ``(batch, kv_heads, k_len, head_dim)``; query head ``h`` uses key/value head
+                ``h // (heads / kv_heads)`` (:func:`repeat_kv_heads`).
             mask: boolean, ``True`` = may attend, broadcastable to ``(batch, heads, q_len, k_len)``.
             need_weights: compute the weights explicitly and return them.
-            is_causal: let the fused kernel apply a square causal mask (``q_len == k_len``).
+            is_causal: let the fused kernel apply a square causal mask (``q_len == k_len``,
+                no ``mask`` and no ``bias``).
+            bias: float, added to the scores, broadcastable to ``(batch, heads, q_len, k_len)``
+                (ALiBi's ``(heads, q_len, k_len)``).
 
         Returns:
             ``(batch, heads, q_len, head_dim)`` and the weights ``(batch, heads, q_len, k_len)``
@@ -347,16 +449,16 @@ class MultiHeadAttention(nn.Module):
         """
         dropout_p = self.dropout if self.training else 0.0
         if need_weights:
-            return scaled_dot_product_attention(q, k, v, mask, dropout_p)
+            k, v = repeat_kv_heads(k, self.num_heads), repeat_kv_heads(v, self.num_heads)
+            return scaled_dot_product_attention(q, k, v, mask, dropout_p, bias=bias)
         if mask is not None:  # rows without a key attend everywhere (no 0/0 = NaN), then zeroed
             has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1)
             mask = mask | ~has_key  # broadcastable to (batch, heads, q_len, k_len)
         if dropout_p > 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
-            per_head = _attention_with_dropout(q, k, v, mask, dropout_p, is_causal)
+            k, v = repeat_kv_heads(k, self.num_heads), repeat_kv_heads(v, self.num_heads)
+            per_head = _attention_with_dropout(q, k, v, mask, dropout_p, is_causal, bias)
         else:
-            per_head = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-            )  # (batch, heads, q_len, head_dim)
+            per_head = _fused_attention(q, k, v, mask, dropout_p, is_causal, bias)
         if mask is not None:
             per_head = per_head.masked_fill(~has_key, 0.0)  # (batch, heads, q_len, head_dim)
         return per_head, None
@@ -364,33 +466,66 @@ class MultiHeadAttention(nn.Module):
     def project(
         self, query: Tensor, key: Tensor, value: Tensor, cache: KeyValueCache | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Project and split into heads: ``(batch, len, d_model)`` → ``(batch, heads, len, head_dim)``.
+        """Project and split into heads, rotating queries and keys with RoPE.
 
-        With a ``cache``, the keys and values come from / go to it (see :class:`KeyValueCache`).
+        ``(batch, len, d_model)`` → queries ``(batch, heads, q_len, head_dim)``, keys and
+        values ``(batch, kv_heads, k_len, head_dim)``. With a ``cache``, the keys and values
+        come from / go to it (see :class:`KeyValueCache`).
         """
         if cache is not None and not cache.growing and cache.keys is not None:
             # cross-attention, memory already projected at an earlier step
             q = self.split_heads(self.query_proj(query))  # (batch, heads, q_len, head_dim)
             return q, cache.keys, cache.values
         projections = (self.query_proj, self.key_proj, self.value_proj)
+        sizes = [self.d_model, self.key_proj.out_features, self.value_proj.out_features]
         if query is key and key is value:  # self-attention: one matrix product for q, k and v
-            q, k, v = fused_linear(query, projections).chunk(3, dim=-1)  # (batch, len, d_model)
+            qkv = fused_linear(query, projections)  # (batch, len, d_model + 2·kv_dim)
+            q, k, v = qkv.split(sizes, dim=-1)  # (batch, len, d_model), (batch, len, kv_dim) ×2
         elif key is value:  # cross-attention: one product for k and v
             q = self.query_proj(query)  # (batch, q_len, d_model)
-            k, v = fused_linear(key, projections[1:]).chunk(2, dim=-1)  # (batch, k_len, d_model)
+            kv = fused_linear(key, projections[1:])  # (batch, k_len, 2·kv_dim)
+            k, v = kv.split(sizes[1:], dim=-1)  # (batch, k_len, kv_dim) each
         else:
             q = self.query_proj(query)  # (batch, q_len, d_model)
-            k = self.key_proj(key)  # (batch, k_len, d_model)
-            v = self.value_proj(value)  # (batch, k_len, d_model)
-        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
+            k = self.key_proj(key)  # (batch, k_len, kv_dim)
+            v = self.value_proj(value)  # (batch, k_len, kv_dim)
+        q = self.split_heads(q)  # (batch, heads, q_len, head_dim)
+        k = self.split_heads(k, self.num_kv_heads)  # (batch, kv_heads, new_len, head_dim)
+        v = self.split_heads(v, self.num_kv_heads)  # (batch, kv_heads, new_len, head_dim)
+        if self.rotary is not None:  # RoPE, before the keys are cached (stored rotated)
+            q, k = self.rotate(q, k, 0 if cache is None else cache.length)
         if cache is not None:
             if cache.growing and cache.keys is not None:  # append the new positions
-                k = torch.cat([cache.keys, k], dim=2)  # (batch, heads, cached + new, head_dim)
-                v = torch.cat([cache.values, v], dim=2)  # (batch, heads, cached + new, head_dim)
+                k = torch.cat([cache.keys, k], dim=2)  # (batch, kv_heads, cached + new, head_dim)
+                v = torch.cat([cache.values, v], dim=2)  # (batch, kv_heads, cached + new, head_dim)
             cache.keys, cache.values = k, v
         return q, k, v
 
-    def split_heads(self, x: Tensor) -> Tensor:
+    def rotate(self, q: Tensor, k: Tensor, cached: int) -> tuple[Tensor, Tensor]:
+        """RoPE on the new keys ``k (batch, kv_heads, new_len, head_dim)``, at positions
+        ``cached .. cached + new_len - 1`` (after the ``cached`` ones of a growing cache), and
+        on the queries ``q (batch, heads, q_len, head_dim)``, the last ``q_len`` of those
+        positions. Plain-int offsets: no host synchronisation. Returns tensors of the same
+        shapes."""
+        query_offset = cached + k.shape[2] - q.shape[2]  # queries are the last q_len positions
+        q = self.rotary.rotate(q, offset=query_offset)  # (batch, heads, q_len, head_dim)
+        k = self.rotary.rotate(k, offset=cached)  # (batch, kv_heads, new_len, head_dim)
+        return q, k
+
+    def position_bias(self, q: Tensor, k: Tensor, is_causal: bool = False) -> Tensor | None:
+        """The ALiBi bias ``(heads, q_len, k_len)`` in ``q``'s dtype for queries ``q (..., q_len,
+        head_dim)`` that are the last ``q_len`` of the key positions of ``k (..., k_len,
+        head_dim)``; ``None`` unless ``positional="alibi"``. Causal form with ``is_causal``,
+        symmetric otherwise (the two agree wherever a causal mask lets a query look)."""
+        if self.alibi_slopes is None:
+            return None
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        bias = alibi_bias(
+            self.alibi_slopes, q_len, k_len, offset=k_len - q_len, causal=is_causal
+        )  # (heads, q_len, k_len)
+        return bias.to(q.dtype)  # (heads, q_len, k_len)
+
+    def split_heads(self, x: Tensor, num_heads: int | None = None) -> Tensor:
         """Cut projected queries, keys or values into heads.
 
         Head ``i`` gets features ``i·head_dim`` to ``(i+1)·head_dim - 1`` of every position:
@@ -398,19 +533,21 @@ class MultiHeadAttention(nn.Module):
         The result is a view of ``x`` (no copy); :meth:`merge_heads` is the inverse.
 
         Args:
-            x: shape ``(batch, len, d_model)``.
+            x: shape ``(batch, len, num_heads · head_dim)``: ``(batch, len, d_model)`` for
+                queries, ``(batch, len, num_kv_heads · head_dim)`` for grouped keys/values.
+            num_heads: number of heads in ``x``; default the module's ``num_heads``.
 
         Returns:
-            Tensor of shape ``(batch, heads, len, head_dim)``.
+            Tensor of shape ``(batch, num_heads, len, head_dim)``.
         """
-        if not (isinstance(x, Tensor) and x.dim() == 3 and x.shape[2] == self.d_model):
-            layout = f"(batch, len, {self.d_model})"  # checks that raise a clear error
+        heads = self.num_heads if num_heads is None else check_positive_int("num_heads", num_heads)
+        width = heads * self.head_dim
+        if not (isinstance(x, Tensor) and x.dim() == 3 and x.shape[2] == width):
+            layout = f"(batch, len, {width})"  # checks that raise a clear error
             check_ndim("x", check_tensor("x", x), 3, layout)
-            check_size("x", x, 2, self.d_model, layout)
+            check_size("x", x, 2, width, layout)
         batch, length, _ = x.shape
-        split = x.view(
-            batch, length, self.num_heads, self.head_dim
-        )  # (batch, len, heads, head_dim)
+        split = x.view(batch, length, heads, self.head_dim)  # (batch, len, heads, head_dim)
         return split.transpose(1, 2)  # (batch, heads, len, head_dim)
 
     def merge_heads(self, x: Tensor) -> Tensor:
@@ -488,6 +625,23 @@ class MultiHeadAttention(nn.Module):
                 f"positions), "
                 f"got q_len={q_len} and k_len={k_len}"
             )
+        if self.positional is not None:
+            self.check_positions(q_len, k_len, cache)
+
+    def check_positions(self, q_len: int, k_len: int, cache: KeyValueCache | None) -> None:
+        """With ``positional`` set, the queries are the last ``q_len`` of the ``k_len`` key
+        positions, continued by a growing cache (self-attention); raise a clear error otherwise."""
+        if cache is not None and not cache.growing:
+            raise ValueError(
+                f"cache must be a growing KeyValueCache (self-attention) for a module with "
+                f"positional={self.positional!r}; cross-attention takes no positions, got "
+                "KeyValueCache(growing=False)"
+            )
+        if k_len < q_len:
+            raise ValueError(
+                f"k_len must be >= q_len with positional={self.positional!r} (the queries "
+                f"are the last q_len of the key positions), got q_len={q_len} and k_len={k_len}"
+            )
 
     def cached_length(self, cache: object, batch: int, new_len: int) -> int:
         """Check ``cache`` for a call with ``batch`` rows; the number of keys (cached + new)."""
@@ -495,24 +649,112 @@ class MultiHeadAttention(nn.Module):
             raise TypeError(f"cache must be a KeyValueCache, got {type(cache).__name__}")
         if cache.keys is None:
             return new_len
-        if cache.keys.shape[0] != batch or cache.keys.shape[1] != self.num_heads:
+        if cache.keys.shape[0] != batch or cache.keys.shape[1] != self.num_kv_heads:
             raise ValueError(
-                f"cache must hold keys of shape ({batch}, {self.num_heads}, len, "
-                f"{self.head_dim}) for this call, got {shape_str(cache.keys.shape)}"
+                f"cache must hold keys of shape ({batch}, {self.num_kv_heads}, len, "
+                f"{self.head_dim}) for this call (batch, kv_heads, len, head_dim), got "
+                f"{shape_str(cache.keys.shape)}"
             )
         return cache.length + new_len if cache.growing else cache.length
 
 
+def _check_kv_heads(num_kv_heads: object, num_heads: int) -> int:
+    """``num_kv_heads`` (``None`` = ``num_heads``): a positive int dividing ``num_heads``."""
+    if num_kv_heads is None:
+        return num_heads
+    check_positive_int("num_kv_heads", num_kv_heads)
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(
+            f"num_kv_heads must divide num_heads (each key/value head serves a group of "
+            f"num_heads / num_kv_heads query heads): got num_heads={num_heads} and "
+            f"num_kv_heads={num_kv_heads}"
+        )
+    return num_kv_heads
+
+
+def _check_positional(positional: object, head_dim: int) -> str | None:
+    """``positional``: ``None``, ``"rope"`` (needs an even ``head_dim``) or ``"alibi"``."""
+    if positional is None:
+        return None
+    if positional not in POSITIONAL:
+        raise ValueError(f"positional must be None, 'rope' or 'alibi', got {positional!r}")
+    if positional == "rope" and head_dim % 2:
+        raise ValueError(
+            "positional='rope' needs an even head_dim = d_model / num_heads (RoPE rotates "
+            f"pairs of dimensions), got head_dim={head_dim}"
+        )
+    return positional
+
+
+def repeat_kv_heads(x: Tensor, num_heads: int) -> Tensor:
+    """Give each of ``num_heads`` query heads its key/value head (grouped-query attention).
+
+    Key/value head ``j`` serves the ``group = num_heads / kv_heads`` consecutive query heads
+    ``j·group .. (j+1)·group - 1``, so query head ``h`` reads head ``h // group``: every head
+    is repeated ``group`` times *in place* (``repeat_interleave`` on the head axis; ``repeat``
+    would tile the whole stack instead and pair query head ``h`` with ``h % kv_heads``). This
+    is the grouping of ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)``.
+
+    Args:
+        x: keys or values, shape ``(batch, kv_heads, len, head_dim)``.
+        num_heads: number of query heads, a multiple of ``kv_heads``.
+
+    Returns:
+        Tensor of shape ``(batch, num_heads, len, head_dim)`` (``x`` itself when
+        ``kv_heads == num_heads``).
+    """
+    if checks_enabled():  # not when called from inside a checked module
+        check_floating("x", x)
+        check_ndim("x", x, 4, "(batch, kv_heads, len, head_dim)")
+        check_positive_int("num_heads", num_heads)
+        if num_heads % x.shape[1] != 0:
+            raise ValueError(
+                f"num_heads must be a multiple of the key/value heads of x (dimension 1 of "
+                f"{shape_str(x.shape)}), got num_heads={num_heads}"
+            )
+    group = num_heads // x.shape[1]
+    if group == 1:
+        return x
+    return x.repeat_interleave(group, dim=1)  # (batch, num_heads, len, head_dim)
+
+
+def _fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    bias: Tensor | None,
+) -> Tensor:
+    """``torch.nn.functional.scaled_dot_product_attention`` with fewer key/value heads and an
+    additive bias (no input checks). ``q (batch, heads, q_len, hd)``, ``k, v (batch, kv_heads,
+    k_len, hd)``; ``mask`` has a key in every row. Returns ``(batch, heads, q_len, hd)``."""
+    attn_mask = mask
+    if bias is not None:  # one float mask: the bias where a query may look, -inf elsewhere
+        attn_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
+    grouped = {}
+    if k.shape[1] != q.shape[1]:
+        if _SDPA_HAS_GQA:  # the kernel pairs query head h with key/value head h // group
+            grouped = {"enable_gqa": True}
+        else:  # torch < 2.5: repeat the key/value heads explicitly
+            k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **grouped
+    )  # (batch, heads, q_len, head_dim)
+
+
 def _causal(
-    mask: Tensor | None, is_causal: bool, q: Tensor, k: Tensor, need_weights: bool
+    mask: Tensor | None, is_causal: bool, q: Tensor, k: Tensor, explicit: bool
 ) -> tuple[Tensor | None, bool]:
     """Turn ``is_causal`` into what :meth:`MultiHeadAttention.attend` takes: the fused kernel's
-    own causal flag when it can apply it (square, no other mask, no weights wanted), else a
-    causal mask combined with ``mask``. One query (a decoding step) may see every key."""
+    own causal flag when it can apply it (square, no other mask, no weights wanted and no
+    bias: ``explicit=False``), else a causal mask combined with ``mask``. One query (a
+    decoding step) may see every key."""
     q_len, k_len = q.shape[-2], k.shape[-2]
     if not is_causal or q_len == 1:
         return mask, False
-    if mask is None and q_len == k_len and not need_weights:
+    if mask is None and q_len == k_len and not explicit:
         return None, True
     causal = causal_mask(q_len, k_len, device=q.device)  # (q_len, k_len)
     return (causal if mask is None else mask & causal), False  # broadcastable to the scores

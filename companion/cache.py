@@ -22,7 +22,12 @@ from torch import Tensor
 
 from companion._validation import check_integer, check_ndim, check_positive_int
 
-__all__ = ["KeyValueCache", "DecoderLayerCache", "DecoderCache"]
+__all__ = ["KeyValueCache", "DecoderLayerCache", "DecoderCache", "LatentCache"]
+
+
+def _bytes(tensor: Tensor | None) -> int:
+    """Bytes of ``tensor``'s elements (0 for ``None``)."""
+    return 0 if tensor is None else tensor.numel() * tensor.element_size()
 
 
 @dataclass
@@ -36,7 +41,11 @@ class KeyValueCache:
 
     Attributes:
         growing: see above.
-        keys, values: ``(batch, heads, cached_len, head_dim)``, ``None`` before the first call.
+        keys, values: ``(batch, kv_heads, cached_len, head_dim)``, ``None`` before the first
+            call. ``kv_heads`` is the module's number of key/value heads: ``num_heads`` for
+            multi-head attention, fewer with grouped-query attention, 1 with multi-query
+            attention (``MultiHeadAttention(num_kv_heads=...)``). With rotary embeddings the
+            keys are stored already rotated.
     """
 
     growing: bool = True
@@ -47,6 +56,12 @@ class KeyValueCache:
     def length(self) -> int:
         """Number of cached positions."""
         return 0 if self.keys is None else self.keys.shape[-2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached keys and values (0 before the first call):
+        ``2 · batch · kv_heads · cached_len · head_dim · bytes per number``."""
+        return sum(_bytes(tensor) for tensor in (self.keys, self.values))
 
     def reorder(self, indices: Tensor) -> None:
         """Keep the batch rows ``indices`` ``(new_batch,)``, e.g. the surviving beams."""
@@ -62,6 +77,11 @@ class DecoderLayerCache:
 
     self_attention: KeyValueCache = field(default_factory=lambda: KeyValueCache(growing=True))
     cross_attention: KeyValueCache = field(default_factory=lambda: KeyValueCache(growing=False))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by both caches (self-attention and cross-attention)."""
+        return self.self_attention.nbytes + self.cross_attention.nbytes
 
     def reorder(self, indices: Tensor) -> None:
         """Keep the batch rows ``indices`` ``(new_batch,)`` (beam search)."""
@@ -90,6 +110,15 @@ class DecoderCache:
         return self.layers[0].self_attention.length
 
     @property
+    def nbytes(self) -> int:
+        """Bytes held: every layer's keys and values (:attr:`DecoderLayerCache.nbytes`) and the
+        padding record ``key_padding``. Per decoded token only the self-attention keys and
+        values grow (plus one byte per row of ``key_padding``); the cross-attention ones are
+        the projected source, fixed after the first step. ``layers[i].self_attention.nbytes``
+        counts one layer's self-attention alone."""
+        return sum(layer.nbytes for layer in self.layers) + _bytes(self.key_padding)
+
+    @property
     def batch_size(self) -> int | None:
         """Rows in the cache, ``None`` before the first step."""
         keys = self.layers[0].self_attention.keys
@@ -103,3 +132,36 @@ class DecoderCache:
             layer.reorder(indices)
         if self.key_padding is not None:
             self.key_padding = self.key_padding.index_select(0, indices)  # (new_batch, length)
+
+
+@dataclass
+class LatentCache:
+    """What multi-head latent attention keeps between decoding steps: one latent per token.
+
+    :class:`companion.latent_attention.MultiHeadLatentAttention` rebuilds every head's keys and
+    values from a token's latent ``c`` (or, in its absorbed form, attends to ``c`` directly),
+    so ``c`` is all a step needs of the earlier tokens. Each call appends the latents of its
+    new positions. Per token and layer that is ``d_latent`` numbers, where a
+    :class:`KeyValueCache` holds ``2·heads·head_dim`` (``2·kv_heads·head_dim`` with grouped
+    keys and values).
+
+    Attributes:
+        latents: ``(batch, cached_len, d_latent)``, ``None`` before the first call.
+    """
+
+    latents: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return 0 if self.latents is None else self.latents.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cached latents occupy: ``batch · cached_len · d_latent · element size``."""
+        return _bytes(self.latents)
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep the batch rows ``indices`` ``(new_batch,)``, e.g. the surviving beams."""
+        if self.latents is not None:
+            self.latents = self.latents.index_select(0, indices)  # (new_batch, len, d_latent)

@@ -69,6 +69,7 @@ def to_torch(module: nn.Module) -> nn.Module:
     """A new ``torch.nn`` module (``batch_first=True``, same device and dtype) with the weights
     of ``module``: a MultiHeadAttention, EncoderLayer, DecoderLayer, Encoder, Decoder or
     Transformer (its two stacks; see the table in the module docstring)."""
+    _check_torch_has_it(module)
     if isinstance(module, MultiHeadAttention):
         return _attention_to_torch(module)
     if isinstance(module, (EncoderLayer, DecoderLayer)):
@@ -121,6 +122,7 @@ def from_torch(module: nn.Module) -> nn.Module:
 def load_from_torch(ours: nn.Module, theirs: nn.Module) -> None:
     """Copy the weights of the ``torch.nn`` module ``theirs`` into the matching ``companion``
     module ``ours`` (same sizes; a clear error names what differs)."""
+    _check_torch_has_it(ours)
     if isinstance(ours, MultiHeadAttention):
         _check_torch_attention("theirs", theirs)
         _check_same_attention(ours, theirs)
@@ -158,6 +160,7 @@ def load_from_torch(ours: nn.Module, theirs: nn.Module) -> None:
 def copy_to_torch(ours: nn.Module, theirs: nn.Module) -> None:
     """Copy the weights of the ``companion`` module ``ours`` (attention or layer) into the
     existing, matching ``torch.nn`` module ``theirs``."""
+    _check_torch_has_it(ours)
     if isinstance(ours, MultiHeadAttention):
         _check_torch_attention("theirs", theirs)
         _check_same_attention(ours, theirs)
@@ -182,6 +185,33 @@ def copy_to_torch(ours: nn.Module, theirs: nn.Module) -> None:
 # ---------------------------------------------------------------------------------------------
 # Attention
 # ---------------------------------------------------------------------------------------------
+
+
+def _check_torch_has_it(module: object) -> None:
+    """Refuse a module whose attention ``torch.nn`` cannot express: grouped-query or
+    multi-query attention (``nn.MultiheadAttention`` has one key/value head per query head)
+    and positions inside attention (RoPE, ALiBi). A model without positions (NoPE) converts:
+    ``torch.nn.Transformer`` adds none itself either."""
+    if not isinstance(module, nn.Module):
+        return  # the entry points raise their own TypeError
+    for name, attention in module.named_modules():
+        if not isinstance(attention, MultiHeadAttention):
+            continue
+        where = f" ({name})" if name else ""
+        if attention.num_kv_heads != attention.num_heads:
+            raise ValueError(
+                f"cannot convert attention with num_kv_heads={attention.num_kv_heads} and "
+                f"num_heads={attention.num_heads}{where} (grouped-query or multi-query "
+                "attention) between companion and torch.nn, whose MultiheadAttention has one "
+                "key/value head per query head; only num_kv_heads=None (= num_heads) converts"
+            )
+        if attention.positional is not None:
+            raise ValueError(
+                f"cannot convert attention with positional={attention.positional!r}{where} "
+                "between companion and torch.nn, whose attention has no rotary embedding and "
+                "no ALiBi bias; only positional=None (positions added to the embeddings, or "
+                "none) converts"
+            )
 
 
 def _input_projections(attention: MultiHeadAttention) -> tuple[nn.Linear, nn.Linear, nn.Linear]:

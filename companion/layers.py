@@ -15,6 +15,10 @@ Post-LN layers take ``residual_scale`` (α, default 1), which scales the residua
 initialisation). It is an attribute that can also be set after construction, e.g. on the
 layers of a :class:`companion.model.Transformer`.
 
+``num_kv_heads`` (grouped-query or multi-query attention, in every attention module) and
+``positional`` (``"rope"`` or ``"alibi"``, in the self-attention only) are passed through to
+:class:`~companion.attention.MultiHeadAttention`.
+
 The layers compute exactly what ``torch.nn.TransformerEncoderLayer`` /
 ``torch.nn.TransformerDecoderLayer`` (``batch_first=True``) compute; :mod:`companion.interop`
 copies weights between the two.
@@ -157,10 +161,17 @@ class _ResidualLayer(nn.Module):
         bias: bool,
         residual_scale: float,
         norm: str,
+        num_kv_heads: int | None,
+        positional: str | None,
     ) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
         self.num_heads = check_positive_int("num_heads", num_heads)
+        #: Key/value heads of every attention (checked by :class:`MultiHeadAttention`).
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        #: ``None``, ``"rope"`` or ``"alibi"``: what the self-attention applies (never the
+        #: cross-attention).
+        self.positional = positional
         self.norm_first = check_bool("norm_first", norm_first)
         self.residual_scale = residual_scale  # checked by the property below
         self.layer_norm_eps = float(layer_norm_eps)
@@ -174,9 +185,14 @@ class _ResidualLayer(nn.Module):
         )
         self.residual_dropout = Dropout(dropout)
 
-    def attention(self) -> MultiHeadAttention:
+    def attention(self, positional: str | None = None) -> MultiHeadAttention:
         return MultiHeadAttention(
-            self.d_model, self.num_heads, dropout=self.dropout, bias=self.bias
+            self.d_model,
+            self.num_heads,
+            dropout=self.dropout,
+            bias=self.bias,
+            num_kv_heads=self.num_kv_heads,
+            positional=positional,
         )
 
     def layer_norm(self) -> nn.Module:
@@ -248,6 +264,10 @@ class EncoderLayer(_ResidualLayer):
         residual_scale: α multiplying the residual path of a Post-LN layer,
             ``norm(α·x + dropout(sublayer(x)))`` (DeepNorm); must be 1 for Pre-LN.
         norm: ``"layer"`` (LayerNorm, the paper) or ``"rms"`` (RMSNorm), see :func:`make_norm`.
+        num_kv_heads: key/value heads of the attention modules (grouped-query attention,
+            :class:`~companion.attention.MultiHeadAttention`); ``None`` = ``num_heads``.
+        positional: ``None``, ``"rope"`` or ``"alibi"``: positions applied inside the
+            self-attention (cross-attention never takes any).
     """
 
     def __init__(
@@ -263,6 +283,8 @@ class EncoderLayer(_ResidualLayer):
         bias: bool = True,
         residual_scale: float = 1.0,
         norm: str = "layer",
+        num_kv_heads: int | None = None,
+        positional: str | None = None,
     ) -> None:
         super().__init__(
             d_model,
@@ -275,8 +297,10 @@ class EncoderLayer(_ResidualLayer):
             bias=bias,
             residual_scale=residual_scale,
             norm=norm,
+            num_kv_heads=num_kv_heads,
+            positional=positional,
         )
-        self.self_attention = self.attention()
+        self.self_attention = self.attention(positional)
         self.self_attention_norm = self.layer_norm()
         self.feed_forward_norm = self.layer_norm()
         #: Weights ``(batch, heads, len, len)`` of the last call with ``need_weights=True``.
@@ -357,6 +381,8 @@ class DecoderLayer(_ResidualLayer):
         bias: bool = True,
         residual_scale: float = 1.0,
         norm: str = "layer",
+        num_kv_heads: int | None = None,
+        positional: str | None = None,
     ) -> None:
         super().__init__(
             d_model,
@@ -369,9 +395,11 @@ class DecoderLayer(_ResidualLayer):
             bias=bias,
             residual_scale=residual_scale,
             norm=norm,
+            num_kv_heads=num_kv_heads,
+            positional=positional,
         )
-        self.self_attention = self.attention()
-        self.cross_attention = self.attention()
+        self.self_attention = self.attention(positional)
+        self.cross_attention = self.attention()  # no positions across two sequences
         self.self_attention_norm = self.layer_norm()
         self.cross_attention_norm = self.layer_norm()
         self.feed_forward_norm = self.layer_norm()

@@ -21,6 +21,11 @@ therefore means "``norm_first``". Note that ``torch.nn.Transformer`` *always* ad
 ``encoder.norm`` and ``decoder.norm``, even with ``norm_first=False``: pass
 ``final_norm=True`` to match it exactly (:func:`companion.interop.load_from_torch` requires it).
 
+Positions (``config.positional``): added to the embeddings (sinusoidal, learned), applied
+inside every self-attention (RoPE, ALiBi; the embeddings get none), or none at all (NoPE).
+``config.num_kv_heads`` gives every attention fewer key/value heads (grouped-query or
+multi-query attention), which shrinks the decoding cache by the same factor.
+
 Incremental decoding: ``cache = model.new_cache()`` then ``model.decode(new_tokens, memory,
 src_mask, cache=cache)`` step by step gives the same logits as decoding the whole prefix at
 once, but each step projects only its new tokens (a :class:`~companion.cache.DecoderCache`
@@ -50,10 +55,15 @@ from companion._validation import (
     checked,
     shape_str,
 )
+from companion.attention import POSITIONAL
 from companion.cache import DecoderCache
 from companion.layers import ACTIVATIONS, NORMS, DecoderLayer, EncoderLayer, make_norm
 from companion.masking import causal_mask, padding_mask
-from companion.positional import LearnedPositionalEmbedding, SinusoidalPositionalEncoding
+from companion.positional import (
+    LearnedPositionalEmbedding,
+    NoPositionalEncoding,
+    SinusoidalPositionalEncoding,
+)
 
 __all__ = [
     "TransformerConfig",
@@ -64,7 +74,10 @@ __all__ = [
 ]
 
 
-POSITIONAL_KINDS = ("sinusoidal", "learned")
+#: What ``TransformerConfig.positional`` may name: positions added to the embeddings
+#: (``"sinusoidal"``, ``"learned"``), applied inside every self-attention (``"rope"``,
+#: ``"alibi"``), or none at all (``"none"``).
+POSITIONAL_KINDS = ("sinusoidal", "learned", "rope", "alibi", "none")
 
 
 @dataclass(frozen=True)
@@ -88,7 +101,17 @@ class TransformerConfig:
             ``src_vocab == tgt_vocab``. With ``tie_embeddings`` one matrix serves all three.
         num_decoder_layers: decoder layers; default ``num_layers``.
         activation: ``"relu"`` or ``"gelu"`` in the feed-forward networks.
-        positional: ``"sinusoidal"`` (grows to any length) or ``"learned"`` (``max_len``).
+        positional: how the model knows where a token is:
+
+            * ``"sinusoidal"`` (the paper; grows to any length) or ``"learned"`` (up to
+              ``max_len``): a vector added to each embedding;
+            * ``"rope"`` (rotary, Su et al. 2021) or ``"alibi"`` (Press et al. 2022): applied
+              inside every self-attention, encoder and decoder (cross-attention takes no
+              positions); the embeddings get none. Both see only the distance between a
+              query and a key;
+            * ``"none"`` ("NoPE"): no position information at all. The encoder then cannot
+              tell the order of the source: permuting the source tokens (and their padding
+              mask) permutes its output the same way. The causal decoder still can.
         max_len: (initial) number of positions of the position table.
         src_pad_id, tgt_pad_id: padding ids used to build the default masks, or ``None``.
         final_norm: final LayerNorm after each stack; default ``norm_first``
@@ -97,6 +120,9 @@ class TransformerConfig:
         norm: ``"layer"`` (LayerNorm, the paper) or ``"rms"`` (RMSNorm, no mean and no bias)
             in every layer and final norm; ``torch.nn.Transformer`` has only LayerNorm, so
             :mod:`companion.interop` refuses an RMSNorm model.
+        num_kv_heads: key/value heads of every attention module: ``None`` (= ``num_heads``,
+            multi-head attention), a divisor of ``num_heads`` (grouped-query attention) or 1
+            (multi-query attention); see :class:`~companion.attention.MultiHeadAttention`.
     """
 
     src_vocab: int | None = None
@@ -118,6 +144,7 @@ class TransformerConfig:
     layer_norm_eps: float = 1e-5
     tie_source_embedding: bool = False
     norm: str = "layer"
+    num_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab"):
@@ -142,6 +169,19 @@ class TransformerConfig:
             )
         check_choice("activation", self.activation, tuple(ACTIVATIONS))
         check_choice("positional", self.positional, POSITIONAL_KINDS)
+        if self.num_kv_heads is not None:
+            check_positive_int("num_kv_heads", self.num_kv_heads)
+            if self.num_heads % self.num_kv_heads:
+                raise ValueError(
+                    "num_kv_heads must divide num_heads (each key/value head serves a group of "
+                    f"query heads), got num_heads={self.num_heads} and "
+                    f"num_kv_heads={self.num_kv_heads}"
+                )
+        if self.positional == "rope" and (self.d_model // self.num_heads) % 2:
+            raise ValueError(
+                "positional='rope' needs an even head_dim = d_model / num_heads (RoPE rotates "
+                f"pairs of dimensions), got d_model={self.d_model}, num_heads={self.num_heads}"
+            )
         check_positive_int("max_len", self.max_len)
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(
@@ -179,7 +219,15 @@ class TransformerConfig:
             "norm_first": self.norm_first,
             "layer_norm_eps": self.layer_norm_eps,
             "norm": self.norm,
+            "num_kv_heads": self.num_kv_heads,
+            "positional": self.attention_positional,
         }
+
+    @property
+    def attention_positional(self) -> str | None:
+        """What the self-attention modules apply: ``"rope"``, ``"alibi"`` or ``None`` (the
+        positions are added to the embeddings, or there are none)."""
+        return self.positional if self.positional in POSITIONAL else None
 
     @property
     def has_final_norm(self) -> bool:
@@ -547,7 +595,8 @@ class Transformer(nn.Module):
                 decoded so far, which the cache remembers).
             offset: position of ``tgt[:, 0]`` in the target sequence when decoding a
                 continuation without a cache (with a cache, positions continue from
-                ``cache.length``).
+                ``cache.length``). RoPE and ALiBi see only distances between the tokens of
+                the call (and the cache), so ``offset`` changes nothing for them.
             need_weights: store attention weights (``self.decoder.attention_weights`` and
                 ``self.decoder.cross_attention_weights``).
             cache: a :meth:`new_cache` for incremental decoding: pass only the new token(s)
@@ -746,7 +795,10 @@ class Transformer(nn.Module):
 
 
 def _positions(config: TransformerConfig) -> nn.Module:
-    """The position encoding the config names (with the model's dropout after it)."""
+    """The position encoding the config names (with the model's dropout after it); nothing
+    but the dropout when attention applies the positions (RoPE, ALiBi) or there are none."""
     if config.positional == "learned":
         return LearnedPositionalEmbedding(config.max_len, config.d_model, config.dropout)
-    return SinusoidalPositionalEncoding(config.d_model, config.max_len, config.dropout)
+    if config.positional == "sinusoidal":
+        return SinusoidalPositionalEncoding(config.d_model, config.max_len, config.dropout)
+    return NoPositionalEncoding(config.d_model, config.dropout)

@@ -1,4 +1,4 @@
-"""Position information: sinusoidal encoding, learned embeddings and rotary embeddings (RoPE).
+"""Position information: sinusoidal encoding, learned embeddings, rotary embeddings (RoPE), ALiBi.
 
 Attention by itself ignores order (permuting the tokens permutes the outputs), so the model
 needs to be told where each token is:
@@ -15,7 +15,13 @@ needs to be told where each token is:
 * :class:`LearnedPositionalEmbedding` - one trained vector per position, added likewise.
 * :class:`RotaryEmbedding` - RoPE (Su et al., 2021): rotate each query and key pair of
   dimensions by an angle proportional to its position, so a query-key score depends only on
-  the *offset* between them.
+  the *offset* between them. :class:`companion.attention.MultiHeadAttention` applies it to
+  its queries and keys with ``positional="rope"``.
+* :func:`alibi_slopes` / :func:`alibi_bias` - ALiBi (Press et al., 2022): no position vector
+  at all, but a penalty ``-slope_h · distance`` added to the attention scores of head ``h``
+  (``positional="alibi"`` in :class:`companion.attention.MultiHeadAttention`).
+* :class:`NoPositionalEncoding` - adds nothing (dropout only), for models whose attention
+  handles positions (RoPE, ALiBi) or that have no position information at all (NoPE).
 
 Sequences longer than the table: the sinusoidal and rotary tables are **grown on demand**
 (the formula is defined for every position; ``max_len`` is only the initial size). A learned
@@ -28,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from companion._validation import (
+    check_bool,
     check_finite,
     check_floating,
     check_integer,
@@ -49,6 +56,9 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
+    "NoPositionalEncoding",
+    "alibi_slopes",
+    "alibi_bias",
 ]
 
 
@@ -326,19 +336,28 @@ class RotaryEmbedding(nn.Module):
 
         Returns:
             Tensor of the same shape as ``x``.
+
+        Without ``positions`` the rows ``offset .. offset + seq_len - 1`` of the tables are a
+        slice found from plain ints, with no look at tensor values (no host synchronisation):
+        the path :class:`companion.attention.MultiHeadAttention` takes. Called from inside a
+        checked module, the arguments are not checked again.
         """
-        _check_vectors("x", x, self.head_dim)
         seq_len = x.shape[-2]
         if positions is None:
-            _check_offset(offset)
-            positions = torch.arange(offset, offset + seq_len, device=x.device)  # (seq_len,)
+            if checks_enabled():
+                _check_vectors("x", x, self.head_dim)
+                _check_offset(offset)
+            self._ensure(offset + seq_len)
+            cos = self.cos[offset : offset + seq_len].to(x.dtype)  # (seq_len, head_dim/2)
+            sin = self.sin[offset : offset + seq_len].to(x.dtype)  # (seq_len, head_dim/2)
         else:
+            _check_vectors("x", x, self.head_dim)
             self._check_positions(positions, x)
-        self._ensure(int(positions.max()) + 1)
-        # cos, sin: (seq_len, head_dim/2), or (batch, seq_len, head_dim/2) for 2-D positions
-        cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
-        if positions.dim() == 2:  # one row of positions per batch element: broadcast over heads
-            cos, sin = cos[:, None], sin[:, None]  # (batch, 1, seq_len, head_dim/2)
+            self._ensure(int(positions.max()) + 1)
+            # cos, sin: (seq_len, head_dim/2), or (batch, seq_len, head_dim/2) for 2-D positions
+            cos, sin = self.cos[positions].to(x.dtype), self.sin[positions].to(x.dtype)
+            if positions.dim() == 2:  # one row of positions per batch element: broadcast
+                cos, sin = cos[:, None], sin[:, None]  # (batch, 1, seq_len, head_dim/2)
         x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., seq_len, head_dim/2) each
         rotated_even = x_even * cos - x_odd * sin  # (..., seq_len, head_dim/2)
         rotated_odd = x_even * sin + x_odd * cos  # (..., seq_len, head_dim/2)
@@ -397,3 +416,117 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Same as :meth:`apply`."""
         return self.apply(q, k, positions, offset)
+
+
+class NoPositionalEncoding(nn.Module):
+    """Add no position information, ``x`` → ``dropout(x)``, in the place of a position encoding.
+
+    For a model whose attention takes care of positions itself (RoPE rotates the queries and
+    keys, ALiBi biases the scores) and for a model with no position information at all
+    ("NoPE"). Without positions an encoder cannot tell the order of its tokens: permuting the
+    input permutes its output the same way (it is permutation-equivariant). A causal decoder
+    still can, because each position sees a different number of tokens.
+
+    Args:
+        d_model: size of the vectors (checked on input).
+        dropout: dropout probability (training mode only), the one the other encodings apply
+            after their sum.
+    """
+
+    def __init__(self, d_model: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.d_model = check_positive_int("d_model", d_model)
+        self.dropout = Dropout(check_probability("dropout", dropout))
+
+    @checked("check_inputs")
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        """``x (..., seq_len, d_model)`` → ``dropout(x)``, same shape; ``offset`` is ignored
+        (accepted so that every position module is called the same way)."""
+        return self.dropout(x)  # (..., seq_len, d_model)
+
+    def check_inputs(self, x: Tensor, offset: int = 0) -> None:
+        """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
+        _check_positions_input(x, self.d_model, offset)
+
+
+def _geometric_slopes(num_heads: int) -> Tensor:
+    """``2^(-8·1/n), 2^(-8·2/n), ..., 2^(-8)`` for ``n = num_heads``, float64 ``(n,)``."""
+    steps = torch.arange(1, num_heads + 1, dtype=torch.float64)  # (n,) 1 .. n
+    return 2.0 ** (-8.0 * steps / num_heads)  # (n,)
+
+
+def alibi_slopes(num_heads: int, *, dtype: torch.dtype | None = None) -> Tensor:
+    """The slope of every head in ALiBi (Press et al., 2022, "Train Short, Test Long").
+
+    Head ``h`` adds ``-slope_h · distance`` to its scores, so each head forgets distant keys at
+    its own rate: steep slopes give local heads, gentle slopes heads that look far back.
+
+    * ``num_heads = n`` a power of two: the geometric sequence whose first term and ratio are
+      both ``2^(-8/n)``, i.e. ``2^(-8/n), 2^(-16/n), ..., 2^(-8)`` (8 heads:
+      ``1/2, 1/4, ..., 1/256``);
+    * any other ``n``: the paper's rule. Take the ``p`` slopes of the largest power of two
+      ``p < n``, then, for the ``n - p`` heads left, the 1st, 3rd, 5th, ... slopes of ``2p``
+      heads (``2^(-4/p), 2^(-12/p), ...``), which fall between the first ones. E.g. 6 heads:
+      ``2^-2, 2^-4, 2^-6, 2^-8`` then ``2^-1, 2^-3``.
+
+    Up to 8 heads every slope is a power of two, exact in any floating dtype.
+
+    Args:
+        num_heads: number of attention heads.
+        dtype: floating dtype of the result; default ``torch.get_default_dtype()``.
+
+    Returns:
+        Tensor of shape ``(num_heads,)``.
+    """
+    check_positive_int("num_heads", num_heads)
+    power = 1 << (num_heads.bit_length() - 1)  # the largest power of two <= num_heads
+    slopes = _geometric_slopes(power)  # (power,)
+    if power < num_heads:
+        between = _geometric_slopes(2 * power)[0::2]  # (power,) the odd-numbered slopes of 2p
+        slopes = torch.cat([slopes, between[: num_heads - power]])  # (num_heads,)
+    return slopes.to(torch.get_default_dtype() if dtype is None else dtype)  # (num_heads,)
+
+
+def alibi_bias(
+    slopes: Tensor, q_len: int, k_len: int, *, offset: int = 0, causal: bool = True
+) -> Tensor:
+    """The ALiBi bias added to the attention scores (before the softmax).
+
+    Query ``i`` sits at position ``offset + i``, key ``j`` at position ``j``; head ``h`` gets
+
+    * ``causal=True`` (the paper, a decoder): ``-slope_h · ((offset + i) - j)``, a penalty
+      growing linearly with how far back the key is. Keys after the query get a positive
+      value: they are meant to be masked by the causal mask;
+    * ``causal=False`` (bidirectional, e.g. an encoder): ``-slope_h · |offset + i - j|``,
+      the same penalty for keys on either side.
+
+    The two agree on every key a causal query may see (``j <= offset + i``). Only distances
+    matter, so adding a constant to every position changes nothing; a query continuing a
+    sequence (the KV cache) takes ``offset = k_len - q_len``, its keys being the earlier
+    positions plus its own.
+
+    Args:
+        slopes: one slope per head, shape ``(heads,)`` (:func:`alibi_slopes`).
+        q_len: number of queries.
+        k_len: number of keys.
+        offset: position of the first query.
+        causal: which of the two forms above.
+
+    Returns:
+        Tensor of shape ``(heads, q_len, k_len)`` with the dtype and device of ``slopes``.
+    """
+    if checks_enabled():  # not when called from inside a checked module
+        check_floating("slopes", slopes)
+        check_ndim("slopes", slopes, 1, "(heads,)")
+        check_finite("slopes", slopes)
+        check_positive_int("q_len", q_len, minimum=0)
+        check_positive_int("k_len", k_len, minimum=0)
+        _check_offset(offset)
+        check_bool("causal", causal)
+    options = {"dtype": slopes.dtype, "device": slopes.device}
+    query_positions = torch.arange(offset, offset + q_len, **options)  # (q_len,)
+    key_positions = torch.arange(k_len, **options)  # (k_len,)
+    distance = query_positions[:, None] - key_positions[None, :]  # (q_len, k_len) i - j
+    if not causal:
+        distance = distance.abs()  # (q_len, k_len) |i - j|
+    return -slopes[:, None, None] * distance  # (heads, q_len, k_len)

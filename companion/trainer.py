@@ -40,7 +40,7 @@ from companion.configs import TrainConfig
 from companion.data import TokenBatchSampler, Tokenizer, Vocab, collate_batch
 from companion.distributed import rank_and_world, whole_batch_loss
 from companion.history import History
-from companion.model import Transformer
+from companion.model import Transformer, TransformerConfig
 from companion.train import StepStats, inverse_sqrt_warmup, sequence_loss, shift_targets, train_step
 
 __all__ = ["Trainer"]
@@ -401,10 +401,12 @@ class Trainer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output (from this or a fresh trainer of the same model)."""
         ours = asdict(self.model.config)
-        if dict(state["model_config"]) != ours:
-            diff = {
-                k: (v, ours.get(k)) for k, v in state["model_config"].items() if ours.get(k) != v
-            }
+        try:  # through the config class: fields added since the checkpoint take their defaults
+            theirs = asdict(TransformerConfig(**state["model_config"]))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"the checkpoint's model_config cannot be rebuilt: {error}") from None
+        if theirs != ours:
+            diff = {k: (v, ours.get(k)) for k, v in theirs.items() if ours.get(k) != v}
             raise ValueError(
                 f"the checkpoint's model does not match this trainer's: (checkpoint, ours) = {diff}"
             )

@@ -186,7 +186,7 @@ CASES = [
     ("config-heads", lambda: TransformerConfig(10, 10, d_model=10, num_heads=4), ValueError,
      r"d_model must be divisible by num_heads: got d_model=10 and num_heads=4"),
     ("config-positional", lambda: TransformerConfig(10, 10, positional="rotary"), ValueError,
-     r"positional must be one of 'sinusoidal', 'learned', got 'rotary'"),
+     r"positional must be one of 'sinusoidal', 'learned', 'rope', 'alibi', 'none', got 'rotary'"),
     ("from-config-dict", lambda: Transformer({"src_vocab": 10}), TypeError,
      r"config must be a TransformerConfig, got dict"),
 ]  # fmt: skip

@@ -105,6 +105,21 @@ def test_resume_refuses_another_model(make_trainer, tiny_config, tmp_path):
         other.load_checkpoint(tmp_path / "checkpoint.pt")
 
 
+def test_resume_accepts_a_config_saved_before_a_field_existed(make_trainer, tmp_path):
+    """A checkpoint written before ``TransformerConfig.num_kv_heads`` existed stores no such key;
+    resuming fills in the default instead of refusing the model (a raw dict comparison fails)."""
+    trainer = make_trainer(out_dir=tmp_path)
+    trainer.fit(max_steps=1)
+    state = trainer.state_dict()
+    del state["model_config"]["num_kv_heads"]
+    fresh = make_trainer(seed=1)
+    fresh.load_state_dict(state)
+    assert fresh.step == 1
+    state["model_config"]["no_such_field"] = 1
+    with pytest.raises(ValueError, match="model_config cannot be rebuilt.*no_such_field"):
+        fresh.load_state_dict(state)
+
+
 # ------------------------------------------------------------------------- budgets
 
 

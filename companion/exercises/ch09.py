@@ -1,0 +1,534 @@
+"""Exercises of chapter 9, "After 2017": the attention of today's models.
+
+Each ``check_*`` function runs *your* function next to the reference solution kept in this
+module, on cases drawn from a seeded generator (including the cases where a classic wrong answer
+still has the right shape), and returns a :class:`~companion.exercises._checker.CheckResult`
+that is truthy when every case matches. The checks call your function with keyword arguments,
+so keep the parameter names of the stub in the notebook.
+
+==============================================  ===================================
+exercise                                        check
+==============================================  ===================================
+MHA → GQA: mean-pool the key/value heads        :func:`check_mean_pool_kv_heads`
+merge two partial attentions by their lse       :func:`check_merge_partial_attention`
+a test: does a score depend only on ``m − n``?  :func:`check_is_relative`
+Longformer's dilated sliding window             :func:`check_dilated_window_mask`
+RoPE position interpolation                     :func:`check_interpolated_positions`
+==============================================  ===================================
+
+The reference solutions (``reference_mean_pool_kv_heads``, ...) are module-level functions
+too, written from the formulas; they are not exported.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
+from companion.positional import RotaryEmbedding, sinusoidal_table
+
+__all__ = [
+    "check_mean_pool_kv_heads",
+    "check_merge_partial_attention",
+    "check_is_relative",
+    "check_dilated_window_mask",
+    "check_interpolated_positions",
+]
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: turn multi-head attention into grouped-query attention (uptraining's first step)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_mean_pool_kv_heads(weight: Tensor, num_heads: int, num_kv_heads: int) -> Tensor:
+    """Average the key (or value) heads of each group: the initialisation of Ainslie et al.
+    (2023) for turning a trained multi-head attention into grouped-query attention.
+
+    ``weight`` is an ``nn.Linear`` weight whose rows are laid out head by head: head ``h``
+    owns rows ``h·head_dim … (h+1)·head_dim - 1``. With ``r = num_heads / num_kv_heads``,
+    group ``j`` is made of the ``r`` consecutive heads ``j·r … j·r + r - 1`` (the heads whose
+    queries will share key/value head ``j``, as ``repeat_interleave`` pairs them), and its new
+    head is the mean of their ``head_dim × d_model`` blocks. A bias is pooled the same way
+    (pass ``bias[:, None]``).
+
+    Args:
+        weight: shape ``(num_heads · head_dim, d_model)``.
+        num_heads: number of heads of the trained model; a multiple of ``num_kv_heads``.
+        num_kv_heads: number of key/value heads wanted (``1``: multi-query attention).
+
+    Returns:
+        Shape ``(num_kv_heads · head_dim, d_model)``.
+    """
+    group = num_heads // num_kv_heads
+    head_dim = weight.shape[0] // num_heads
+    blocks = weight.unflatten(0, (num_kv_heads, group, head_dim))  # (g, r, head_dim, d_model)
+    pooled = blocks.mean(dim=1)  # (g, head_dim, d_model): one mean head per group
+    return pooled.flatten(0, 1)  # (g · head_dim, d_model)
+
+
+def _pool_cases() -> list[Case]:
+    g = seeded_generator(901)
+    shapes = [
+        # (num_heads, num_kv_heads, head_dim, d_model)
+        (8, 2, 4, 32),  # groups of four: interleaved groups average other heads
+        (6, 3, 2, 12),  # groups of two
+        (4, 2, 3, 12),  # head_dim 3: pooling rows instead of heads mixes features
+        (12, 4, 8, 96),  # groups of three
+        (4, 1, 4, 16),  # multi-query attention: one group holds every head
+        (4, 4, 2, 8),  # groups of one: the weight is returned unchanged
+        (6, 2, 1, 6),  # head_dim 1: a head is a single row
+    ]
+    return [
+        {
+            "weight": torch.randn(heads * head_dim, d_model, generator=g) / math.sqrt(d_model),
+            "num_heads": heads,
+            "num_kv_heads": kv_heads,
+        }
+        for heads, kv_heads, head_dim, d_model in shapes
+    ]
+
+
+def check_mean_pool_kv_heads(
+    mean_pool_kv_heads: Callable[[Tensor, int, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``mean_pool_kv_heads(weight, num_heads, num_kv_heads)``:
+    ``(num_heads·head_dim, d_model)`` → ``(num_kv_heads·head_dim, d_model)``."""
+    return run_check(
+        "mean_pool_kv_heads",
+        mean_pool_kv_heads,
+        reference_mean_pool_kv_heads,
+        _pool_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: merge the attention over two disjoint sets of keys
+# --------------------------------------------------------------------------------------------
+
+
+def reference_merge_partial_attention(
+    out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Combine the attention of the same queries over two disjoint sets of keys ``A`` and ``B``.
+
+    A part's output is normalised (``Σ_j softmax_j v_j`` over its own keys) and its
+    log-sum-exp is ``lse = log Σ_j exp(s_j)`` over its own scores. Over ``A ∪ B`` the sum of
+    exponentials is ``exp(lse_a) + exp(lse_b)``, so ``lse = logaddexp(lse_a, lse_b)`` and the
+    output is the convex combination ``exp(lse_a - lse) · out_a + exp(lse_b - lse) · out_b``,
+    computed without ever forming ``exp(lse)`` (it overflows float32 from about 89). This is the
+    step that FlashAttention's outer loop, flash-decoding and ring attention repeat.
+
+    A part with no keys for a query has ``lse = -inf`` and output 0 (the package's convention);
+    a query with no keys in either part gets ``lse = -inf`` and a zero output, never NaN.
+
+    Args:
+        out_a, out_b: outputs of the two parts, shape ``(..., q_len, d_v)``.
+        lse_a, lse_b: their log-sum-exps, shape ``(..., q_len)``.
+
+    Returns:
+        ``(output, lse)`` over all keys, shapes ``(..., q_len, d_v)`` and ``(..., q_len)``.
+    """
+    lse = torch.logaddexp(lse_a, lse_b)  # (..., q_len)
+    finite_lse = torch.where(lse == -math.inf, torch.zeros_like(lse), lse)  # (..., q_len)
+    weight_a = torch.exp(lse_a - finite_lse)  # (..., q_len); 0 for an empty part
+    weight_b = torch.exp(lse_b - finite_lse)  # (..., q_len)
+    output = weight_a[..., None] * out_a + weight_b[..., None] * out_b  # (..., q_len, d_v)
+    return output, lse
+
+
+def partial_attention(scores: Tensor, values: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
+    """Attention of each query over the keys that ``keep`` selects, with its log-sum-exp.
+
+    Args:
+        scores: shape ``(..., q_len, k_len)``.
+        values: shape ``(..., k_len, d_v)``.
+        keep: bool, broadcastable to ``scores``; ``True`` = this key belongs to the part.
+
+    Returns:
+        ``(output, lse)`` of shapes ``(..., q_len, d_v)`` and ``(..., q_len)``; a query with
+        no key in the part gets output 0 and ``lse = -inf``.
+    """
+    masked = scores.masked_fill(~keep, -math.inf)  # (..., q_len, k_len)
+    lse = torch.logsumexp(masked, dim=-1)  # (..., q_len)
+    finite_lse = torch.where(lse == -math.inf, torch.zeros_like(lse), lse)  # (..., q_len)
+    weights = torch.exp(masked - finite_lse[..., None])  # (..., q_len, k_len); 0 if not kept
+    return weights @ values, lse  # (..., q_len, d_v), (..., q_len)
+
+
+def _merge_case(scores: Tensor, values: Tensor, keep_a: Tensor) -> Case:
+    """Split every query's keys into ``keep_a`` and the rest, in float64, then cast to float32."""
+    keep_a = keep_a.expand_as(scores)  # (..., q_len, k_len)
+    keep_b = ~keep_a  # (..., q_len, k_len)
+    allowed = scores > -math.inf  # (..., q_len, k_len): keys blocked by a mask belong to none
+    out_a, lse_a = partial_attention(scores, values, keep_a & allowed)
+    out_b, lse_b = partial_attention(scores, values, keep_b & allowed)
+    return {
+        "out_a": out_a.float(),
+        "lse_a": lse_a.float(),
+        "out_b": out_b.float(),
+        "lse_b": lse_b.float(),
+    }
+
+
+def _merge_cases() -> list[Case]:
+    g = seeded_generator(902)
+
+    def scores(*shape: int, scale: float, offset: float = 0.0) -> Tensor:
+        return offset + scale * torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    def values(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    keys = torch.arange(10)  # (10,)
+    random_split = torch.rand(12, generator=g) < 0.5  # (12,)
+    random_split[:2] = torch.tensor([True, False])  # both parts hold keys
+    causal = torch.ones(8, 8, dtype=torch.bool).tril()  # (8, 8)
+    causal_scores = scores(8, 8, scale=2.0).masked_fill(~causal, -math.inf)  # (8, 8)
+    padded = scores(2, 6, 9, scale=2.0)  # (2, 6, 9)
+    padded[1, 2] = -math.inf  # a query with no key at all (e.g. a padded query row)
+    padded[0, :, :4] = -math.inf  # in batch 0 the first part is empty for every query
+    return [
+        # two blocks of keys, the way FlashAttention walks them: (2, 3, 4, 10) scores
+        _merge_case(scores(2, 3, 4, 10, scale=2.0), values(2, 3, 10, 8), keys < 6),
+        # a random split of the keys (parts need not be contiguous), peaked scores
+        _merge_case(scores(3, 5, 12, scale=4.0), values(3, 12, 4), random_split),
+        # causal, two blocks of four: queries 0-3 see no key of the second block (lse_b = -inf)
+        _merge_case(causal_scores, values(8, 5), torch.arange(8) < 4),
+        # large scores: exp(lse) overflows float32, only differences of lse are safe
+        _merge_case(scores(2, 5, 9, scale=3.0, offset=120.0), values(2, 9, 6), keys[:9] % 3 == 0),
+        # very negative scores: exp(lse) underflows to 0
+        _merge_case(scores(4, 7, scale=3.0, offset=-120.0), values(7, 3), keys[:7] < 3),
+        # one key against fifteen: the weights are far from one half
+        _merge_case(scores(2, 6, 16, scale=3.0), values(2, 16, 4), torch.arange(16) == 5),
+        # an empty part in a whole batch, and a query with no key in either part
+        _merge_case(padded, values(2, 9, 5), keys[:9] < 4),
+    ]
+
+
+def check_merge_partial_attention(
+    merge_partial_attention: Callable[..., tuple[Tensor, Tensor]], verbose: bool = True
+) -> CheckResult:
+    """Check ``merge_partial_attention(out_a, lse_a, out_b, lse_b)`` → ``(output, lse)``:
+    outputs ``(..., q_len, d_v)``, log-sum-exps ``(..., q_len)``."""
+    return run_check(
+        "merge_partial_attention",
+        merge_partial_attention,
+        reference_merge_partial_attention,
+        _merge_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: a property test - does the score depend on the positions only through m - n?
+# --------------------------------------------------------------------------------------------
+
+#: Positions a score function of this exercise accepts: ``0 <= m, n < MAX_POSITION``.
+MAX_POSITION = 1024
+
+
+class ScoreFunction:
+    """A position-aware attention score ``score_fn(q, k, m, n)`` with a readable name.
+
+    Called with a query ``q`` at position ``m`` and a key ``k`` at position ``n`` (both of
+    shape ``(dim,)``, integer positions in ``0 .. MAX_POSITION - 1``), it returns the score, a
+    0-dim tensor.
+    """
+
+    def __init__(
+        self, name: str, dim: int, score: Callable[[Tensor, Tensor, int, int], Tensor]
+    ) -> None:
+        self.name, self.dim, self._score = name, dim, score
+
+    def __call__(self, q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        for label, vector in (("q", q), ("k", k)):
+            if not isinstance(vector, Tensor) or tuple(vector.shape) != (self.dim,):
+                got = tuple(vector.shape) if isinstance(vector, Tensor) else type(vector).__name__
+                raise ValueError(f"{label} must be a tensor of shape ({self.dim},), got {got}")
+        return self._score(q.double(), k.double(), _position("m", m), _position("n", n))
+
+    def __repr__(self) -> str:
+        return f"<{self.name}, dim={self.dim}>"
+
+
+def _position(name: str, value: object) -> int:
+    try:
+        position = operator.index(value)  # int, numpy integer or an integer 0-dim tensor
+    except TypeError:
+        raise TypeError(f"{name} must be an integer position, got {value!r}") from None
+    if not 0 <= position < MAX_POSITION:
+        raise ValueError(f"{name} must be in 0 .. {MAX_POSITION - 1}, got {position}")
+    return position
+
+
+def _t5_bucket(offset: int, num_buckets: int = 16, max_distance: int = 64) -> int:
+    """T5's bucket of a relative position ``offset = n - m``: one half of the buckets for keys
+    before the query, one for keys after; exact for small distances, logarithmic up to
+    ``max_distance``, then the last bucket."""
+    half = num_buckets // 2  # (Raffel et al. 2020, bidirectional)
+    first = half if offset > 0 else 0
+    distance, exact = abs(offset), half // 2
+    if distance < exact:
+        return first + distance
+    scaled = math.log(distance / exact) / math.log(max_distance / exact) * (half - exact)
+    return first + min(exact + int(scaled), half - 1)
+
+
+def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
+    """Score functions of queries and keys of size ``dim``, each with whether it is relative."""
+    g = seeded_generator(903 + dim)
+    scale = 1 / math.sqrt(dim)
+    rope = RotaryEmbedding(dim, max_len=MAX_POSITION)  # float32 tables: rounding ~1e-7
+    rope_short = RotaryEmbedding(dim, max_len=MAX_POSITION, base=500.0)
+    table = sinusoidal_table(MAX_POSITION, dim, dtype=torch.float32).double()  # (P, dim)
+    learned = 0.5 * torch.randn(MAX_POSITION, dim, generator=g, dtype=torch.float64)  # (P, dim)
+    buckets = torch.randn(16, generator=g, dtype=torch.float64)  # (16,) one bias per bucket
+
+    def rotated(embedding: RotaryEmbedding, x: Tensor, p: int) -> Tensor:
+        return embedding.rotate(x.float()[None], torch.tensor([p]))[0]  # (dim,) in float32
+
+    def no_positions(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale  # ()
+
+    def rope_score(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return rotated(rope, q, m) @ rotated(rope, k, n) * scale  # ()
+
+    def rope_base_500(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return rotated(rope_short, q, m) @ rotated(rope_short, k, n) * scale  # ()
+
+    def alibi(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        slope = torch.tensor(0.3)  # float32: slope·m and slope·n are rounded
+        return q @ k * scale - (slope * m - slope * n).abs().double()  # ()
+
+    def t5_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale + buckets[_t5_bucket(n - m)]  # ()
+
+    def encoding_similarity(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale + table[m].float() @ table[n].float()  # PE[m]·PE[n], relative
+
+    def sinusoidal_added(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return (q + table[m]) @ (k + table[n]) * scale  # ()
+
+    def learned_added(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return (q + learned[m]) @ (k + learned[n]) * scale  # ()
+
+    def query_position_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale - 0.05 * m  # ()
+
+    def key_position_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale - 0.05 * n  # ()
+
+    def rope_base_grows(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        def rotate(x: Tensor, p: int) -> Tensor:  # the bug: the base grows with the position
+            return rotated(RotaryEmbedding(dim, max_len=p + 1, base=100.0 * (1 + p)), x, p)
+
+        return rotate(q, m) @ rotate(k, n) * scale  # ()
+
+    def log_distance_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale - abs(math.log1p(m) - math.log1p(n))  # the ratio, not m - n
+
+    named = [
+        ("no position information", no_positions, True),
+        ("RoPE (RotaryEmbedding, base 10000)", rope_score, True),
+        ("RoPE (RotaryEmbedding, base 500)", rope_base_500, True),
+        ("ALiBi-like bias -0.3·|m - n|", alibi, True),
+        ("T5 bucketed relative bias", t5_bias, True),
+        ("bias PE[m]·PE[n] of the sinusoidal table", encoding_similarity, True),
+        ("sinusoidal table added to q and k", sinusoidal_added, False),
+        ("learned (random) table added to q and k", learned_added, False),
+        ("bias -0.05·m on the query position", query_position_bias, False),
+        ("bias -0.05·n on the key position", key_position_bias, False),
+        ("RoPE whose base grows with the position", rope_base_grows, False),
+        ("bias -|log(1+m) - log(1+n)|", log_distance_bias, False),
+    ]
+    return [(ScoreFunction(name, dim, fn), relative) for name, fn, relative in named]
+
+
+def reference_is_relative(score_fn: Callable[[Tensor, Tensor, int, int], Tensor], dim: int) -> bool:
+    """Whether ``score_fn(q, k, m, n)`` depends on the positions only through ``m - n``.
+
+    Shifts both positions by the same nonzero amount, for random vectors and random positions
+    (``m != n`` almost always: a scheme can be blind to a shift on the diagonal only), and
+    compares with a tolerance (``1e-4``) because float rounding differs from one position to
+    the next.
+
+    Args:
+        score_fn: ``score_fn(q, k, m, n)``: a query ``q`` at position ``m`` and a key ``k`` at
+            position ``n``, both of shape ``(dim,)``, integer positions ``0 <= m, n < 1024``;
+            returns the score (a number or a 0-dim tensor).
+        dim: size of the query and key vectors.
+
+    Returns:
+        ``True`` if no tried shift changed a score.
+    """
+    g = seeded_generator(904)
+    for _ in range(8):
+        q = torch.randn(dim, generator=g)  # (dim,)
+        k = torch.randn(dim, generator=g)  # (dim,)
+        m, n = (int(p) for p in torch.randint(0, 200, (2,), generator=g))
+        shift = int(torch.randint(1, 200, (), generator=g))  # never 0: that tests nothing
+        before = float(score_fn(q, k, m, n))
+        after = float(score_fn(q, k, m + shift, n + shift))
+        if not math.isclose(before, after, rel_tol=1e-4, abs_tol=1e-4):
+            return False
+    return True
+
+
+def _relative_cases() -> list[Case]:
+    return [
+        {"score_fn": score_fn, "dim": dim}
+        for dim in (8, 16)
+        for score_fn, _ in _score_functions(dim)
+    ]
+
+
+def check_is_relative(
+    is_relative: Callable[[Callable[..., Tensor], int], bool], verbose: bool = True
+) -> CheckResult:
+    """Check the reader's test ``is_relative(score_fn, dim) -> bool`` on score functions whose
+    answer is known: RoPE, ALiBi, T5 buckets and no positions at all are relative; added
+    sinusoidal or learned tables, biases on one position, a RoPE whose base depends on the
+    position and a bias on log-positions are not.
+
+    ``score_fn(q, k, m, n)`` takes ``q`` and ``k`` of shape ``(dim,)`` and integer positions
+    ``0 <= m, n < 1024`` (:data:`MAX_POSITION`), and returns a 0-dim tensor. Some scores are
+    relative in exact arithmetic but differ by float rounding (about ``1e-7`` for RoPE) when both
+    positions move: compare with a tolerance.
+    """
+
+    def as_bool(fn: Callable[..., object]) -> Callable[..., bool]:
+        def run(**kwargs: object) -> bool:
+            with torch.no_grad():
+                return bool(fn(**kwargs))
+
+        return run
+
+    return run_check(
+        "is_relative",
+        as_bool(is_relative),
+        reference_is_relative,
+        _relative_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: Longformer's dilated sliding window
+# --------------------------------------------------------------------------------------------
+
+
+def reference_dilated_window_mask(length: int, window: int, dilation: int) -> Tensor:
+    """The dilated sliding-window mask of Longformer (Beltagy et al. 2020), ``True`` = may attend.
+
+    Query ``i`` may attend key ``j`` iff the distance ``|i - j|`` is a multiple of ``dilation``
+    and at most ``window · dilation``: ``window`` keys on each side (fewer near the edges) plus
+    the query's own position, every ``dilation``-th position. ``dilation = 1`` is the plain
+    sliding window ``|i - j| <= window``; ``window = 0`` keeps the diagonal only.
+
+    Args:
+        length: number of positions (queries and keys alike).
+        window: keys on each side, ``>= 0``.
+        dilation: gap between attended positions, ``>= 1``.
+
+    Returns:
+        bool tensor of shape ``(length, length)``, indexed ``[query, key]``.
+    """
+    positions = torch.arange(length)  # (length,)
+    distance = (positions[:, None] - positions[None, :]).abs()  # (length, length)
+    return (distance % dilation == 0) & (distance <= window * dilation)  # (length, length)
+
+
+def _window_cases() -> list[Case]:
+    settings = [
+        # (length, window, dilation)
+        (10, 2, 2),
+        (12, 1, 3),
+        (9, 3, 1),  # no dilation: the plain sliding window
+        (16, 2, 4),
+        (6, 4, 2),  # the window reaches past both ends
+        (7, 0, 3),  # window 0: the diagonal only
+        (1, 2, 2),
+        (20, 3, 3),
+        (11, 2, 5),
+    ]
+    return [{"length": n, "window": w, "dilation": d} for n, w, d in settings]
+
+
+def check_dilated_window_mask(
+    dilated_window_mask: Callable[[int, int, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``dilated_window_mask(length, window, dilation)`` → bool ``(length, length)``."""
+    return run_check(
+        "dilated_window_mask",
+        dilated_window_mask,
+        reference_dilated_window_mask,
+        _window_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: RoPE position interpolation
+# --------------------------------------------------------------------------------------------
+
+
+def reference_interpolated_positions(seq_len: int, train_len: int) -> Tensor:
+    """The positions that position interpolation (Chen et al. 2023) gives RoPE.
+
+    A model trained on positions ``0 .. train_len - 1`` meets a longer sequence: instead of
+    rotating by positions it never saw, position ``p`` is squeezed to
+    ``p · train_len / seq_len``, so the ``seq_len`` positions fill ``[0, train_len)`` with a
+    step ``train_len / seq_len < 1`` (the last one is ``train_len - train_len / seq_len``).
+    A sequence that fits (``seq_len <= train_len``) keeps its positions ``0, 1, 2, ...``.
+
+    Args:
+        seq_len: number of positions of the sequence, ``>= 1``.
+        train_len: context length used in training, ``>= 1``.
+
+    Returns:
+        float64 tensor of shape ``(seq_len,)``.
+    """
+    positions = torch.arange(seq_len, dtype=torch.float64)  # (seq_len,)
+    if seq_len <= train_len:
+        return positions  # (seq_len,)
+    return positions * train_len / seq_len  # (seq_len,) in [0, train_len)
+
+
+def _interpolation_cases() -> list[Case]:
+    settings = [
+        # (seq_len, train_len)
+        (8, 4),  # twice as long: steps of one half
+        (12, 8),  # steps of two thirds
+        (4096, 2048),
+        (3000, 1024),
+        (10, 10),  # exactly the trained length: unchanged
+        (5, 8),  # shorter: unchanged
+        (1, 4),
+        (7, 3),
+    ]
+    return [{"seq_len": n, "train_len": t} for n, t in settings]
+
+
+def check_interpolated_positions(
+    interpolated_positions: Callable[[int, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``interpolated_positions(seq_len, train_len)`` → ``(seq_len,)`` float positions.
+
+    The tolerance is relative (``1e-6``): a float32 computation passes, a position off by a
+    fraction of a step does not.
+    """
+    return run_check(
+        "interpolated_positions",
+        interpolated_positions,
+        reference_interpolated_positions,
+        _interpolation_cases(),
+        atol=1e-5,
+        rtol=1e-6,
+        verbose=verbose,
+    )

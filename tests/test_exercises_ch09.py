@@ -1,0 +1,577 @@
+"""Chapter 9 exercise checks: right answers pass, the classic wrong answers fail (interleaved
+groups, a mean instead of the lse weighting, a property test that cannot fail, an undilated
+window, positions scaled the wrong way, ...), stubs are reported without raising."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from companion.attention import scaled_dot_product_attention
+from companion.exercises import ch03, ch09
+from companion.exercises._checker import causal_bool_mask
+from companion.positional import RotaryEmbedding, sinusoidal_frequencies
+
+# --------------------------------------------------------------------------------------------
+# mean_pool_kv_heads
+# --------------------------------------------------------------------------------------------
+
+
+def pool_group_by_group(weight, num_heads, num_kv_heads):
+    rows = weight.shape[0] // num_kv_heads  # rows of one group: r heads of head_dim rows
+    head_dim = weight.shape[0] // num_heads
+    groups = [weight[j * rows : (j + 1) * rows] for j in range(num_kv_heads)]
+    return torch.cat([group.view(-1, head_dim, weight.shape[1]).mean(0) for group in groups])
+
+
+def pool_with_reshape(weight, num_heads, num_kv_heads):
+    head_dim = weight.shape[0] // num_heads
+    blocks = weight.reshape(num_kv_heads, num_heads // num_kv_heads, head_dim, -1)
+    return blocks.mean(1).reshape(num_kv_heads * head_dim, -1)
+
+
+def pool_interleaved_groups(weight, num_heads, num_kv_heads):
+    # group j = heads j, j + g, j + 2g, ...: the pairing of `repeat`, not `repeat_interleave`
+    head_dim = weight.shape[0] // num_heads
+    blocks = weight.view(num_heads // num_kv_heads, num_kv_heads, head_dim, -1)
+    return blocks.mean(0).flatten(0, 1)
+
+
+def pool_adjacent_rows(weight, num_heads, num_kv_heads):
+    # averages r neighbouring rows: features of one head are mixed, heads are not
+    group = num_heads // num_kv_heads
+    return weight.view(-1, group, weight.shape[1]).mean(1)
+
+
+def pool_sum(weight, num_heads, num_kv_heads):
+    head_dim = weight.shape[0] // num_heads
+    blocks = weight.view(num_kv_heads, num_heads // num_kv_heads, head_dim, -1)
+    return blocks.sum(1).flatten(0, 1)
+
+
+def pool_one_row_per_group(weight, num_heads, num_kv_heads):
+    # averages the whole group block into one row: (num_kv_heads, d_model)
+    return weight.view(num_kv_heads, -1, weight.shape[1]).mean(1)
+
+
+def pool_not_flattened(weight, num_heads, num_kv_heads):
+    head_dim = weight.shape[0] // num_heads
+    blocks = weight.view(num_kv_heads, num_heads // num_kv_heads, head_dim, -1)
+    return blocks.mean(1)  # (num_kv_heads, head_dim, d_model)
+
+
+def test_mean_pool_accepts_correct():
+    for fn in [ch09.reference_mean_pool_kv_heads, pool_group_by_group, pool_with_reshape]:
+        assert ch09.check_mean_pool_kv_heads(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        pool_interleaved_groups,
+        pool_adjacent_rows,
+        pool_sum,
+        pool_one_row_per_group,
+        pool_not_flattened,
+    ],
+)
+def test_mean_pool_rejects_wrong(wrong):
+    assert not ch09.check_mean_pool_kv_heads(wrong, verbose=False)
+
+
+def test_interleaved_groups_fail_on_values_not_only_shapes():
+    result = ch09.check_mean_pool_kv_heads(pool_interleaved_groups, verbose=False)
+    assert "entries differ" in result.message
+
+
+def test_pooling_is_exact_when_the_heads_of_a_group_agree():
+    """When the heads of each group already share their key and value weights, the pooled
+    grouped-query attention computes what the multi-head attention computed."""
+    g = torch.Generator().manual_seed(0)
+    d_model, heads, kv_heads, batch, length = 24, 6, 2, 2, 5
+    head_dim, group = d_model // heads, heads // kv_heads
+    x = torch.randn(batch, length, d_model, generator=g)
+    w_q = torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model)
+    w_o = torch.randn(d_model, d_model, generator=g) / math.sqrt(d_model)
+    # nn.Linear layout (out, in): one block per kv head, repeated for the r heads of its group
+    key_blocks = torch.randn(kv_heads, head_dim, d_model, generator=g) / math.sqrt(d_model)
+    value_blocks = torch.randn(kv_heads, head_dim, d_model, generator=g) / math.sqrt(d_model)
+    key_weight = key_blocks.repeat_interleave(group, dim=0).flatten(0, 1)  # (d_model, d_model)
+    value_weight = value_blocks.repeat_interleave(group, dim=0).flatten(0, 1)
+    mha = ch03.reference_multi_head_attention(
+        x, x, x, w_q, key_weight.T, value_weight.T, w_o, heads
+    )[0]
+    pooled_k = ch09.reference_mean_pool_kv_heads(key_weight, heads, kv_heads)
+    pooled_v = ch09.reference_mean_pool_kv_heads(value_weight, heads, kv_heads)
+    assert pooled_k.shape == (kv_heads * head_dim, d_model)
+    gqa = ch03.reference_grouped_query_attention(
+        x, x, x, w_q, pooled_k.T, pooled_v.T, w_o, heads, kv_heads
+    )
+    torch.testing.assert_close(gqa, mha)
+    # the interleaved pairing averages heads of different groups: a different model
+    wrong_k = pool_interleaved_groups(key_weight, heads, kv_heads)
+    wrong = ch03.reference_grouped_query_attention(
+        x, x, x, w_q, wrong_k.T, pooled_v.T, w_o, heads, kv_heads
+    )
+    assert not torch.allclose(wrong, mha, atol=1e-3)
+
+
+def test_multi_query_pooling_is_the_mean_of_every_head():
+    weight = torch.randn(4 * 3, 7, generator=torch.Generator().manual_seed(1))
+    pooled = ch09.reference_mean_pool_kv_heads(weight, 4, 1)
+    torch.testing.assert_close(pooled, weight.view(4, 3, 7).mean(0))
+
+
+# --------------------------------------------------------------------------------------------
+# merge_partial_attention
+# --------------------------------------------------------------------------------------------
+
+
+def merge_softmax_of_lse(out_a, lse_a, out_b, lse_b):
+    weights = torch.softmax(torch.stack([lse_a, lse_b]), dim=0).nan_to_num(0.0)  # (2, ..., q)
+    output = weights[0, ..., None] * out_a + weights[1, ..., None] * out_b
+    return output, torch.logsumexp(torch.stack([lse_a, lse_b]), dim=0)
+
+
+def merge_by_sigmoid(out_a, lse_a, out_b, lse_b):
+    share_a = torch.sigmoid(lse_a - lse_b).nan_to_num(0.0)[..., None]  # NaN only if both empty
+    share_b = torch.sigmoid(lse_b - lse_a).nan_to_num(0.0)[..., None]
+    return share_a * out_a + share_b * out_b, torch.logaddexp(lse_a, lse_b)
+
+
+def merge_mean(out_a, lse_a, out_b, lse_b):
+    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+
+def merge_winner_takes_all(out_a, lse_a, out_b, lse_b):
+    a_wins = (lse_a >= lse_b)[..., None]
+    return torch.where(a_wins, out_a, out_b), torch.maximum(lse_a, lse_b)
+
+
+def merge_rescaled_by_max_only(out_a, lse_a, out_b, lse_b):
+    # the online softmax's correction exp(m_old - m_new), without dividing by the new sum
+    top = torch.maximum(lse_a, lse_b)
+    scale_a, scale_b = torch.exp(lse_a - top), torch.exp(lse_b - top)
+    output = scale_a[..., None] * out_a + scale_b[..., None] * out_b
+    return output.nan_to_num(0.0), torch.logaddexp(lse_a, lse_b)
+
+
+def merge_unnormalised_sum(out_a, lse_a, out_b, lse_b):
+    return out_a + out_b, torch.logaddexp(lse_a, lse_b)
+
+
+def merge_through_exp(out_a, lse_a, out_b, lse_b):
+    # right on paper, but exp(lse) overflows (or underflows to 0 / 0) in float32
+    sum_a, sum_b = torch.exp(lse_a), torch.exp(lse_b)
+    output = (sum_a[..., None] * out_a + sum_b[..., None] * out_b) / (sum_a + sum_b)[..., None]
+    return output, torch.log(sum_a + sum_b)
+
+
+def merge_lse_by_max(out_a, lse_a, out_b, lse_b):
+    output, _ = ch09.reference_merge_partial_attention(out_a, lse_a, out_b, lse_b)
+    return output, torch.maximum(lse_a, lse_b)
+
+
+def merge_lse_by_sum(out_a, lse_a, out_b, lse_b):
+    output, _ = ch09.reference_merge_partial_attention(out_a, lse_a, out_b, lse_b)
+    return output, lse_a + lse_b
+
+
+def merge_nan_when_both_empty(out_a, lse_a, out_b, lse_b):
+    lse = torch.logaddexp(lse_a, lse_b)
+    weight_a, weight_b = torch.exp(lse_a - lse), torch.exp(lse_b - lse)  # -inf - -inf = NaN
+    return weight_a[..., None] * out_a + weight_b[..., None] * out_b, lse
+
+
+def test_merge_accepts_correct():
+    for fn in [ch09.reference_merge_partial_attention, merge_softmax_of_lse, merge_by_sigmoid]:
+        assert ch09.check_merge_partial_attention(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        merge_mean,
+        merge_winner_takes_all,
+        merge_rescaled_by_max_only,
+        merge_unnormalised_sum,
+        merge_through_exp,
+        merge_lse_by_max,
+        merge_lse_by_sum,
+        merge_nan_when_both_empty,
+    ],
+)
+def test_merge_rejects_wrong(wrong):
+    assert not ch09.check_merge_partial_attention(wrong, verbose=False)
+
+
+def test_merge_cases_hold_empty_parts_and_huge_scores():
+    cases = ch09._merge_cases()
+    lse_a = [case["lse_a"] for case in cases]
+    lse_b = [case["lse_b"] for case in cases]
+    assert any((a == -math.inf).any() and (a > -math.inf).any() for a in lse_a)
+    assert any((b == -math.inf).any() and (b > -math.inf).any() for b in lse_b)
+    assert any(((a == -math.inf) & (b == -math.inf)).any() for a, b in zip(lse_a, lse_b))
+    assert any((a > 89).any() for a in lse_a)  # exp overflows float32
+    assert any((a < -104).all() for a in lse_a)  # exp underflows float32 to 0
+    for case in cases:
+        output, _ = ch09.reference_merge_partial_attention(**case)
+        assert not output.isnan().any()
+
+
+def test_merging_the_parts_gives_attention_over_all_keys():
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 5, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 3, 11, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 3, 11, 4, generator=g, dtype=torch.float64)
+    mask = torch.ones(5, 11, dtype=torch.bool).tril(6)  # (q_len, k_len), each query sees some
+    expected, _ = scaled_dot_product_attention(q, k, v, mask)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~mask, -math.inf)
+    first, second, third = torch.arange(11) < 4, torch.arange(11) % 2 == 1, torch.arange(11) >= 4
+    second = second & third
+    third = third & ~second
+    parts = [ch09.partial_attention(scores, v, keep & mask) for keep in (first, second, third)]
+    merge = ch09.reference_merge_partial_attention
+    left = merge(*merge(*parts[0], *parts[1]), *parts[2])  # ((A B) C)
+    right = merge(*parts[0], *merge(*parts[1], *parts[2]))  # (A (B C))
+    torch.testing.assert_close(left[0], expected)
+    torch.testing.assert_close(right[0], expected)
+    torch.testing.assert_close(left[1], torch.logsumexp(scores, dim=-1))
+
+
+# --------------------------------------------------------------------------------------------
+# is_relative: a property test graded on score functions whose answer is known
+# --------------------------------------------------------------------------------------------
+
+
+def _pairs(seed, count=6, high=100):
+    g = torch.Generator().manual_seed(seed)
+    return [tuple(int(x) for x in torch.randint(0, high, (3,), generator=g)) for _ in range(count)]
+
+
+def relative_with_isclose(score_fn, dim):
+    g = torch.Generator().manual_seed(7)
+    for m, n, shift in _pairs(7):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        before = torch.as_tensor(score_fn(q, k, m, n))
+        after = torch.as_tensor(score_fn(q, k, m + shift + 1, n + shift + 1))
+        if not torch.isclose(before, after, atol=1e-5):
+            return False
+    return True
+
+
+def relative_against_position_zero(score_fn, dim):
+    """Compares every pair with the pair moved so that the earlier position is 0."""
+    g = torch.Generator().manual_seed(8)
+    for m, n, _ in _pairs(8):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        low = min(m, n)
+        if abs(float(score_fn(q, k, m, n)) - float(score_fn(q, k, m - low, n - low))) > 1e-4:
+            return False
+    return True
+
+
+def relative_always_true(score_fn, dim):
+    return True
+
+
+def relative_always_false(score_fn, dim):
+    return False
+
+
+def relative_shift_zero(score_fn, dim):
+    g = torch.Generator().manual_seed(7)
+    for m, n, _ in _pairs(7):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        if not torch.isclose(score_fn(q, k, m, n), score_fn(q, k, m, n), atol=1e-5):
+            return False
+    return True
+
+
+def relative_exact_equality(score_fn, dim):
+    g = torch.Generator().manual_seed(7)
+    for m, n, shift in _pairs(7):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        if float(score_fn(q, k, m, n)) != float(score_fn(q, k, m + shift + 1, n + shift + 1)):
+            return False
+    return True
+
+
+def relative_diagonal_only(score_fn, dim):
+    g = torch.Generator().manual_seed(7)
+    for m, _, shift in _pairs(7):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        before, after = score_fn(q, k, m, m), score_fn(q, k, m + shift + 1, m + shift + 1)
+        if not torch.isclose(before, after, atol=1e-5):
+            return False
+    return True
+
+
+def relative_zero_vectors(score_fn, dim):
+    q = k = torch.zeros(dim)  # only the position terms are left: q·PE and PE·k vanish
+    for m, n, shift in _pairs(7):
+        before = score_fn(q, k, m, n)
+        if not torch.isclose(before, score_fn(q, k, m + shift + 1, n + shift + 1), atol=1e-5):
+            return False
+    return True
+
+
+def test_is_relative_accepts_correct():
+    for fn in [ch09.reference_is_relative, relative_with_isclose, relative_against_position_zero]:
+        assert ch09.check_is_relative(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        relative_always_true,
+        relative_always_false,
+        relative_shift_zero,
+        relative_exact_equality,
+        relative_diagonal_only,
+        relative_zero_vectors,
+    ],
+)
+def test_is_relative_rejects_wrong(wrong):
+    assert not ch09.check_is_relative(wrong, verbose=False)
+
+
+@pytest.mark.parametrize("dim", [8, 16])
+def test_reference_is_relative_gives_the_known_answers(dim):
+    for score_fn, relative in ch09._score_functions(dim):
+        assert ch09.reference_is_relative(score_fn, dim) is relative, score_fn
+
+
+def test_rope_scores_differ_by_rounding_only():
+    """Exact equality is the wrong test: the RoPE scores of a shifted pair are equal in
+    exact arithmetic, and differ in the last bits in float32."""
+    score_fn = dict((fn.name, fn) for fn, _ in ch09._score_functions(8))[
+        "RoPE (RotaryEmbedding, base 10000)"
+    ]
+    g = torch.Generator().manual_seed(3)
+    differences = []
+    for m, n, shift in _pairs(3, count=20, high=300):
+        q, k = torch.randn(8, generator=g), torch.randn(8, generator=g)
+        before = float(score_fn(q, k, m, n))
+        differences.append(abs(before - float(score_fn(q, k, m + shift, n + shift))))
+    assert 0 < max(differences) < 1e-5
+
+
+def test_score_functions_reject_bad_positions_and_vectors():
+    score_fn = ch09._score_functions(8)[7][0]  # the learned table: an index out of range
+    q = k = torch.zeros(8)
+    with pytest.raises(ValueError, match="m must be in 0 .. 1023, got -1"):
+        score_fn(q, k, -1, 0)
+    with pytest.raises(ValueError, match="n must be in 0 .. 1023, got 1024"):
+        score_fn(q, k, 0, ch09.MAX_POSITION)
+    with pytest.raises(TypeError, match="integer position"):
+        score_fn(q, k, 1.5, 0)
+    with pytest.raises(ValueError, match=r"q must be a tensor of shape \(8,\), got \(1, 8\)"):
+        score_fn(q[None], k, 0, 0)
+    assert float(score_fn(q, k, torch.tensor(3), 2)) == float(score_fn(q, k, 3, 2))
+
+
+def test_t5_buckets_are_exact_near_and_logarithmic_far():
+    assert [ch09._t5_bucket(-d) for d in range(4)] == [0, 1, 2, 3]
+    assert [ch09._t5_bucket(d) for d in range(1, 4)] == [9, 10, 11]
+    assert ch09._t5_bucket(-1000) == 7 and ch09._t5_bucket(1000) == 15
+    far = [ch09._t5_bucket(-d) for d in range(4, 200)]
+    assert far == sorted(far) and set(far) == {4, 5, 6, 7}
+
+
+# --------------------------------------------------------------------------------------------
+# dilated_window_mask
+# --------------------------------------------------------------------------------------------
+
+
+def window_loops(length, window, dilation):
+    mask = torch.zeros(length, length, dtype=torch.bool)
+    for i in range(length):
+        for step in range(-window, window + 1):
+            j = i + step * dilation
+            if 0 <= j < length:
+                mask[i, j] = True
+    return mask
+
+
+def window_same_residue(length, window, dilation):
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (i % dilation == j % dilation) & ((i - j).abs() <= window * dilation)
+
+
+def window_undilated_band(length, window, dilation):
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (i - j).abs() <= window * dilation
+
+
+def window_without_dilation(length, window, dilation):
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (i - j).abs() <= window
+
+
+def window_off_by_one(length, window, dilation):
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    distance = (i - j).abs()
+    return (distance % dilation == 0) & (distance < window * dilation)
+
+
+def window_causal_half(length, window, dilation):
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (j <= i) & ((i - j) % dilation == 0) & (i - j <= window * dilation)
+
+
+def window_dilates_keys_only(length, window, dilation):
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (j % dilation == 0) & ((i - j).abs() <= window * dilation)
+
+
+def test_dilated_window_accepts_correct():
+    for fn in [ch09.reference_dilated_window_mask, window_loops, window_same_residue]:
+        assert ch09.check_dilated_window_mask(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        window_undilated_band,
+        window_without_dilation,
+        window_off_by_one,
+        window_causal_half,
+        window_dilates_keys_only,
+    ],
+)
+def test_dilated_window_rejects_wrong(wrong):
+    assert not ch09.check_dilated_window_mask(wrong, verbose=False)
+
+
+def test_undilated_window_is_the_band_and_rows_hold_at_most_two_windows():
+    for length, window in [(9, 3), (5, 0), (4, 6)]:
+        band = causal_bool_mask(length, window) & causal_bool_mask(length, window).T
+        assert torch.equal(ch09.reference_dilated_window_mask(length, window, 1), band)
+    mask = ch09.reference_dilated_window_mask(20, 3, 3)
+    assert mask.diagonal().all() and torch.equal(mask, mask.T)
+    assert int(mask.sum(-1).max()) == 2 * 3 + 1  # a query far from the ends: 3 + itself + 3
+    assert mask[10].nonzero().flatten().tolist() == [1, 4, 7, 10, 13, 16, 19]
+
+
+# --------------------------------------------------------------------------------------------
+# interpolated_positions
+# --------------------------------------------------------------------------------------------
+
+
+def interpolated_float32(seq_len, train_len):
+    scale = min(1.0, train_len / seq_len)
+    return torch.arange(seq_len, dtype=torch.float32) * scale
+
+
+def interpolated_wrong_way(seq_len, train_len):
+    positions = torch.arange(seq_len, dtype=torch.float64)
+    return positions * seq_len / train_len if seq_len > train_len else positions
+
+
+def interpolated_short_too(seq_len, train_len):
+    return torch.arange(seq_len, dtype=torch.float64) * train_len / seq_len
+
+
+def interpolated_rounded(seq_len, train_len):
+    positions = torch.arange(seq_len)
+    return positions * train_len // seq_len if seq_len > train_len else positions
+
+
+def interpolated_last_at_train_len_minus_one(seq_len, train_len):
+    if seq_len <= train_len:
+        return torch.arange(seq_len, dtype=torch.float64)
+    return torch.linspace(0, train_len - 1, seq_len, dtype=torch.float64)
+
+
+def interpolated_last_at_train_len(seq_len, train_len):
+    if seq_len <= train_len:
+        return torch.arange(seq_len, dtype=torch.float64)
+    return torch.linspace(0, train_len, seq_len, dtype=torch.float64)
+
+
+def interpolated_from_one(seq_len, train_len):
+    positions = torch.arange(seq_len, dtype=torch.float64)
+    return (positions + 1) * train_len / seq_len if seq_len > train_len else positions
+
+
+def test_interpolated_positions_accepts_correct():
+    for fn in [ch09.reference_interpolated_positions, interpolated_float32]:
+        assert ch09.check_interpolated_positions(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        interpolated_wrong_way,
+        interpolated_short_too,
+        interpolated_rounded,
+        interpolated_last_at_train_len_minus_one,
+        interpolated_last_at_train_len,
+        interpolated_from_one,
+    ],
+)
+def test_interpolated_positions_rejects_wrong(wrong):
+    assert not ch09.check_interpolated_positions(wrong, verbose=False)
+
+
+def test_interpolated_positions_stay_in_the_trained_range_and_rotate_like_rope():
+    positions = ch09.reference_interpolated_positions(4096, 2048)
+    assert float(positions.min()) == 0.0 and float(positions.max()) < 2048
+    assert torch.allclose(positions.diff(), torch.full((4095,), 0.5, dtype=torch.float64))
+    # twice the trained length: position 2p is rotated exactly as position p was in training
+    x = torch.randn(1, 16, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    angles = ch09.reference_interpolated_positions(16, 8)[:, None] * sinusoidal_frequencies(8)
+    cos, sin = torch.cos(angles), torch.sin(angles)  # (16, 4) each
+    even, odd = x[..., 0::2], x[..., 1::2]
+    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
+    at_half = RotaryEmbedding(8).double().rotate(x[:, 0::2], torch.arange(8))
+    torch.testing.assert_close(rotated[:, 0::2], at_half)
+
+
+# --------------------------------------------------------------------------------------------
+# every check: stubs, crashes, the references
+# --------------------------------------------------------------------------------------------
+
+CHECKS = [
+    (ch09.check_mean_pool_kv_heads, ch09.reference_mean_pool_kv_heads),
+    (ch09.check_merge_partial_attention, ch09.reference_merge_partial_attention),
+    (ch09.check_is_relative, ch09.reference_is_relative),
+    (ch09.check_dilated_window_mask, ch09.reference_dilated_window_mask),
+    (ch09.check_interpolated_positions, ch09.reference_interpolated_positions),
+]
+
+
+@pytest.mark.parametrize("check", [check for check, _ in CHECKS])
+def test_stub_is_reported_not_raised(check, capsys):
+    def stub(*args, **kwargs):
+        raise NotImplementedError  # your code here
+
+    result = check(stub)
+    assert not result and result.cases_run == 1
+    assert "not attempted yet" in capsys.readouterr().out
+    assert "✗" in repr(result)
+
+
+@pytest.mark.parametrize("check", [check for check, _ in CHECKS])
+def test_crashing_answer_is_reported_not_raised(check):
+    def crashes(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    result = check(crashes, verbose=False)
+    assert not result and "boom" in result.message
+
+
+@pytest.mark.parametrize(("check", "reference"), CHECKS)
+def test_reference_passes_its_own_check(check, reference, capsys):
+    result = check(reference)
+    assert result and result.cases_run >= 7
+    assert "✅" in capsys.readouterr().out
+    assert repr(result).startswith("✓")
+
+
+def test_only_the_checks_are_exported():
+    assert sorted(ch09.__all__) == sorted(name for name in dir(ch09) if name.startswith("check_"))
+    assert all(name.startswith("check_") for name in ch09.__all__)
