@@ -58,8 +58,18 @@ def test_package_knows_the_same_repository_url():
     assert companion.REPOSITORY_URL == CONFIG["repository"]["url"]
 
 
+def _toc_files() -> list[str]:
+    """The chapter files of ``_toc.yml`` in reading order, part after part."""
+    assert "parts" in TOC and "chapters" not in TOC, "_toc.yml lists its chapters in parts"
+    files = []
+    for part in TOC["parts"]:
+        assert part.get("caption"), f"every part of _toc.yml needs a caption: {part}"
+        files += [entry["file"] for entry in part["chapters"]]
+    return files
+
+
 def test_toc_lists_every_notebook_in_order():
-    listed = [entry["file"] for entry in TOC["chapters"]]
+    listed = _toc_files()
     on_disk = [f"book/{p.stem}" for p in NOTEBOOKS]
     assert listed == on_disk, "every chapter notebook must be in _toc.yml, in file-name order"
     assert TOC["root"] == "book/intro"
