@@ -2,14 +2,17 @@
 
 One module per concept (ARCHITECTURE.md draws the stack): :mod:`companion.masking`,
 :mod:`companion.positional`, :mod:`companion.attention`, :mod:`companion.cache`,
-:mod:`companion.layers`, :mod:`companion.model`, :mod:`companion.interop`,
-:mod:`companion.data`, training with :mod:`companion.configs`, :mod:`companion.train` (one
-step), :mod:`companion.checkpoint`, :mod:`companion.history`, :mod:`companion.distributed`,
-:mod:`companion.trainer` (the loop) and :mod:`companion.run` (a whole run, the command line),
-:mod:`companion.decode`, :mod:`companion.metrics`, :mod:`companion.viz`,
-:mod:`companion.exercises`, :mod:`companion.utils`. The most used names are re-exported here;
-the data, training, decoding and metrics modules are imported on their own
-(``from companion.decode import greedy_decode``) so ``import companion`` stays light.
+:mod:`companion.layers`, :mod:`companion.model`, :mod:`companion.families` (decoder-only and
+encoder-only models), :mod:`companion.interop`, :mod:`companion.data`, training with
+:mod:`companion.configs`, :mod:`companion.train` (one step), :mod:`companion.checkpoint`,
+:mod:`companion.history`, :mod:`companion.distributed`, :mod:`companion.trainer` (the loop)
+and :mod:`companion.run` (a whole run, the command line), :mod:`companion.decode`,
+:mod:`companion.metrics`, :mod:`companion.viz`, :mod:`companion.exercises`,
+:mod:`companion.utils`. The most used names are re-exported here; the data, training,
+decoding and metrics modules are imported on their own
+(``from companion.decode import greedy_decode``) so ``import companion`` stays light (the
+re-exported model families bring :mod:`companion.decode` and :mod:`companion.data` along,
+a few milliseconds).
 
 Mask convention (whole package): a boolean mask is ``True`` where a query **may attend** to a
 key; see :mod:`companion.masking`.
@@ -20,7 +23,8 @@ from companion.attention import (
     MultiHeadAttention,
     scaled_dot_product_attention,
 )
-from companion.cache import DecoderCache, KeyValueCache
+from companion.cache import DecoderCache, DecoderOnlyCache, KeyValueCache
+from companion.families import DecoderOnlyTransformer, EncoderOnlyTransformer
 from companion.interop import (
     from_torch,
     from_torch_attn_mask,
@@ -96,6 +100,10 @@ __all__ = [
     "DecoderCache",
     "TransformerConfig",
     "Transformer",
+    # the other families (companion.families)
+    "DecoderOnlyTransformer",
+    "EncoderOnlyTransformer",
+    "DecoderOnlyCache",
     # utils
     "check_shape",
     "count_parameters",

@@ -288,7 +288,10 @@ class MultiHeadAttention(nn.Module):
     (:func:`~companion.positional.alibi_bias`, the symmetric form unless ``is_causal``). Keys
     sit at positions ``0 .. k_len - 1`` and the queries are the *last* ``q_len`` of them
     (with a cache: the new positions after the cached ones), the alignment of ``is_causal``.
-    Both depend only on the distance between a query and a key.
+    Both depend only on the distance between a query and a key. A cache trimmed to segment
+    memory (:meth:`KeyValueCache.keep_last`) keeps its keys rotated at their absolute
+    positions and starts the new ones at ``cache.next_position``; ALiBi's distances between
+    the contiguous cached and new keys need no offset.
 
     Args:
         d_model: size of the input and output vectors; must be divisible by ``num_heads``.
@@ -493,7 +496,7 @@ class MultiHeadAttention(nn.Module):
         k = self.split_heads(k, self.num_kv_heads)  # (batch, kv_heads, new_len, head_dim)
         v = self.split_heads(v, self.num_kv_heads)  # (batch, kv_heads, new_len, head_dim)
         if self.rotary is not None:  # RoPE, before the keys are cached (stored rotated)
-            q, k = self.rotate(q, k, 0 if cache is None else cache.length)
+            q, k = self.rotate(q, k, 0 if cache is None else cache.next_position)
         if cache is not None:
             if cache.growing and cache.keys is not None:  # append the new positions
                 k = torch.cat([cache.keys, k], dim=2)  # (batch, kv_heads, cached + new, head_dim)
@@ -503,10 +506,11 @@ class MultiHeadAttention(nn.Module):
 
     def rotate(self, q: Tensor, k: Tensor, cached: int) -> tuple[Tensor, Tensor]:
         """RoPE on the new keys ``k (batch, kv_heads, new_len, head_dim)``, at positions
-        ``cached .. cached + new_len - 1`` (after the ``cached`` ones of a growing cache), and
-        on the queries ``q (batch, heads, q_len, head_dim)``, the last ``q_len`` of those
-        positions. Plain-int offsets: no host synchronisation. Returns tensors of the same
-        shapes."""
+        ``cached .. cached + new_len - 1`` (after the cached ones of a growing cache:
+        ``cached`` is its :attr:`~companion.cache.KeyValueCache.next_position`, which counts
+        the positions that segment memory dropped too), and on the queries
+        ``q (batch, heads, q_len, head_dim)``, the last ``q_len`` of those positions.
+        Plain-int offsets: no host synchronisation. Returns tensors of the same shapes."""
         query_offset = cached + k.shape[2] - q.shape[2]  # queries are the last q_len positions
         q = self.rotary.rotate(q, offset=query_offset)  # (batch, heads, q_len, head_dim)
         k = self.rotary.rotate(k, offset=cached)  # (batch, kv_heads, new_len, head_dim)

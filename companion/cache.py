@@ -6,12 +6,24 @@ do not change, so instead of recomputing them the model keeps them:
 * :class:`KeyValueCache` - the projected keys and values of one attention module;
 * :class:`DecoderLayerCache` - a decoder layer's two: self-attention (grows by one step's
   tokens per call) and cross-attention (the projected encoder output, computed once);
-* :class:`DecoderCache` - every layer's, plus which of the tokens decoded so far are padding.
+* :class:`DecoderCache` - every layer's, plus which of the tokens decoded so far are padding;
+* :class:`DecoderOnlyCache` - the same for a decoder-only model (one growing
+  :class:`KeyValueCache` per layer, no cross-attention), which can also serve as
+  Transformer-XL's segment memory (:meth:`DecoderOnlyCache.keep_last`).
 
 ``reorder(indices)`` keeps the batch rows ``indices`` (beam search follows its surviving
 beams with it). The modules that fill the caches are :class:`companion.attention.MultiHeadAttention`
 (``cache=``), :class:`companion.layers.DecoderLayer` and :class:`companion.model.Transformer`
-(``model.new_cache()``, ``model.decode(..., cache=cache)``).
+(``model.new_cache()``, ``model.decode(..., cache=cache)``), and
+:class:`companion.families.DecoderOnlyTransformer` (``model(tokens, cache=cache)``).
+
+**Segment memory** (Transformer-XL, Dai et al., 2019): ``keep_last(n)`` keeps only the last
+``n`` cached positions of every layer, detached from the autograd graph, and remembers in
+``start`` the absolute position of the first one kept. The next call attends over the kept
+keys and values and its own, with its positions continuing at ``start + length``
+(:attr:`KeyValueCache.next_position`): RoPE rotates the new queries and keys there, and
+ALiBi, which sees only the distances between the queries and the contiguous cached + new
+keys, needs nothing more.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from torch import Tensor
 
 from companion._validation import check_integer, check_ndim, check_positive_int
 
-__all__ = ["KeyValueCache", "DecoderLayerCache", "DecoderCache", "LatentCache"]
+__all__ = ["KeyValueCache", "DecoderLayerCache", "DecoderCache", "DecoderOnlyCache", "LatentCache"]
 
 
 def _bytes(tensor: Tensor | None) -> int:
@@ -46,16 +58,37 @@ class KeyValueCache:
             multi-head attention, fewer with grouped-query attention, 1 with multi-query
             attention (``MultiHeadAttention(num_kv_heads=...)``). With rotary embeddings the
             keys are stored already rotated.
+        start: absolute position of the first cached key: 0, unless :meth:`keep_last`
+            dropped earlier positions (segment memory).
     """
 
     growing: bool = True
     keys: Tensor | None = None
     values: Tensor | None = None
+    start: int = 0
 
     @property
     def length(self) -> int:
         """Number of cached positions."""
         return 0 if self.keys is None else self.keys.shape[-2]
+
+    @property
+    def next_position(self) -> int:
+        """Absolute position of the next new key: ``start + length``."""
+        return self.start + self.length
+
+    def keep_last(self, n: int) -> None:
+        """Keep only the last ``n`` cached positions (all of them if there are fewer),
+        detached from the autograd graph, and advance :attr:`start` past the dropped ones:
+        the memory of segment recurrence (Transformer-XL) carries no gradient into the
+        segment that produced it."""
+        check_positive_int("n", n, minimum=0)
+        if self.keys is None:
+            return
+        dropped = max(self.length - n, 0)
+        self.keys = self.keys[:, :, dropped:].detach()  # (batch, kv_heads, min(len, n), head_dim)
+        self.values = self.values[:, :, dropped:].detach()  # (batch, kv_heads, min(len, n), hd)
+        self.start += dropped
 
     @property
     def nbytes(self) -> int:
@@ -132,6 +165,72 @@ class DecoderCache:
             layer.reorder(indices)
         if self.key_padding is not None:
             self.key_padding = self.key_padding.index_select(0, indices)  # (new_batch, length)
+
+
+class DecoderOnlyCache:
+    """Everything a decoder-only model keeps between calls: one growing
+    :class:`KeyValueCache` per layer (self-attention only), and the padding of the tokens seen.
+
+    Incremental decoding appends every call's tokens; :meth:`keep_last` turns it into the
+    segment memory of Transformer-XL (see the module docstring).
+
+    Attributes:
+        layers: one :class:`KeyValueCache` (``growing=True``) per layer.
+        key_padding: ``(batch, length)`` boolean, ``True`` for the real (non-padding) cached
+            tokens, or ``None`` when the model has no pad id.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        count = check_positive_int("num_layers", num_layers)
+        self.layers = [KeyValueCache(growing=True) for _ in range(count)]
+        self.key_padding: Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of cached positions."""
+        return self.layers[0].length
+
+    @property
+    def start(self) -> int:
+        """Absolute position of the first cached token (0 unless :meth:`keep_last` dropped some)."""
+        return self.layers[0].start
+
+    @property
+    def next_position(self) -> int:
+        """Absolute position of the next token a call processes: ``start + length``."""
+        return self.layers[0].next_position
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by every layer's keys and values and the padding record."""
+        return sum(layer.nbytes for layer in self.layers) + _bytes(self.key_padding)
+
+    @property
+    def batch_size(self) -> int | None:
+        """Rows in the cache, ``None`` before the first call."""
+        keys = self.layers[0].keys
+        return None if keys is None else keys.shape[0]
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep the batch rows ``indices`` ``(new_batch,)``."""
+        check_integer("indices", indices)
+        check_ndim("indices", indices, 1, "(new_batch,)")
+        for layer in self.layers:
+            layer.reorder(indices)
+        if self.key_padding is not None:
+            self.key_padding = self.key_padding.index_select(0, indices)  # (new_batch, length)
+
+    def keep_last(self, n: int) -> None:
+        """Keep the last ``n`` positions of every layer, detached (no gradient flows into the
+        earlier segment), with :attr:`start` advanced past the dropped ones: the memory the
+        next segment attends to (Transformer-XL). ``n = 0`` forgets every position but keeps
+        counting them, so the next call's positions still continue."""
+        check_positive_int("n", n, minimum=0)
+        for layer in self.layers:
+            layer.keep_last(n)
+        if self.key_padding is not None:
+            dropped = max(self.key_padding.shape[1] - n, 0)
+            self.key_padding = self.key_padding[:, dropped:]  # (batch, min(length, n))
 
 
 @dataclass

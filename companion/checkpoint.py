@@ -15,6 +15,12 @@ safely.
   (nothing can tell whether it is intact); saving it again adds the digest;
 - :func:`model_from_checkpoint` rebuilds the trained :class:`~companion.model.Transformer`
   (used by :meth:`companion.metrics.Translator.from_checkpoint`);
+- :func:`model_checkpoint` and :func:`rebuild_model` save and rebuild a model of another
+  class built from a :class:`~companion.model.TransformerConfig` (the decoder-only and
+  encoder-only models of :mod:`companion.families`, whose ``from_checkpoint`` passes their
+  class in, so this module never imports them). The class is recorded under
+  ``"model_kind"``; a checkpoint without one (every checkpoint written before) holds a
+  :class:`~companion.model.Transformer`;
 - :func:`rng_state` and :func:`restore_rng_state` capture and restore the random number
   generators (torch, CUDA, Python, NumPy), so a resumed run continues exactly;
 - :func:`write_json` writes the small JSON files of a run (configuration, history, results).
@@ -33,12 +39,14 @@ import os
 import pickle
 import random
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from companion._files import atomic_write
 from companion.model import Transformer, TransformerConfig
@@ -52,6 +60,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "model_from_checkpoint",
+    "model_checkpoint",
+    "rebuild_model",
     "rng_state",
     "restore_rng_state",
 ]
@@ -60,6 +70,8 @@ __all__ = [
 CHECKPOINT_FORMAT = 1
 _CHECKPOINT_KEYS = ("format", "model", "model_config", "config")
 _DIGEST_KEY = "sha256"  # the digest of everything else, written by save_checkpoint
+_KIND_KEY = "model_kind"  # the model's class name; absent in a Transformer's checkpoint
+Model = TypeVar("Model", bound=nn.Module)
 
 
 class CheckpointError(ValueError):
@@ -222,12 +234,76 @@ def model_from_checkpoint(checkpoint: Mapping[str, Any] | str | os.PathLike[str]
         CheckpointError: the file cannot be read (see :func:`load_checkpoint`), or its model
             configuration or weights do not make a :class:`~companion.model.Transformer`.
     """
+    return rebuild_model(checkpoint, lambda config, options: Transformer(config), "Transformer")
+
+
+def model_checkpoint(
+    model: nn.Module,
+    kind: str,
+    *,
+    options: Mapping[str, Any] | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A checkpoint of ``model`` alone, for :func:`save_checkpoint`: its weights, its
+    ``model.config`` (a :class:`~companion.model.TransformerConfig`) as a dict, its class
+    ``kind`` (e.g. ``"DecoderOnlyTransformer"``), the other arguments its constructor takes
+    (``options``, plain values) and a run configuration ``config`` (default empty).
+    :func:`rebuild_model` reads it back."""
+    if not isinstance(getattr(model, "config", None), TransformerConfig):
+        raise TypeError(
+            f"model must have a TransformerConfig as .config, got {type(model).__name__}"
+        )
+    if not isinstance(kind, str) or not kind:
+        raise TypeError(f"kind must be the model's class name (a str), got {kind!r}")
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "model": model.state_dict(),
+        "model_config": asdict(model.config),
+        _KIND_KEY: kind,
+        "model_options": dict(options or {}),
+        "config": dict(config or {}),
+    }
+
+
+def rebuild_model(
+    checkpoint: Mapping[str, Any] | str | os.PathLike[str],
+    build: Callable[[TransformerConfig, Mapping[str, Any]], Model],
+    kind: str,
+) -> Model:
+    """The model of a checkpoint (a path or the dict from :func:`load_checkpoint`), with its
+    weights, in evaluation mode: ``build(config, options)`` makes it from the saved
+    :class:`~companion.model.TransformerConfig` and ``"model_options"``.
+
+    Args:
+        checkpoint: a path or a loaded checkpoint.
+        build: makes an untrained model, e.g. ``lambda config, options: cls(config, **options)``.
+        kind: the class the checkpoint must hold (its ``"model_kind"``; ``"Transformer"``
+            for a checkpoint that names none).
+
+    Raises:
+        CheckpointError: the file cannot be read (see :func:`load_checkpoint`), it holds
+            another kind of model (the message names it and how to rebuild it), or its
+            configuration or weights do not make the model.
+    """
     where = "the checkpoint"
     if not isinstance(checkpoint, Mapping):
         where = str(checkpoint)
         checkpoint = load_checkpoint(checkpoint)
+    saved = checkpoint.get(_KIND_KEY, "Transformer")
+    if saved != kind:
+        rebuild = (
+            "companion.checkpoint.model_from_checkpoint"
+            if saved == "Transformer"
+            else f"companion.families.{saved}.from_checkpoint"
+        )
+        raise CheckpointError(
+            f"{where} holds a {saved} (model_kind={saved!r}), not a {kind}; rebuild it "
+            f"with {rebuild}"
+        )
     try:
-        model = Transformer(TransformerConfig(**checkpoint["model_config"]))
+        model = build(
+            TransformerConfig(**checkpoint["model_config"]), checkpoint.get("model_options", {})
+        )
         model.load_state_dict(checkpoint["model"])
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         reason = " ".join(str(error).split())[:300]  # one line: torch's can run to pages

@@ -314,22 +314,27 @@ class EncoderLayer(_ResidualLayer):
         *,
         need_weights: bool = False,
         is_causal: bool = False,
+        cache: KeyValueCache | None = None,
     ) -> Tensor:
         """Encode a sequence.
 
         Args:
             x: shape ``(batch, src_len, d_model)``.
             mask: boolean self-attention mask, ``True`` = may attend, broadcastable to
-                ``(batch, heads, src_len, src_len)``, e.g. padding ``(batch, 1, 1, src_len)``.
+                ``(batch, heads, src_len, src_len)``, e.g. padding ``(batch, 1, 1, src_len)``
+                (with a ``cache``, the last axis counts the cached positions too).
             need_weights: store the attention weights in ``self_attention_weights``.
             is_causal: also apply a causal mask (for decoder-only models).
+            cache: a growing :class:`~companion.cache.KeyValueCache` of the self-attention:
+                ``x`` holds only the new positions, which attend to the cached ones too (a
+                decoder-only model generating token by token).
 
         Returns:
             Tensor of shape ``(batch, src_len, d_model)``.
         """
         x = self.residual(
             x,
-            lambda h: self.self_attend(h, mask, need_weights, is_causal),
+            lambda h: self.self_attend(h, mask, need_weights, is_causal, cache),
             self.self_attention_norm,
         )  # (batch, src_len, d_model)
         return self.residual(
@@ -343,10 +348,16 @@ class EncoderLayer(_ResidualLayer):
         *,
         need_weights: bool = False,
         is_causal: bool = False,
+        cache: KeyValueCache | None = None,
     ) -> None:
         """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
         check_sequence("x", x, self.d_model, "src_len")
         check_module_dtype("x", x, self)
+        if cache is not None:  # the attention knows how many keys the cache adds
+            self.self_attention.check_inputs(
+                x, x, x, mask, need_weights=need_weights, is_causal=is_causal, cache=cache
+            )
+            return
         batch, src_len, _ = x.shape
         if mask is not None:
             target = (batch, self.num_heads, src_len, src_len)

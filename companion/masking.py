@@ -19,6 +19,7 @@ local band (sliding window)          ``(q_len, k_len)``          :func:`sliding_
 global tokens (Longformer)           ``(length, length)``        :func:`global_tokens_mask`
 local + global + random (BigBird)    ``(length, length)``        :func:`bigbird_mask`
 either of two masks                  the broadcast shape         :func:`union_masks`
+prefix LM (bidirectional prefix)     ``(length, length)``        :func:`prefix_lm_mask`
 ===================================  ==========================  ============================
 
 :func:`combine_masks` keeps what *every* mask allows (AND: padding and causal);
@@ -65,6 +66,7 @@ __all__ = [
     "global_tokens_mask",
     "union_masks",
     "bigbird_mask",
+    "prefix_lm_mask",
 ]
 
 #: Additive-mask values at or below this count as "blocked" in :func:`from_additive_mask`
@@ -425,3 +427,42 @@ def bigbird_mask(
         drawn = torch.zeros_like(allowed).scatter_(-1, picks, True)  # (length, length)
         allowed = allowed | drawn  # (length, length)
     return allowed.to(device) if device is not None else allowed  # (length, length)
+
+
+# ---------------------------------------------------------------------------------------------
+# The prefix language model (T5's "prefix LM", UniLM's sequence-to-sequence mask): one stack of
+# self-attention reads a prefix bidirectionally and continues it causally (chapter 10).
+# ---------------------------------------------------------------------------------------------
+
+
+def prefix_lm_mask(
+    length: int, prefix_len: int, *, device: torch.device | str | None = None
+) -> Tensor:
+    """The mask of a prefix language model: the prefix is read bidirectionally, the rest causally.
+
+    Query ``i`` may attend to key ``j`` when ``j < prefix_len`` (every position sees the whole
+    prefix, later prefix tokens included) or ``j <= i`` (the causal rule). So the first
+    ``prefix_len`` rows and columns form a block of ``True`` (the prefix attends to itself both
+    ways), and the positions after the prefix see the whole prefix and the positions up to
+    their own. ``prefix_len = 0`` (or ``1``) gives :func:`causal_mask`; ``prefix_len = length``
+    gives the all-``True`` mask of an encoder.
+
+    A model trained with this mask must not be asked to predict a token inside the prefix: the
+    prefix positions see it. :func:`companion.data.prefix_lm_example` drops those targets.
+
+    Args:
+        length: sequence length (queries and keys are the same sequence), at least 1.
+        prefix_len: number of prefix positions, from 0 to ``length``.
+        device: where to create the mask.
+
+    Returns:
+        Boolean mask of shape ``(length, length)``, ``True`` = may attend.
+    """
+    check_positive_int("length", length)
+    check_positive_int("prefix_len", prefix_len, minimum=0)
+    if prefix_len > length:
+        raise ValueError(f"prefix_len must be <= length ({length}), got {prefix_len}")
+    positions = torch.arange(length, device=device)  # (length,)
+    causal = positions[None, :] <= positions[:, None]  # (length, length) key j <= query i
+    in_prefix = positions[None, :] < prefix_len  # (1, length) key j inside the prefix
+    return causal | in_prefix  # (length, length)

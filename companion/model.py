@@ -71,6 +71,8 @@ __all__ = [
     "Encoder",
     "Decoder",
     "Transformer",
+    "position_encoding",
+    "final_norm",
 ]
 
 
@@ -278,7 +280,7 @@ def _stack_weights(weights: list[Tensor | None]) -> Tensor | None:
     return torch.stack(weights)  # (layers, batch, heads, q_len, k_len)
 
 
-def _final_norm(config: TransformerConfig) -> nn.Module | None:
+def final_norm(config: TransformerConfig) -> nn.Module | None:
     """The norm that ends a stack, or ``None`` (see :attr:`TransformerConfig.has_final_norm`)."""
     if not config.has_final_norm:
         return None
@@ -297,7 +299,7 @@ class _Stack(nn.Module):
             layer(config.d_model, config.num_heads, config.d_ff, **config.layer_options)
             for _ in range(count)
         )
-        self.final_norm = _final_norm(config)
+        self.final_norm = final_norm(config)
 
 
 class Encoder(_Stack):
@@ -492,8 +494,8 @@ class Transformer(nn.Module):
         self.config = config
         self.src_embedding = TokenEmbedding(config.src_vocab, config.d_model)
         self.tgt_embedding = TokenEmbedding(config.tgt_vocab, config.d_model)
-        self.src_positions = _positions(config)
-        self.tgt_positions = _positions(config)
+        self.src_positions = position_encoding(config)
+        self.tgt_positions = position_encoding(config)
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.generator = nn.Linear(config.d_model, config.tgt_vocab)
@@ -794,7 +796,7 @@ class Transformer(nn.Module):
             )
 
 
-def _positions(config: TransformerConfig) -> nn.Module:
+def position_encoding(config: TransformerConfig) -> nn.Module:
     """The position encoding the config names (with the model's dropout after it); nothing
     but the dropout when attention applies the positions (RoPE, ALiBi) or there are none."""
     if config.positional == "learned":

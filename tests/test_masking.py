@@ -103,3 +103,47 @@ def test_attn_mask_round_trip_2d_and_per_head():
 def test_from_additive_mask_rejects_values_that_are_not_a_mask(bad):
     with pytest.raises(ValueError, match="mask"):
         from_additive_mask(torch.tensor([0.0, bad]))
+
+
+# --------------------------------------------------------------------------------------------
+# prefix_lm_mask (chapter 10)
+# --------------------------------------------------------------------------------------------
+
+
+def test_prefix_lm_mask_by_hand():
+    from companion.masking import prefix_lm_mask
+
+    t, f = True, False
+    assert prefix_lm_mask(5, 2).tolist() == [
+        [t, t, f, f, f],  # the prefix sees all of the prefix, the future too
+        [t, t, f, f, f],
+        [t, t, t, f, f],  # after it: the whole prefix and the positions up to its own
+        [t, t, t, t, f],
+        [t, t, t, t, t],
+    ]
+    assert prefix_lm_mask(5, 2).dtype == torch.bool
+
+
+def test_prefix_lm_mask_ends_are_causal_and_bidirectional():
+    from companion.masking import prefix_lm_mask
+
+    assert torch.equal(prefix_lm_mask(6, 0), causal_mask(6))
+    assert torch.equal(prefix_lm_mask(6, 1), causal_mask(6))
+    assert bool(prefix_lm_mask(6, 6).all())
+    assert prefix_lm_mask(1, 0).tolist() == [[True]]
+
+
+@pytest.mark.parametrize(
+    ("length", "prefix_len", "error", "match"),
+    [
+        (4, 5, ValueError, r"prefix_len must be <= length \(4\), got 5"),
+        (4, -1, ValueError, "prefix_len must be >= 0, got -1"),
+        (0, 0, ValueError, "length must be >= 1, got 0"),
+        (4, 1.5, TypeError, "prefix_len must be an int"),
+    ],
+)
+def test_prefix_lm_mask_rejects_bad_sizes(length, prefix_len, error, match):
+    from companion.masking import prefix_lm_mask
+
+    with pytest.raises(error, match=match):
+        prefix_lm_mask(length, prefix_len)

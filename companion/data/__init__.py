@@ -1,4 +1,5 @@
-"""Data for the course: a toy copy/reverse task and Multi30k German→English.
+"""Data for the course: a toy copy/reverse task, Multi30k German→English, its English side
+for language models, and the training objectives of the three model families.
 
 Every public name is importable from here (``from companion.data import collate_batch``); the
 submodules, in reading order (definitions → parts → whole):
@@ -21,6 +22,15 @@ submodules, in reading order (definitions → parts → whole):
 - :mod:`companion.data.prepare`: :func:`prepare_multi30k` does all of it in one call and
   returns a :class:`Multi30kData` whose :meth:`~Multi30kData.loader` gives ready-made batches
   (chapter 8).
+- :mod:`companion.data.objectives`: what a model trains on, as ``(inputs, targets, mask)``
+  (:class:`ObjectiveExample`): :func:`causal_lm_example` (GPT), :func:`masked_lm_example`
+  (BERT's 80/10/10), :func:`span_corruption_example` (T5; its steps :func:`random_spans` and
+  :func:`corrupt_spans`) and :func:`prefix_lm_example` (chapter 10). A target equal to the
+  pad id carries no loss.
+- :mod:`companion.data.lm`: :func:`english_sentences` (Multi30k's English side),
+  :class:`LanguageModelData` (a vocabulary from the training split and bucketed batches of
+  ``<bos> words <eos>`` rows) and :func:`ngram_perplexity` (add-k unigram/bigram baselines)
+  (chapter 10).
 
 Conventions: a source sequence carries no special tokens; a target sequence gets ``<bos>`` in
 front and ``<eos>`` at the end when it is collated, so a model reads ``tgt[:, :-1]`` and
@@ -41,6 +51,7 @@ from companion.data.download import (
     sha256_of_file,
     verify_checksum,
 )
+from companion.data.lm import LanguageModelData, english_sentences, ngram_perplexity
 from companion.data.multi30k import (
     BASE_URL_ENV_VAR,
     MULTI30K_NUM_PAIRS,
@@ -52,6 +63,17 @@ from companion.data.multi30k import (
     load_multi30k,
     multi30k_files,
     read_parallel,
+)
+from companion.data.objectives import (
+    MASK_FRACTION,
+    RANDOM_FRACTION,
+    ObjectiveExample,
+    causal_lm_example,
+    corrupt_spans,
+    masked_lm_example,
+    prefix_lm_example,
+    random_spans,
+    span_corruption_example,
 )
 from companion.data.prepare import Multi30kData, prepare_multi30k
 from companion.data.toy import CopyReverseDataset
@@ -104,4 +126,16 @@ __all__ = [
     "padding_waste",
     "Multi30kData",
     "prepare_multi30k",
+    "ObjectiveExample",
+    "MASK_FRACTION",
+    "RANDOM_FRACTION",
+    "causal_lm_example",
+    "masked_lm_example",
+    "random_spans",
+    "corrupt_spans",
+    "span_corruption_example",
+    "prefix_lm_example",
+    "english_sentences",
+    "LanguageModelData",
+    "ngram_perplexity",
 ]

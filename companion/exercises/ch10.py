@@ -1,0 +1,589 @@
+"""Exercises of chapter 10, "One block, three families": encoders, decoders and their objectives.
+
+Each ``check_*`` function runs *your* function on cases drawn from a seeded generator and
+returns a :class:`~companion.exercises._checker.CheckResult` that is truthy when every case
+passes. Three compare your result with the reference solution kept in this module; the
+masking check cannot (any correct answer draws its own random numbers), so it checks what
+every correct answer must do, on every draw and in proportion over many draws. The checks call
+your function with keyword arguments, so keep the parameter names of the stub in the notebook.
+
+==============================================  ===================================
+exercise                                        check
+==============================================  ===================================
+the prefix-LM mask                              :func:`check_prefix_lm_mask`
+BERT's 80/10/10 masking                         :func:`check_bert_masking`
+one sampling step: temperature and top-k        :func:`check_sample_next_token`
+a ViT's patches: the patch-embedding reshape    :func:`check_patchify`
+==============================================  ===================================
+
+The reference solutions (``reference_prefix_lm_mask``, ...) are module-level functions too,
+written from the definitions; they are not exported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    call_reader,
+    run_check,
+    seeded_generator,
+)
+
+__all__ = [
+    "check_prefix_lm_mask",
+    "check_bert_masking",
+    "check_sample_next_token",
+    "check_patchify",
+]
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: the prefix-LM mask
+# --------------------------------------------------------------------------------------------
+
+
+def reference_prefix_lm_mask(length: int, prefix_len: int) -> Tensor:
+    """The mask of a prefix language model, ``True`` = may attend.
+
+    Query ``i`` may attend to key ``j`` when ``j`` is in the prefix (``j < prefix_len``: the
+    prefix is read both ways, and every later position sees all of it) or ``j <= i`` (the
+    causal rule). ``prefix_len = 0`` is the causal mask, ``prefix_len = length`` an encoder's.
+
+    Args:
+        length: number of positions (queries and keys alike), ``>= 1``.
+        prefix_len: number of prefix positions, ``0 <= prefix_len <= length``.
+
+    Returns:
+        bool tensor of shape ``(length, length)``, indexed ``[query, key]``.
+    """
+    query = torch.arange(length)[:, None]  # (length, 1)
+    key = torch.arange(length)[None, :]  # (1, length)
+    return (key <= query) | (key < prefix_len)  # (length, length)
+
+
+def _prefix_cases() -> list[Case]:
+    settings = [
+        # (length, prefix_len)
+        (6, 2),
+        (8, 3),
+        (7, 1),  # a prefix of one position: the causal mask
+        (5, 0),  # no prefix: the causal mask
+        (5, 5),  # all prefix: an encoder's mask
+        (4, 3),
+        (10, 4),
+        (1, 0),
+        (1, 1),
+        (9, 8),
+    ]
+    return [{"length": n, "prefix_len": p} for n, p in settings]
+
+
+def check_prefix_lm_mask(
+    prefix_lm_mask: Callable[[int, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``prefix_lm_mask(length, prefix_len)`` → bool ``(length, length)``."""
+    return run_check(
+        "prefix_lm_mask",
+        prefix_lm_mask,
+        reference_prefix_lm_mask,
+        _prefix_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: BERT's 80/10/10 masking
+# --------------------------------------------------------------------------------------------
+
+#: BERT's numbers: the chance that a real token is selected, and the split of the selected
+#: positions into [MASK], a random ordinary token and the token itself.
+SELECT_PROBABILITY, MASK_SHARE, RANDOM_SHARE, KEEP_SHARE = 0.15, 0.8, 0.1, 0.1
+#: How many standard deviations a proportion may stray from its expected value. A correct
+#: answer strays further with probability about 6e-7 per proportion (normal approximation of
+#: a binomial count over thousands of positions); a wrong split (e.g. 90/5/5 or 80/20/0) or
+#: selection rate (e.g. 12% or 20%) is many standard deviations away with these case sizes.
+Z_BOUND = 5.0
+
+
+def reference_bert_masking(
+    tokens: Tensor,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: Sequence[int],
+    generator: torch.Generator,
+) -> tuple[Tensor, Tensor]:
+    """BERT's masking (Devlin et al. 2019): select 15% of the real tokens, then replace 80% of
+    the selected ones by ``[MASK]``, 10% by a random ordinary token, and keep 10%.
+
+    * A position may be selected only if its token is not in ``special_ids`` (which holds
+      ``<pad>`` = 0, ``<bos>``, ``<eos>``, ``<unk>`` and ``[MASK]``); each such position is
+      selected independently with probability 0.15.
+    * A random token is drawn uniformly from the ordinary ids: every id in
+      ``[0, vocab_size)`` that is not in ``special_ids`` (it may equal the original token).
+    * ``targets`` holds the original token at the selected positions and ``0`` (``<pad>``,
+      the id the loss ignores) everywhere else.
+
+    Every random number comes from ``generator``: the same seed gives the same result.
+
+    Args:
+        tokens: ``(batch, len)`` ids, padded with 0.
+        mask_id: the id of ``[MASK]`` (one of ``special_ids``).
+        vocab_size: number of ids.
+        special_ids: ids that are never selected and never drawn.
+        generator: the source of every random number.
+
+    Returns:
+        ``(inputs, targets)``, both ``(batch, len)`` integer tensors.
+    """
+    is_ordinary = torch.ones(vocab_size, dtype=torch.bool)  # (vocab_size,)
+    is_ordinary[list(special_ids)] = False
+    ordinary = is_ordinary.nonzero().flatten()  # (num_ordinary,)
+    real = is_ordinary[tokens]  # (batch, len): may be selected
+    chance = torch.rand(tokens.shape, generator=generator)  # (batch, len)
+    selected = real & (chance < SELECT_PROBABILITY)  # (batch, len)
+    split = torch.rand(tokens.shape, generator=generator)  # (batch, len)
+    to_mask = selected & (split < MASK_SHARE)  # (batch, len)
+    to_random = selected & (split >= MASK_SHARE) & (split < MASK_SHARE + RANDOM_SHARE)  # (b, len)
+    picks = torch.randint(len(ordinary), tokens.shape, generator=generator)  # (batch, len)
+    drawn = ordinary[picks]  # (batch, len) random ordinary ids
+    inputs = tokens.masked_fill(to_mask, mask_id)  # (batch, len)
+    inputs = torch.where(to_random, drawn, inputs)  # (batch, len)
+    targets = tokens.masked_fill(~selected, 0)  # (batch, len)
+    return inputs, targets
+
+
+@dataclass
+class _MaskingSetting:
+    """One vocabulary layout and the batches the reader's function masks."""
+
+    vocab_size: int
+    special_ids: tuple[int, ...]
+    mask_id: int
+    batches: list[Tensor]  # each (batch, len)
+    seeds: list[int]  # one generator seed per batch
+
+
+def _masking_settings() -> list[_MaskingSetting]:
+    """Two layouts: [MASK] right after ``<pad> <bos> <eos> <unk>``, and [MASK] as the last id
+    (so the ordinary ids are not simply ``len(special_ids) .. vocab_size - 1``). Rows are
+    ``<bos> words <eos>`` + padding, with some ``<unk>`` among the words; 100 batches of 16
+    sentences of 3 to 40 words give about 33,000 real tokens per layout."""
+    g = seeded_generator(1002)
+    settings = []
+    for vocab_size, special_ids, mask_id in [(24, (0, 1, 2, 3, 4), 4), (30, (0, 1, 2, 3, 29), 29)]:
+        ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])  # (n,)
+        batches = []
+        for _ in range(100):
+            lengths = torch.randint(3, 41, (16,), generator=g)  # (16,) words per sentence
+            words = ordinary[torch.randint(len(ordinary), (16, 40), generator=g)]  # (16, 40)
+            words = words.masked_fill(torch.rand(16, 40, generator=g) < 0.05, 3)  # some <unk>
+            tokens = torch.zeros(16, int(lengths.max()) + 2, dtype=torch.long)  # (16, len)
+            for row, n in enumerate(lengths.tolist()):
+                tokens[row, : n + 2] = torch.tensor([1, *words[row, :n].tolist(), 2])
+            batches.append(tokens)
+        seeds = [10_000 + 7 * index for index in range(len(batches))]
+        settings.append(_MaskingSetting(vocab_size, special_ids, mask_id, batches, seeds))
+    return settings
+
+
+def _first_index(where: Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in where.nonzero()[0])
+
+
+def _masking_problem(got: object, tokens: Tensor, setting: _MaskingSetting) -> str | None:
+    """What is wrong with one result ``(inputs, targets)`` of the reader's function, or None."""
+    shape = tuple(tokens.shape)
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        return f"return a pair (inputs, targets), got {type(got).__name__}"
+    inputs, targets = got
+    for name, value in (("inputs", inputs), ("targets", targets)):
+        if not isinstance(value, Tensor) or tuple(value.shape) != shape:
+            what = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
+            return f"{name} must be a tensor of the shape of tokens {shape}, got {what}"
+        if value.is_floating_point() or value.dtype == torch.bool:
+            return f"{name} must hold integer ids, got dtype {value.dtype}"
+    inputs, targets = inputs.long(), targets.long()
+    for name, value in (("inputs", inputs), ("targets", targets)):
+        outside = (value < 0) | (value >= setting.vocab_size)  # (batch, len)
+        if bool(outside.any()):
+            index = _first_index(outside)
+            bad = int(value[index])
+            return f"{name}{list(index)} = {bad} is not an id in [0, {setting.vocab_size})"
+    special = torch.isin(tokens, torch.tensor(setting.special_ids))  # (batch, len)
+    touched = special & ((inputs != tokens) | (targets != 0))  # (batch, len)
+    if bool(touched.any()):
+        index = _first_index(touched)
+        kind = "padding (<pad> = 0)" if int(tokens[index]) == 0 else "a special token"
+        return (
+            f"position {list(index)} holds {kind}, id {int(tokens[index])}, but got input "
+            f"{int(inputs[index])} and target {int(targets[index])}: padding and special tokens "
+            "are never selected (input unchanged, target 0)"
+        )
+    selected = targets != 0  # (batch, len)
+    wrong_target = selected & (targets != tokens)  # (batch, len)
+    if bool(wrong_target.any()):
+        index = _first_index(wrong_target)
+        return (
+            f"targets{list(index)} = {int(targets[index])} but the token there is "
+            f"{int(tokens[index])}: a selected position's target is its original token"
+        )
+    changed_unselected = ~selected & (inputs != tokens)  # (batch, len)
+    if bool(changed_unselected.any()):
+        index = _first_index(changed_unselected)
+        return (
+            f"inputs{list(index)} was changed ({int(tokens[index])} → {int(inputs[index])}) but "
+            "its target is 0: every changed position must be selected (target = its original "
+            "token), and unselected positions keep their token"
+        )
+    replaced = selected & (inputs != tokens) & (inputs != setting.mask_id)  # (batch, len)
+    drawn_special = replaced & torch.isin(inputs, torch.tensor(setting.special_ids))  # (b, len)
+    if bool(drawn_special.any()):
+        index = _first_index(drawn_special)
+        return (
+            f"inputs{list(index)} = {int(inputs[index])}, a special id, as a random replacement: "
+            f"random tokens come from the ordinary ids (not {list(setting.special_ids)})"
+        )
+    return None
+
+
+def _proportion_problem(what: str, count: int, total: int, expected: float) -> str | None:
+    """``None`` when ``count / total`` is within :data:`Z_BOUND` standard deviations of
+    ``expected`` (a binomial proportion), else the explanation."""
+    spread = Z_BOUND * math.sqrt(expected * (1 - expected) / total)
+    low, high = expected - spread, expected + spread
+    if low <= count / total <= high:
+        return None
+    return (
+        f"{what}: {count} of {total} = {count / total:.4f}; a correct answer lands in "
+        f"[{low:.4f}, {high:.4f}] (expected {expected:.4f} ± {Z_BOUND:g} standard deviations)"
+    )
+
+
+def _masking_statistics(
+    setting: _MaskingSetting, results: list[tuple[Tensor, Tensor]]
+) -> str | None:
+    """Check the proportions over every draw of one layout, and that random replacements
+    reach every ordinary id."""
+    special = torch.tensor(setting.special_ids)  # (num_special,)
+    ordinary_count = setting.vocab_size - len(setting.special_ids)
+    real = selected = masked = kept = 0
+    random_counts = torch.zeros(setting.vocab_size, dtype=torch.long)  # (vocab_size,)
+    for tokens, (inputs, targets) in zip(setting.batches, results):
+        chosen = targets.long() != 0  # (batch, len)
+        inputs = inputs.long()  # (batch, len)
+        real += int((~torch.isin(tokens, special)).sum())
+        selected += int(chosen.sum())
+        masked += int((chosen & (inputs == setting.mask_id)).sum())
+        kept += int((chosen & (inputs == tokens)).sum())
+        others = inputs[chosen & (inputs != tokens) & (inputs != setting.mask_id)]  # (count,)
+        random_counts += torch.bincount(others, minlength=setting.vocab_size)
+    problem = _proportion_problem("selected / real tokens", selected, real, SELECT_PROBABILITY)
+    if problem is None and selected == 0:
+        problem = "no position was ever selected"
+    if problem is not None:
+        return problem
+    # A random draw equals the original token 1 time in `ordinary_count`: it then looks kept.
+    same = 1 / ordinary_count
+    replaced = selected - masked - kept
+    for what, count, expected in [
+        ("[MASK] / selected", masked, MASK_SHARE),
+        ("random other token / selected", replaced, RANDOM_SHARE * (1 - same)),
+        ("unchanged / selected", kept, KEEP_SHARE + RANDOM_SHARE * same),
+    ]:
+        problem = _proportion_problem(what, count, selected, expected)
+        if problem:
+            return problem
+    is_ordinary = ~torch.isin(torch.arange(setting.vocab_size), special)  # (vocab_size,)
+    never = (is_ordinary & (random_counts == 0)).nonzero().flatten().tolist()
+    if never:
+        return (
+            f"the random replacements never used the ordinary id(s) {never} in "
+            f"{replaced} draws: draw uniformly from every id in [0, {setting.vocab_size}) that "
+            f"is not in special_ids {list(setting.special_ids)}"
+        )
+    return None
+
+
+def check_bert_masking(
+    bert_mask: Callable[..., tuple[Tensor, Tensor]], verbose: bool = True
+) -> CheckResult:
+    """Check ``bert_mask(tokens, mask_id, vocab_size, special_ids, generator)`` →
+    ``(inputs, targets)``, both ``(batch, len)``, as :func:`reference_bert_masking` describes.
+
+    Your function masks 200 batches (two vocabulary layouts, about 33,000 real tokens each),
+    each with a fresh generator. Every result must hold on its own: padding and special
+    tokens untouched (input unchanged, target 0), the target of a selected position its
+    original token, every other position unchanged with target 0, random replacements never
+    special. Over each layout, the proportions must be BERT's within :data:`Z_BOUND` standard
+    deviations: 15% of the real tokens selected; of those, 80% ``[MASK]``, 10% another token,
+    10% unchanged (a random draw that hits the original token counts as unchanged: the
+    expected shares allow for it); and random replacements must reach every ordinary id
+    (about 20 draws of each are expected: a correct answer misses one with probability
+    below 1e-7).
+    Finally, two calls with generators seeded alike must agree (every random number comes
+    from ``generator``).
+    """
+    name = "bert_mask"
+    count = 0
+    result: CheckResult | None = None
+    for setting in _masking_settings():
+        results: list[tuple[Tensor, Tensor]] = []
+        for tokens, seed in zip(setting.batches, setting.seeds):
+            count += 1
+            kwargs = {
+                "tokens": tokens.clone(),
+                "mask_id": setting.mask_id,
+                "vocab_size": setting.vocab_size,
+                "special_ids": setting.special_ids,
+                "generator": seeded_generator(seed),
+            }
+            got, result = call_reader(name, count, bert_mask, kwargs)
+            if result is not None:
+                break
+            problem = _masking_problem(got, tokens, setting)
+            if problem:
+                result = _failed(name, count, problem, tokens, setting)
+                break
+            assert isinstance(got, (tuple, list))
+            results.append((got[0], got[1]))
+        if result is not None:
+            break
+        problem = _masking_statistics(setting, results)
+        if problem is None:
+            count += 1
+            kwargs = {
+                "tokens": setting.batches[0].clone(),
+                "mask_id": setting.mask_id,
+                "vocab_size": setting.vocab_size,
+                "special_ids": setting.special_ids,
+                "generator": seeded_generator(setting.seeds[0]),
+            }
+            again, result = call_reader(name, count, bert_mask, kwargs)
+            if result is not None:
+                break
+            problem = _masking_problem(again, setting.batches[0], setting)
+            if problem is None and any(
+                not torch.equal(a.long(), b.long()) for a, b in zip(again, results[0])
+            ):
+                problem = (
+                    "two calls with generators seeded alike gave different results: draw "
+                    "every random number from `generator` (e.g. torch.rand(shape, "
+                    "generator=generator))"
+                )
+        if problem:
+            result = _failed(name, count, problem, None, setting)
+            break
+    if result is None:
+        result = CheckResult(
+            name,
+            True,
+            count,
+            f"✅ {name}: all {count} calls pass; the proportions are BERT's 15% and 80/10/10.",
+        )
+    if verbose:
+        print(result.message)
+    return result
+
+
+def _failed(
+    name: str, count: int, problem: str, tokens: Tensor | None, setting: _MaskingSetting
+) -> CheckResult:
+    where = (
+        f"tokens of shape {tuple(tokens.shape)}, "
+        if tokens is not None
+        else f"over {len(setting.batches)} batches, "
+    )
+    layout = (
+        f"{where}vocab_size={setting.vocab_size}, special_ids={setting.special_ids}, "
+        f"mask_id={setting.mask_id}"
+    )
+    return CheckResult(
+        name, False, count, f"❌ {name}: case {count} is wrong.\n   {problem}\n   inputs: {layout}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: one sampling step with temperature and top-k
+# --------------------------------------------------------------------------------------------
+
+#: No uniform number of a case lies closer than this to a cumulative probability of the
+#: reference, so float32 and float64 answers pick the same token.
+UNIFORM_MARGIN = 1e-3
+
+
+def reference_sample_next_token(
+    logits: Tensor, temperature: float, top_k: int | None, uniform: Tensor
+) -> Tensor:
+    """Draw the next token of each row by inverse-CDF sampling from temperature + top-k.
+
+    * ``temperature == 0``: greedy, the id of the largest logit (the lowest such id on a tie);
+      ``top_k`` and ``uniform`` play no part.
+    * Otherwise: keep every token whose logit is at least the ``top_k``-th largest of its
+      row (all of them when ``top_k`` is ``None``; tokens tied with the ``top_k``-th are all
+      kept), divide the kept logits by ``temperature``, take the softmax over the kept
+      tokens (the others get probability 0), and return the first id, *in id order*, whose
+      cumulative probability exceeds the row's ``uniform`` number: the smallest ``t`` with
+      ``p_0 + ... + p_t > u``.
+
+    Args:
+        logits: ``(batch, vocab)`` float logits; ``-inf`` marks a token that may never be
+            drawn (at least one finite logit per row).
+        temperature: ``>= 0``.
+        top_k: ``1 <= top_k <= vocab``, or ``None``.
+        uniform: ``(batch,)`` numbers in ``[0, 1)``, one per row.
+
+    Returns:
+        ``(batch,)`` LongTensor of token ids.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)  # (batch,): the first maximum on a tie
+    logits = logits.double()  # (batch, vocab)
+    if top_k is not None:
+        kth_largest = logits.topk(top_k, dim=-1).values[:, -1:]  # (batch, 1)
+        logits = logits.masked_fill(logits < kth_largest, -math.inf)  # (batch, vocab)
+    probs = torch.softmax(logits / temperature, dim=-1)  # (batch, vocab)
+    cumulative = probs.cumsum(dim=-1)  # (batch, vocab)
+    below = cumulative <= uniform.double()[:, None]  # (batch, vocab): ids before the draw
+    return below.sum(dim=-1).clamp(max=logits.shape[-1] - 1)  # (batch,)
+
+
+def _keep_away_from_boundaries(
+    logits: Tensor, temperature: float, top_k: int | None, g: torch.Generator
+) -> Tensor:
+    """One uniform number per row, drawn again while it lies within :data:`UNIFORM_MARGIN`
+    of a cumulative probability of the reference (or of 0 and 1)."""
+    batch = logits.shape[0]
+    uniform = torch.rand(batch, generator=g)  # (batch,)
+    if temperature == 0:
+        return uniform
+    scaled = logits.double()  # (batch, vocab)
+    if top_k is not None:
+        kth_largest = scaled.topk(top_k, dim=-1).values[:, -1:]  # (batch, 1)
+        scaled = scaled.masked_fill(scaled < kth_largest, -math.inf)  # (batch, vocab)
+    cumulative = torch.softmax(scaled / temperature, dim=-1).cumsum(dim=-1)  # (batch, vocab)
+    start = torch.zeros(batch, 1, dtype=torch.float64)  # (batch, 1)
+    edges = torch.cat([start, cumulative], dim=-1)  # (batch, vocab + 1)
+    while True:
+        distance = (edges - uniform.double()[:, None]).abs().min(dim=-1).values  # (batch,)
+        close = distance < UNIFORM_MARGIN  # (batch,)
+        if not bool(close.any()):
+            return uniform
+        uniform[close] = torch.rand(int(close.sum()), generator=g)
+
+
+def _sampling_cases() -> list[Case]:
+    g = seeded_generator(1003)
+    settings = [
+        # (batch, vocab, temperature, top_k, logits)
+        (64, 10, 1.0, None, "normal"),  # plain softmax sampling
+        (64, 12, 0.5, 3, "normal"),  # a low temperature
+        (64, 8, 2.0, 5, "normal"),  # a high temperature
+        (48, 20, 0.7, 1, "normal"),  # top-1: greedy, whatever the uniform number
+        (48, 6, 1.5, 6, "normal"),  # top_k = vocab: nothing removed
+        (64, 50, 3.0, 10, "normal"),  # hot: most of the mass lies outside the top 10
+        (32, 10, 0.0, None, "ties"),  # greedy with ties for the largest logit
+        (32, 9, 0.0, 4, "normal"),  # greedy: top_k changes nothing
+        (64, 10, 1.0, 3, "ties"),  # ties at the top_k-th logit: all kept
+        (48, 16, 0.8, 8, "blocked"),  # -inf logits; some rows have fewer than 8 finite
+    ]
+    cases = []
+    for batch, vocab, temperature, top_k, kind in settings:
+        if kind == "ties":
+            logits = torch.randint(0, 4, (batch, vocab), generator=g).float()  # many ties
+        else:
+            logits = 2.0 * torch.randn(batch, vocab, generator=g)  # (batch, vocab)
+        if kind == "blocked":
+            blocked = torch.rand(batch, vocab, generator=g) < 0.6  # (batch, vocab)
+            keep = torch.randint(vocab, (batch,), generator=g)  # (batch,) one finite per row
+            blocked[torch.arange(batch), keep] = False
+            logits = logits.masked_fill(blocked, -math.inf)  # (batch, vocab)
+        uniform = _keep_away_from_boundaries(logits, temperature, top_k, g)  # (batch,)
+        cases.append(
+            {"logits": logits, "temperature": temperature, "top_k": top_k, "uniform": uniform}
+        )
+    return cases
+
+
+def check_sample_next_token(
+    sample_next_token: Callable[..., Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``sample_next_token(logits, temperature, top_k, uniform)`` → ``(batch,)`` ids, as
+    :func:`reference_sample_next_token` describes (inverse-CDF sampling in id order).
+
+    The uniform numbers are never within :data:`UNIFORM_MARGIN` of a cumulative probability,
+    so rounding cannot change the token; among the cases are greedy rows with tied maxima,
+    ties at the ``top_k``-th logit, blocked (``-inf``) tokens and a temperature high enough
+    that most of the probability lies outside the top ``k``.
+    """
+    return run_check(
+        "sample_next_token",
+        sample_next_token,
+        reference_sample_next_token,
+        _sampling_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: a ViT's patches
+# --------------------------------------------------------------------------------------------
+
+
+def reference_patchify(images: Tensor, patch_size: int) -> Tensor:
+    """Cut images into non-overlapping square patches, one flat vector per patch: the tokens
+    of a Vision Transformer (Dosovitskiy et al. 2021).
+
+    Patches come in reading order, row of patches by row of patches, left to right
+    (patch ``r · (width / p) + c`` is the one in patch row ``r``, patch column ``c``). Each
+    patch is flattened channel by channel, each channel row by row: the layout of an
+    ``nn.Conv2d`` weight ``(out, channels, p, p)`` and of ``F.unfold``, so that a linear
+    layer on the patches equals a convolution with kernel and stride ``p``.
+
+    Args:
+        images: ``(batch, channels, height, width)``; ``height`` and ``width`` multiples of
+            ``patch_size``.
+        patch_size: the side ``p`` of a patch.
+
+    Returns:
+        ``(batch, (height / p) · (width / p), channels · p · p)``.
+    """
+    batch, channels, height, width = images.shape
+    p = patch_size
+    rows, columns = height // p, width // p
+    grid = images.reshape(batch, channels, rows, p, columns, p)  # (b, c, rows, p, cols, p)
+    patches = grid.permute(0, 2, 4, 1, 3, 5)  # (batch, rows, cols, channels, p, p)
+    return patches.reshape(batch, rows * columns, channels * p * p)  # (b, patches, c·p·p)
+
+
+def _patch_cases() -> list[Case]:
+    g = seeded_generator(1004)
+    settings = [
+        # (batch, channels, height, width, patch_size)
+        (2, 1, 8, 8, 4),  # the chapter's digits: four 4x4 patches
+        (3, 1, 8, 8, 2),  # sixteen 2x2 patches
+        (2, 3, 8, 8, 4),  # colour: channels inside each patch
+        (2, 3, 8, 8, 2),
+        (1, 1, 4, 4, 2),  # four patches of four pixels: a transposed answer has the same shape
+        (2, 2, 6, 6, 3),
+        (2, 1, 4, 8, 2),  # wider than tall: 2 rows of 4 patches
+        (1, 1, 8, 8, 8),  # one patch: the whole image
+        (2, 1, 8, 8, 1),  # one pixel per patch
+    ]
+    return [
+        {"images": torch.randn(b, c, h, w, generator=g), "patch_size": p}
+        for b, c, h, w, p in settings
+    ]
+
+
+def check_patchify(patchify: Callable[[Tensor, int], Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``patchify(images, patch_size)``: ``(batch, channels, height, width)`` →
+    ``(batch, num_patches, channels · p · p)``, patches in reading order, each flattened
+    channel by channel, row by row."""
+    return run_check("patchify", patchify, reference_patchify, _patch_cases(), verbose=verbose)

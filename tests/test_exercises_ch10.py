@@ -1,0 +1,690 @@
+"""Chapter 10 exercise checks: right answers pass, plausible wrong answers fail (a prefix mask
+that leaks the future into the prefix, BERT masking that touches padding or special tokens or
+gets the 15% / 80-10-10 proportions wrong, top-k without renormalising, temperature applied to
+probabilities, patches cut by a plain reshape, ...), stubs are reported without raising."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from companion.data import masked_lm_example
+from companion.decode import sampling_distribution
+from companion.exercises import ch10
+from companion.masking import causal_mask, prefix_lm_mask
+
+# --------------------------------------------------------------------------------------------
+# prefix_lm_mask
+# --------------------------------------------------------------------------------------------
+
+
+def prefix_loops(length, prefix_len):
+    mask = torch.zeros(length, length, dtype=torch.bool)
+    for i in range(length):
+        for j in range(length):
+            mask[i, j] = j <= i or j < prefix_len
+    return mask
+
+
+def prefix_causal_or_block(length, prefix_len):
+    block = torch.zeros(length, length, dtype=torch.bool)
+    block[:prefix_len, :prefix_len] = True
+    return causal_mask(length) | block
+
+
+def prefix_causal_only(length, prefix_len):
+    return torch.ones(length, length, dtype=torch.bool).tril()
+
+
+def prefix_everything(length, prefix_len):
+    return torch.ones(length, length, dtype=torch.bool)
+
+
+def prefix_rows_see_all(length, prefix_len):  # the prefix reads the future continuation
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (j <= i) | (i < prefix_len)
+
+
+def prefix_off_by_one(length, prefix_len):
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (j <= i) | (j <= prefix_len)
+
+
+def prefix_counted_from_one(length, prefix_len):
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (j <= i) | (j < prefix_len - 1)
+
+
+def prefix_block_diagonal(length, prefix_len):  # the continuation does not see the prefix
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    in_prefix = (i < prefix_len) & (j < prefix_len)
+    return in_prefix | ((i >= prefix_len) & (j >= prefix_len) & (j <= i))
+
+
+def prefix_transposed(length, prefix_len):
+    return ch10.reference_prefix_lm_mask(length, prefix_len).T
+
+
+def test_prefix_mask_accepts_correct():
+    for fn in [ch10.reference_prefix_lm_mask, prefix_loops, prefix_causal_or_block]:
+        assert ch10.check_prefix_lm_mask(fn, verbose=False), fn.__name__
+    assert ch10.check_prefix_lm_mask(lambda length, prefix_len: prefix_lm_mask(length, prefix_len))
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        prefix_causal_only,
+        prefix_everything,
+        prefix_rows_see_all,
+        prefix_off_by_one,
+        prefix_counted_from_one,
+        prefix_block_diagonal,
+        prefix_transposed,
+    ],
+)
+def test_prefix_mask_rejects_wrong(wrong):
+    assert not ch10.check_prefix_lm_mask(wrong, verbose=False)
+
+
+def test_prefix_reference_is_the_package_mask():
+    for case in ch10._prefix_cases():
+        assert torch.equal(ch10.reference_prefix_lm_mask(**case), prefix_lm_mask(**case))
+
+
+# --------------------------------------------------------------------------------------------
+# bert_mask
+# --------------------------------------------------------------------------------------------
+
+
+def ordinary_ids(vocab_size, special_ids):
+    return torch.tensor([i for i in range(vocab_size) if i not in special_ids])
+
+
+def bert_huggingface_style(tokens, mask_id, vocab_size, special_ids, generator):
+    """Three Bernoulli draws, as Hugging Face's DataCollatorForLanguageModeling does."""
+    ordinary = ordinary_ids(vocab_size, special_ids)
+    real = ~torch.isin(tokens, torch.tensor(special_ids))
+    chance = torch.full(tokens.shape, 0.15).masked_fill(~real, 0.0)
+    selected = torch.bernoulli(chance, generator=generator).bool()
+    masked = torch.bernoulli(torch.full(tokens.shape, 0.8), generator=generator).bool() & selected
+    randomised = (
+        torch.bernoulli(torch.full(tokens.shape, 0.5), generator=generator).bool()
+        & selected
+        & ~masked
+    )
+    drawn = ordinary[torch.randint(len(ordinary), tokens.shape, generator=generator)]
+    inputs = torch.where(masked, mask_id, tokens)
+    inputs = torch.where(randomised, drawn, inputs)
+    return inputs, torch.where(selected, tokens, 0)
+
+
+def bert_loops(tokens, mask_id, vocab_size, special_ids, generator):
+    ordinary = ordinary_ids(vocab_size, special_ids).tolist()
+    inputs, targets = tokens.clone(), torch.zeros_like(tokens)
+    for b in range(tokens.shape[0]):
+        for t in range(tokens.shape[1]):
+            token = int(tokens[b, t])
+            if token in special_ids or float(torch.rand(1, generator=generator)) >= 0.15:
+                continue
+            targets[b, t] = token
+            r = float(torch.rand(1, generator=generator))
+            if r < 0.8:
+                inputs[b, t] = mask_id
+            elif r < 0.9:
+                inputs[b, t] = ordinary[
+                    int(torch.randint(len(ordinary), (1,), generator=generator))
+                ]
+    return inputs, targets
+
+
+def bert_via_companion(tokens, mask_id, vocab_size, special_ids, generator):
+    example = masked_lm_example(
+        tokens, mask_id=mask_id, vocab_size=vocab_size, special_ids=special_ids, generator=generator
+    )
+    return example.inputs, example.targets
+
+
+def bert_never_the_original(tokens, mask_id, vocab_size, special_ids, generator):
+    """Random replacements that always differ from the original token: also correct."""
+    ordinary = ordinary_ids(vocab_size, special_ids)
+    inputs, targets = bert_huggingface_style(tokens, mask_id, vocab_size, special_ids, generator)
+    same = (inputs == tokens) & (targets != 0)
+    redraw = torch.rand(tokens.shape, generator=generator) < 1 / 9  # the share of a 10% draw
+    others = ordinary[torch.randint(len(ordinary), tokens.shape, generator=generator)]
+    swap = same & redraw & (others != tokens)
+    return torch.where(swap, others, inputs), targets
+
+
+def _with(name, **changes):
+    """A masking function like the reference, with some of its rules changed."""
+
+    def masking(tokens, mask_id, vocab_size, special_ids, generator):
+        rules = {
+            "select": 0.15,
+            "mask": 0.8,
+            "random": 0.1,
+            "eligible": ~torch.isin(tokens, torch.tensor(special_ids)),
+            "ordinary": ordinary_ids(vocab_size, special_ids),
+        }
+        rules |= {
+            k: (v(tokens, vocab_size, special_ids) if callable(v) else v)
+            for k, v in changes.items()
+        }
+        selected = rules["eligible"] & (
+            torch.rand(tokens.shape, generator=generator) < rules["select"]
+        )
+        split = torch.rand(tokens.shape, generator=generator)
+        to_mask = selected & (split < rules["mask"])
+        to_random = selected & (split >= rules["mask"]) & (split < rules["mask"] + rules["random"])
+        ordinary = rules["ordinary"]
+        drawn = ordinary[torch.randint(len(ordinary), tokens.shape, generator=generator)]
+        inputs = torch.where(to_random, drawn, tokens.masked_fill(to_mask, mask_id))
+        return inputs, tokens.masked_fill(~selected, 0)
+
+    masking.__name__ = name
+    return masking
+
+
+bert_masks_padding = _with(
+    "bert_masks_padding", eligible=lambda tokens, v, s: torch.ones_like(tokens, dtype=torch.bool)
+)
+# only padding left alone: <bos>, <eos> and <unk> may be selected
+bert_masks_specials = _with("bert_masks_specials", eligible=lambda tokens, v, s: tokens != 0)
+bert_random_from_whole_vocab = _with(
+    "bert_random_from_whole_vocab", ordinary=lambda tokens, v, s: torch.arange(v)
+)
+bert_random_after_specials = _with(
+    "bert_random_after_specials", ordinary=lambda tokens, v, s: torch.arange(len(s), v)
+)
+bert_selects_12_percent = _with("bert_selects_12_percent", select=0.12)
+bert_selects_20_percent = _with("bert_selects_20_percent", select=0.20)
+bert_80_20_0 = _with("bert_80_20_0", random=0.2)
+bert_90_5_5 = _with("bert_90_5_5", mask=0.9, random=0.05)
+bert_85_10_5 = _with("bert_85_10_5", mask=0.85)
+
+
+def bert_independent_draws(tokens, mask_id, vocab_size, special_ids, generator):
+    """[MASK] for 80% and a random token for 10% of the selected, drawn independently: the
+    random draw overwrites some masks (72% masked, 10% random, 18% unchanged)."""
+    ordinary = ordinary_ids(vocab_size, special_ids)
+    real = ~torch.isin(tokens, torch.tensor(special_ids))
+    selected = real & (torch.rand(tokens.shape, generator=generator) < 0.15)
+    to_mask = selected & (torch.rand(tokens.shape, generator=generator) < 0.8)
+    to_random = selected & (torch.rand(tokens.shape, generator=generator) < 0.1)
+    drawn = ordinary[torch.randint(len(ordinary), tokens.shape, generator=generator)]
+    inputs = torch.where(to_random, drawn, tokens.masked_fill(to_mask, mask_id))
+    return inputs, tokens.masked_fill(~selected, 0)
+
+
+def bert_floor_count(tokens, mask_id, vocab_size, special_ids, generator):
+    """int(15% of each sentence's real tokens) positions: short sentences get none."""
+    inputs, targets = tokens.clone(), torch.zeros_like(tokens)
+    real = ~torch.isin(tokens, torch.tensor(special_ids))
+    for row in range(tokens.shape[0]):
+        positions = real[row].nonzero().flatten()
+        count = int(0.15 * len(positions))
+        chosen = positions[torch.randperm(len(positions), generator=generator)[:count]]
+        targets[row, chosen] = tokens[row, chosen]
+        inputs[row, chosen] = mask_id  # and all of them masked
+    return inputs, targets
+
+
+def bert_loss_everywhere(tokens, mask_id, vocab_size, special_ids, generator):
+    inputs, _ = ch10.reference_bert_masking(tokens, mask_id, vocab_size, special_ids, generator)
+    return inputs, tokens.clone()  # a target at every position, padding included
+
+
+def bert_loss_on_every_real_token(tokens, mask_id, vocab_size, special_ids, generator):
+    inputs, _ = ch10.reference_bert_masking(tokens, mask_id, vocab_size, special_ids, generator)
+    real = ~torch.isin(tokens, torch.tensor(special_ids))
+    return inputs, tokens.masked_fill(~real, 0)
+
+
+def bert_targets_are_inputs(tokens, mask_id, vocab_size, special_ids, generator):
+    inputs, targets = ch10.reference_bert_masking(
+        tokens, mask_id, vocab_size, special_ids, generator
+    )
+    return inputs, torch.where(targets != 0, inputs, 0)  # [MASK] as the target
+
+
+def bert_global_generator(tokens, mask_id, vocab_size, special_ids, generator):
+    """Right proportions, but the random numbers come from the global generator."""
+    return ch10.reference_bert_masking(tokens, mask_id, vocab_size, special_ids, None)
+
+
+def bert_one_tensor(tokens, mask_id, vocab_size, special_ids, generator):
+    return ch10.reference_bert_masking(tokens, mask_id, vocab_size, special_ids, generator)[0]
+
+
+def test_bert_masking_accepts_correct():
+    for fn in [
+        ch10.reference_bert_masking,
+        bert_huggingface_style,
+        bert_loops,
+        bert_via_companion,
+        bert_never_the_original,
+        _with("bert_rules_unchanged"),
+    ]:
+        assert ch10.check_bert_masking(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    ("wrong", "message"),
+    [
+        (bert_masks_padding, "holds padding"),
+        (bert_masks_specials, "holds a special token"),
+        (bert_random_from_whole_vocab, "a special id, as a random replacement"),
+        (bert_random_after_specials, "never used the ordinary id(s) [4]"),
+        (bert_selects_12_percent, "selected / real tokens"),
+        (bert_selects_20_percent, "selected / real tokens"),
+        (bert_80_20_0, "random other token / selected"),
+        (bert_90_5_5, "[MASK] / selected"),
+        (bert_85_10_5, "[MASK] / selected"),
+        (bert_independent_draws, "[MASK] / selected"),
+        (bert_floor_count, "selected / real tokens"),
+        (bert_loss_everywhere, "holds a special token"),
+        (bert_loss_on_every_real_token, "selected / real tokens"),
+        (bert_targets_are_inputs, "a selected position's target is its original token"),
+        (bert_global_generator, "seeded alike"),
+        (bert_one_tensor, "return a pair"),
+    ],
+)
+def test_bert_masking_rejects_wrong(wrong, message):
+    result = ch10.check_bert_masking(wrong, verbose=False)
+    assert not result
+    assert message in result.message, result.message
+
+
+def test_bert_masking_cases_are_large_enough_for_the_bounds():
+    """With about 33,000 real tokens per layout the 5-standard-deviation band of the selection
+    rate is ±0.010 and that of the [MASK] share about ±0.029: a 12% or 20% selection, or an
+    85/10/5 split, falls outside; every ordinary id is expected about 20 times among the
+    random replacements."""
+    for setting in ch10._masking_settings():
+        special = torch.tensor(setting.special_ids)
+        real = sum(int((~torch.isin(t, special)).sum()) for t in setting.batches)
+        assert 30_000 < real < 36_000
+        assert ch10.Z_BOUND * math.sqrt(0.15 * 0.85 / real) < 0.011
+        selected = 0.15 * real
+        assert ch10.Z_BOUND * math.sqrt(0.8 * 0.2 / selected) < 0.03
+        ordinary = setting.vocab_size - len(setting.special_ids)
+        assert 0.1 * selected / ordinary > 18
+        assert all(t.min() >= 0 and (t[:, 0] == 1).all() for t in setting.batches)
+        assert any(bool((t == 3).any()) for t in setting.batches)  # some <unk> to leave alone
+        assert any(bool((t == 0).any()) for t in setting.batches)  # and padding
+
+
+def test_reference_masking_sits_well_inside_the_bounds():
+    for setting in ch10._masking_settings():
+        results = [
+            ch10.reference_bert_masking(
+                tokens, setting.mask_id, setting.vocab_size, setting.special_ids, generator
+            )
+            for tokens, generator in zip(setting.batches, map(ch10.seeded_generator, setting.seeds))
+        ]
+        assert ch10._masking_statistics(setting, results) is None
+        special = torch.tensor(setting.special_ids)
+        real = sum(int((~torch.isin(t, special)).sum()) for t in setting.batches)
+        selected = sum(int((targets != 0).sum()) for _, targets in results)
+        z = (selected / real - 0.15) / math.sqrt(0.15 * 0.85 / real)
+        assert abs(z) < 3
+
+
+# --------------------------------------------------------------------------------------------
+# sample_next_token
+# --------------------------------------------------------------------------------------------
+
+
+def _top_k_keep_ties(logits, top_k):
+    if top_k is None:
+        return logits
+    kth = logits.topk(top_k, dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def _inverse_cdf(probs, uniform):
+    cumulative = probs.cumsum(dim=-1)
+    return torch.searchsorted(cumulative, uniform[:, None].to(cumulative.dtype), right=True)[:, 0]
+
+
+def sample_float32(logits, temperature, top_k, uniform):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(_top_k_keep_ties(logits, top_k) / temperature, dim=-1)
+    return _inverse_cdf(probs, uniform).clamp(max=logits.shape[-1] - 1)
+
+
+def sample_from_companion(logits, temperature, top_k, uniform):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = sampling_distribution(logits.double(), temperature, top_k)
+    return _inverse_cdf(probs, uniform)
+
+
+def sample_cumsum_at_least(logits, temperature, top_k, uniform):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(_top_k_keep_ties(logits, top_k) / temperature, dim=-1)
+    return (probs.cumsum(-1) < uniform[:, None]).sum(-1)  # first t with cumsum >= u
+
+
+def sample_power_of_probabilities(logits, temperature, top_k, uniform):
+    """p ** (1 / T), renormalised, is softmax(logits / T): also correct."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(_top_k_keep_ties(logits.double(), top_k), dim=-1) ** (1 / temperature)
+    return _inverse_cdf(probs / probs.sum(-1, keepdim=True), uniform)
+
+
+def sample_top_k_after_softmax_not_renormalised(logits, temperature, top_k, uniform):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_k is not None:
+        probs = probs.masked_fill(_top_k_keep_ties(logits, top_k) == -math.inf, 0.0)
+    return _inverse_cdf(probs, uniform).clamp(max=logits.shape[-1] - 1)
+
+
+def sample_temperature_on_probabilities(logits, temperature, top_k, uniform):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(_top_k_keep_ties(logits, top_k), dim=-1) / temperature
+    return _inverse_cdf(probs / probs.sum(-1, keepdim=True), uniform)  # T cancels out
+
+
+def sample_temperature_on_probabilities_unnormalised(logits, temperature, top_k, uniform):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(_top_k_keep_ties(logits, top_k), dim=-1) / temperature
+    return _inverse_cdf(probs, uniform).clamp(max=logits.shape[-1] - 1)
+
+
+def sample_temperature_multiplied(logits, temperature, top_k, uniform):
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(_top_k_keep_ties(logits, top_k) * temperature, dim=-1)
+    return _inverse_cdf(probs, uniform).clamp(max=logits.shape[-1] - 1)
+
+
+def sample_strict_top_k(logits, temperature, top_k, uniform):
+    """Keeps the logits *above* the k-th largest: only k - 1 tokens."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    if top_k is not None:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits <= kth, -math.inf)
+    return _inverse_cdf(torch.softmax(logits / temperature, dim=-1), uniform).clamp(
+        max=logits.shape[-1] - 1
+    )
+
+
+def sample_sorted_position(logits, temperature, top_k, uniform):
+    """Sorts the probabilities and returns the position in the sorted order, not the id."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(_top_k_keep_ties(logits, top_k) / temperature, dim=-1)
+    ordered = probs.sort(dim=-1, descending=True).values
+    return _inverse_cdf(ordered, uniform).clamp(max=logits.shape[-1] - 1)
+
+
+def sample_sorted_order(logits, temperature, top_k, uniform):
+    """A valid sampler, but it walks the tokens from most to least likely, not in id order."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(_top_k_keep_ties(logits, top_k) / temperature, dim=-1)
+    ordered, order = probs.sort(dim=-1, descending=True)
+    position = _inverse_cdf(ordered, uniform).clamp(max=logits.shape[-1] - 1)
+    return order.gather(-1, position[:, None])[:, 0]
+
+
+def sample_top_k_exactly_k(logits, temperature, top_k, uniform):
+    """torch.topk + scatter keeps exactly k tokens, dropping some of those tied with the k-th."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    if top_k is not None:
+        values, indices = logits.topk(top_k, dim=-1)
+        logits = torch.full_like(logits, -math.inf).scatter(-1, indices, values)
+    return _inverse_cdf(torch.softmax(logits / temperature, dim=-1), uniform).clamp(
+        max=logits.shape[-1] - 1
+    )
+
+
+def sample_tiny_temperature_for_greedy(logits, temperature, top_k, uniform):
+    """Temperature 0 replaced by 1e-6: a tie for the maximum is split, not broken."""
+    temperature = max(temperature, 1e-6)
+    probs = torch.softmax(_top_k_keep_ties(logits.double(), top_k) / temperature, dim=-1)
+    return _inverse_cdf(probs, uniform).clamp(max=logits.shape[-1] - 1)
+
+
+def sample_greedy_last_maximum(logits, temperature, top_k, uniform):
+    if temperature == 0:
+        flipped = logits.flip(-1).argmax(dim=-1)
+        return logits.shape[-1] - 1 - flipped
+    return sample_float32(logits, temperature, top_k, uniform)
+
+
+def sample_divides_by_zero(logits, temperature, top_k, uniform):
+    probs = torch.softmax(_top_k_keep_ties(logits, top_k) / temperature, dim=-1)  # NaN at T = 0
+    return _inverse_cdf(probs, uniform).clamp(max=logits.shape[-1] - 1)
+
+
+def test_sampling_accepts_correct():
+    for fn in [
+        ch10.reference_sample_next_token,
+        sample_float32,
+        sample_from_companion,
+        sample_cumsum_at_least,
+        sample_power_of_probabilities,
+    ]:
+        assert ch10.check_sample_next_token(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        sample_top_k_after_softmax_not_renormalised,
+        sample_temperature_on_probabilities,
+        sample_temperature_on_probabilities_unnormalised,
+        sample_temperature_multiplied,
+        sample_strict_top_k,
+        sample_sorted_position,
+        sample_sorted_order,
+        sample_top_k_exactly_k,
+        sample_tiny_temperature_for_greedy,
+        sample_greedy_last_maximum,
+        sample_divides_by_zero,
+    ],
+)
+def test_sampling_rejects_wrong(wrong):
+    assert not ch10.check_sample_next_token(wrong, verbose=False)
+
+
+def test_sampling_reference_draws_from_sampling_distribution():
+    """Over many uniform numbers, the reference's tokens follow companion.decode's
+    distribution: inverse-CDF sampling is sampling."""
+    g = torch.Generator().manual_seed(5)
+    logits = 2.0 * torch.randn(1, 7, generator=g).expand(40_000, 7)
+    uniform = torch.rand(40_000, generator=g)
+    tokens = ch10.reference_sample_next_token(logits, 0.8, 4, uniform)
+    frequencies = torch.bincount(tokens, minlength=7).double() / 40_000
+    expected = sampling_distribution(logits[0].double(), 0.8, 4)
+    assert float((frequencies - expected).abs().max()) < 0.01
+    assert bool((frequencies[expected == 0] == 0).all())
+
+
+def test_sampling_cases_hold_the_traps():
+    cases = ch10._sampling_cases()
+    greedy_ties = [
+        c
+        for c in cases
+        if c["temperature"] == 0
+        and bool((c["logits"] == c["logits"].max(-1, keepdim=True).values).sum(-1).gt(1).any())
+    ]
+    assert greedy_ties  # rows where the first maximum must win
+    boundary_ties = [
+        c
+        for c in cases
+        if c["top_k"] is not None
+        and c["temperature"] > 0
+        and bool(
+            (c["logits"] == c["logits"].topk(c["top_k"], -1).values[:, -1:]).sum(-1).gt(1).any()
+        )
+    ]
+    assert boundary_ties  # rows where tokens tied with the k-th are kept
+    assert any(bool(torch.isinf(c["logits"]).any()) for c in cases)
+    for case in cases:  # the uniform numbers stay clear of every cumulative probability
+        if case["temperature"] == 0:
+            continue
+        probs = sampling_distribution(case["logits"].double(), case["temperature"], case["top_k"])
+        edges = torch.cat([torch.zeros(len(probs), 1, dtype=torch.float64), probs.cumsum(-1)], -1)
+        distance = (edges - case["uniform"].double()[:, None]).abs().min(-1).values
+        assert float(distance.min()) >= ch10.UNIFORM_MARGIN
+
+
+# --------------------------------------------------------------------------------------------
+# patchify
+# --------------------------------------------------------------------------------------------
+
+
+def patchify_unfold(images, patch_size):
+    return F.unfold(images, kernel_size=patch_size, stride=patch_size).transpose(1, 2)
+
+
+def patchify_tensor_unfold(images, patch_size):
+    p = patch_size
+    patches = images.unfold(2, p, p).unfold(3, p, p)  # (b, c, rows, cols, p, p)
+    return patches.permute(0, 2, 3, 1, 4, 5).flatten(3).flatten(1, 2)
+
+
+def patchify_plain_reshape(images, patch_size):
+    batch, channels = images.shape[:2]
+    return images.reshape(batch, -1, channels * patch_size * patch_size)
+
+
+def patchify_view_without_permute(images, patch_size):
+    b, c, h, w = images.shape
+    p = patch_size
+    return images.reshape(b, c, h // p, p, w // p, p).reshape(b, -1, c * p * p)
+
+
+def patchify_column_major(images, patch_size):  # patches column by column
+    b, c, h, w = images.shape
+    p = patch_size
+    grid = images.reshape(b, c, h // p, p, w // p, p).permute(0, 4, 2, 1, 3, 5)
+    return grid.reshape(b, -1, c * p * p)
+
+
+def patchify_transposed_patch(images, patch_size):  # each patch flattened column by column
+    b, c, h, w = images.shape
+    p = patch_size
+    grid = images.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 5, 3)
+    return grid.reshape(b, -1, c * p * p)
+
+
+def patchify_channels_last(images, patch_size):  # (p, p, channels) inside a patch
+    b, c, h, w = images.shape
+    p = patch_size
+    grid = images.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)
+    return grid.reshape(b, -1, c * p * p)
+
+
+def patchify_unfold_not_transposed(images, patch_size):
+    return F.unfold(images, kernel_size=patch_size, stride=patch_size)
+
+
+def patchify_channels_not_moved(images, patch_size):  # right for one channel only
+    b, c = images.shape[:2]
+    p = patch_size
+    return images.unfold(2, p, p).unfold(3, p, p).reshape(b, -1, c * p * p)
+
+
+def test_patchify_accepts_correct():
+    for fn in [ch10.reference_patchify, patchify_unfold, patchify_tensor_unfold]:
+        assert ch10.check_patchify(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        patchify_plain_reshape,
+        patchify_view_without_permute,
+        patchify_column_major,
+        patchify_transposed_patch,
+        patchify_channels_last,
+        patchify_unfold_not_transposed,
+        patchify_channels_not_moved,
+    ],
+)
+def test_patchify_rejects_wrong(wrong):
+    assert not ch10.check_patchify(wrong, verbose=False)
+
+
+def test_patches_then_linear_is_a_strided_convolution():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 5, kernel_size=2, stride=2)
+    images = torch.randn(2, 3, 8, 8)
+    patches = ch10.reference_patchify(images, 2)  # (2, 16, 12)
+    linear = patches @ conv.weight.flatten(1).T + conv.bias  # (2, 16, 5)
+    expected = conv(images).flatten(2).transpose(1, 2)  # (2, 16, 5)
+    torch.testing.assert_close(linear, expected)
+
+
+def test_patch_order_by_hand():
+    image = torch.arange(16.0).reshape(1, 1, 4, 4)  # pixel values = their reading order
+    patches = ch10.reference_patchify(image, 2)
+    assert patches[0].tolist() == [
+        [0, 1, 4, 5],  # top-left
+        [2, 3, 6, 7],  # top-right
+        [8, 9, 12, 13],  # bottom-left
+        [10, 11, 14, 15],  # bottom-right
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# every check: stubs, crashes, the references
+# --------------------------------------------------------------------------------------------
+
+CHECKS = [
+    (ch10.check_prefix_lm_mask, ch10.reference_prefix_lm_mask),
+    (ch10.check_bert_masking, ch10.reference_bert_masking),
+    (ch10.check_sample_next_token, ch10.reference_sample_next_token),
+    (ch10.check_patchify, ch10.reference_patchify),
+]
+
+
+@pytest.mark.parametrize("check", [check for check, _ in CHECKS])
+def test_stub_is_reported_not_raised(check, capsys):
+    def stub(*args, **kwargs):
+        raise NotImplementedError  # your code here
+
+    result = check(stub)
+    assert not result and result.cases_run == 1
+    assert "not attempted yet" in capsys.readouterr().out
+    assert "✗" in repr(result)
+
+
+@pytest.mark.parametrize("check", [check for check, _ in CHECKS])
+def test_crashing_answer_is_reported_not_raised(check):
+    def crashes(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    result = check(crashes, verbose=False)
+    assert not result and "boom" in result.message
+
+
+@pytest.mark.parametrize(("check", "reference"), CHECKS)
+def test_reference_passes_its_own_check(check, reference, capsys):
+    result = check(reference)
+    assert result and result.cases_run >= 7
+    assert "✅" in capsys.readouterr().out
+    assert repr(result).startswith("✓")
+
+
+def test_only_the_checks_are_exported():
+    assert sorted(ch10.__all__) == sorted(name for name in dir(ch10) if name.startswith("check_"))
+    assert all(name.startswith("check_") for name in ch10.__all__)
