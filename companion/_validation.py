@@ -358,3 +358,37 @@ def check_bool_tensor(name: str, value: object) -> Tensor:
     if tensor.dtype != torch.bool:
         raise TypeError(f"{name} must be a boolean tensor, got dtype {tensor.dtype}")
     return tensor
+
+
+def check_qkv(q: object, k: object, v: object) -> None:
+    """Check attention inputs ``q (..., q_len, d_k)``, ``k (..., k_len, d_k)`` and
+    ``v (..., k_len, d_v)``: floating, one dtype and one device, matching sizes, identical
+    leading dimensions (nothing is broadcast). Values are not read (no host synchronisation)."""
+    check_floating("q", q)
+    check_floating("k", k)
+    check_floating("v", v)
+    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
+    check_min_ndim("q", q, 2, "(..., q_len, d_k)")
+    check_min_ndim("k", k, 2, "(..., k_len, d_k)")
+    check_min_ndim("v", v, 2, "(..., k_len, d_v)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(
+            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
+        )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"k must have the same last dimension d_k as q: q has shape {shape_str(q.shape)}, "
+            f"so k must be (..., k_len, {q.shape[-1]}), got {shape_str(k.shape)}"
+        )
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"v must have one row per key: k has shape {shape_str(k.shape)}, so v must be "
+            f"(..., {k.shape[-2]}, d_v), got {shape_str(v.shape)}"
+        )
+    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+        raise ValueError(
+            "q, k and v must have identical leading (batch) dimensions - nothing is broadcast: "
+            f"got q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
+        )

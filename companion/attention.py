@@ -37,6 +37,7 @@ from companion._validation import (
     check_positive_float,
     check_positive_int,
     check_probability,
+    check_qkv,
     check_same_dtype,
     check_size,
     check_tensor,
@@ -64,33 +65,6 @@ POSITIONAL: tuple[str, ...] = ("rope", "alibi")
 #: torch >= 2.5: ``F.scaled_dot_product_attention`` pairs query and key/value heads itself
 #: (``enable_gqa=True``); older versions get the key/value heads repeated explicitly.
 _SDPA_HAS_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
-
-
-def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
-    """Validate ``q (..., q_len, d_k)``, ``k (..., k_len, d_k)``, ``v (..., k_len, d_v)``."""
-    check_floating("q", q)
-    check_floating("k", k)
-    check_floating("v", v)
-    check_min_ndim("q", q, 2, "(..., q_len, d_k)")
-    check_min_ndim("k", k, 2, "(..., k_len, d_k)")
-    check_min_ndim("v", v, 2, "(..., k_len, d_v)")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"k must have the same last dimension d_k as q: q has shape {shape_str(q.shape)}, "
-            f"so k must be (..., k_len, {q.shape[-1]}), got {shape_str(k.shape)}"
-        )
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"v must have one row per key: k has shape {shape_str(k.shape)}, so v must be "
-            f"(..., {k.shape[-2]}, d_v), got {shape_str(v.shape)}"
-        )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(
-            "q, k and v must have identical leading (batch) dimensions - nothing is broadcast: "
-            f"got q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
-        )
 
 
 def scaled_dot_product_attention(
@@ -126,7 +100,7 @@ def scaled_dot_product_attention(
         ``(..., q_len, k_len)`` whose rows sum to 1 (or are all zero for a query that may
         attend to no key at all).
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     dropout_p = check_probability("dropout_p", dropout_p)
     q_len, k_len = q.shape[-2], k.shape[-2]
     score_shape = (*q.shape[:-2], q_len, k_len)

@@ -38,9 +38,8 @@ from companion._validation import (
     check_bool_mask,
     check_finite,
     check_finite_float,
-    check_floating,
-    check_min_ndim,
     check_positive_int,
+    check_qkv,
     shape_str,
 )
 from companion.masking import sliding_window_mask_at
@@ -467,36 +466,8 @@ def _check_inputs(
 
 
 def _check_qkv(q: object, k: object, v: object) -> None:
-    """Check ``q (..., q_len, d)``, ``k (..., k_len, d)``, ``v (..., k_len, d_v)``: floating,
-    one dtype and device, matching sizes, identical leading dimensions, finite values."""
-    check_floating("q", q)
-    check_floating("k", k)
-    check_floating("v", v)
-    assert isinstance(q, Tensor) and isinstance(k, Tensor) and isinstance(v, Tensor)
-    check_min_ndim("q", q, 2, "(..., q_len, d)")
-    check_min_ndim("k", k, 2, "(..., k_len, d)")
-    check_min_ndim("v", v, 2, "(..., k_len, d_v)")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(
-            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
-        )
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(
-            f"k must have the same last dimension d as q: q has shape {shape_str(q.shape)}, "
-            f"so k must be (..., k_len, {q.shape[-1]}), got {shape_str(k.shape)}"
-        )
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"v must have one row per key: k has shape {shape_str(k.shape)}, so v must be "
-            f"(..., {k.shape[-2]}, d_v), got {shape_str(v.shape)}"
-        )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
-        raise ValueError(
-            "q, k and v must have identical leading dimensions - nothing is broadcast: "
-            f"got q {shape_str(q.shape)}, k {shape_str(k.shape)}, v {shape_str(v.shape)}"
-        )
+    """:func:`~companion._validation.check_qkv`, then finite values (NaN in, NaN out otherwise)."""
+    check_qkv(q, k, v)
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         check_finite(name, tensor)
 

@@ -135,11 +135,20 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     Returns:
         Boolean mask of the broadcast shape, or ``None``.
     """
+    present = _present_masks(masks)
+    if not present:
+        return None
+    combined = present[0]
+    for m in present[1:]:
+        combined = combined & m  # broadcast shape
+    return combined
+
+
+def _present_masks(masks: tuple[Tensor | None, ...]) -> list[Tensor]:
+    """The masks that are not ``None``, checked: boolean, and broadcasting against each other."""
     present = [(i, m) for i, m in enumerate(masks) if m is not None]
     for i, m in present:
         check_bool_tensor(f"masks[{i}]", m)
-    if not present:
-        return None
     try:
         torch.broadcast_shapes(*(m.shape for _, m in present))
     except RuntimeError:
@@ -148,10 +157,7 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
             f"masks must broadcast against each other (each dimension 1 or equal), "
             f"got shapes {shapes}"
         ) from None
-    combined = present[0][1]
-    for _, m in present[1:]:
-        combined = combined & m  # broadcast shape
-    return combined
+    return [m for _, m in present]
 
 
 def from_additive_mask(mask: Tensor) -> Tensor:
@@ -359,21 +365,11 @@ def union_masks(*masks: Tensor | None) -> Tensor | None:
     Returns:
         Boolean mask of the broadcast shape, or ``None``.
     """
-    present = [(i, m) for i, m in enumerate(masks) if m is not None]
-    for i, m in present:
-        check_bool_tensor(f"masks[{i}]", m)
+    present = _present_masks(masks)
     if not present:
         return None
-    try:
-        torch.broadcast_shapes(*(m.shape for _, m in present))
-    except RuntimeError:
-        shapes = ", ".join(shape_str(m.shape) for _, m in present)
-        raise ValueError(
-            f"masks must broadcast against each other (each dimension 1 or equal), "
-            f"got shapes {shapes}"
-        ) from None
-    joined = present[0][1]
-    for _, m in present[1:]:
+    joined = present[0]
+    for m in present[1:]:
         joined = joined | m  # broadcast shape
     return joined
 

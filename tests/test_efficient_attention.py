@@ -192,15 +192,19 @@ def test_naive_attention_equals_reference():
         (
             lambda q, k, v: (q[0, 0, 0], k, v, {}),
             ValueError,
-            r"q must have shape \(\.\.\., q_len, d\)",
+            r"q must have shape \(\.\.\., q_len, d_k\)",
         ),
         (
             lambda q, k, v: (q, k[..., :3], v, {}),
             ValueError,
-            r"k must have the same last dimension d",
+            r"k must have the same last dimension d_k",
         ),
         (lambda q, k, v: (q, k, v[..., :4, :], {}), ValueError, r"v must have one row per key"),
-        (lambda q, k, v: (q, k[:1], v[:1], {}), ValueError, r"identical leading dimensions"),
+        (
+            lambda q, k, v: (q, k[:1], v[:1], {}),
+            ValueError,
+            r"identical leading \(batch\) dimensions",
+        ),
         (lambda q, k, v: (q * math.nan, k, v, {}), ValueError, r"q contains .* NaN or infinite"),
         (
             lambda q, k, v: (q, k, v, {"block_size": 0}),
