@@ -65,6 +65,7 @@ from companion.decode import beam_search, greedy_decode
 from companion.model import Transformer
 
 __all__ = [
+    "length_penalty_sweep",
     "corpus_bleu",
     "tokenized_bleu",
     "BleuScores",
@@ -500,3 +501,37 @@ def sequence_accuracy(
         for row, (_, tgt) in enumerate(examples):
             correct += _strip_special(ids[row].tolist()) == list(tgt)
     return correct / len(dataset)
+
+
+def length_penalty_sweep(
+    translator: Translator, pairs: Sequence[tuple[str, str]], alphas: Sequence[float]
+) -> dict[float, float]:
+    """Corpus BLEU (:func:`corpus_bleu`) of ``pairs`` translated with beam search under each
+    length penalty ``α`` of ``alphas``: ``{α: BLEU}``, in the order given.
+
+    Choose α on a validation set, never on the test set it will be reported on.
+    ``translator`` is left as it was (its ``length_penalty`` is restored).
+
+    Raises:
+        ValueError: ``translator.beam_size`` is 1 (greedy decoding has no length penalty),
+            ``alphas`` is empty or holds a negative number, or ``pairs`` is empty.
+    """
+    check_instance("translator", translator, Translator, "a Translator")
+    if translator.beam_size == 1:
+        raise ValueError("length_penalty_sweep needs beam search: translator.beam_size is 1")
+    if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence) or not alphas:
+        raise ValueError(f"alphas must be a non-empty list of numbers >= 0, got {alphas!r:.80}")
+    alphas = [check_nonnegative_float(f"alphas[{i}]", a) for i, a in enumerate(alphas)]
+    if isinstance(pairs, str) or not isinstance(pairs, Sequence) or not pairs:
+        raise ValueError("pairs must be a non-empty list of (source, reference)")
+    sources = [pair[0] for pair in pairs]
+    references = [pair[1] for pair in pairs]
+    kept = translator.length_penalty
+    try:
+        scores = {}
+        for alpha in alphas:
+            translator.length_penalty = alpha
+            scores[alpha] = corpus_bleu(translator.translate(sources), references)
+    finally:
+        translator.length_penalty = kept
+    return scores

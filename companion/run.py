@@ -45,7 +45,7 @@ from companion.data import (
 )
 from companion.distributed import init_distributed, rank_and_world
 from companion.history import History
-from companion.metrics import Translator, sequence_accuracy
+from companion.metrics import Translator, length_penalty_sweep, sequence_accuracy
 from companion.model import Transformer, TransformerConfig
 from companion.trainer import Trainer
 
@@ -174,6 +174,11 @@ def _final_evaluation(trainer: Trainer, data: RunData, out_dir: Path | None) -> 
         beam_size=config.beam_size,
         length_penalty=config.length_penalty,
     )
+    tuning: dict[str, Any] = {}
+    if config.beam_size > 1 and config.length_penalty_grid:  # α chosen on validation, not test
+        by_alpha = length_penalty_sweep(translator, data.val.pairs, config.length_penalty_grid)
+        translator.length_penalty = max(by_alpha, key=by_alpha.__getitem__)  # first best
+        tuning = {"val_bleu_by_length_penalty": {str(a): b for a, b in by_alpha.items()}}
     scores, translations = translator.evaluate(data.test_pairs)
     if out_dir is not None:
         text = "".join(line + "\n" for line in translations)
@@ -182,6 +187,8 @@ def _final_evaluation(trainer: Trainer, data: RunData, out_dir: Path | None) -> 
         "test_bleu": scores.bleu,
         "test_tokenized_bleu": scores.tokenized_bleu,
         "beam_size": config.beam_size,
+        "length_penalty": translator.length_penalty,
+        **tuning,
         "decode_seconds": time.perf_counter() - start,
     }
 
@@ -334,6 +341,8 @@ def _parse_setting(text: str) -> tuple[str, Any]:
             return name, int(raw)
         if kind.startswith("float"):
             return name, float(raw)
+        if kind.startswith("tuple[float"):  # "0.6,1.0" (an empty value: the empty tuple)
+            return name, tuple(float(part) for part in raw.split(",") if part.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--set {name}: expected a value of type {kind}, got {raw!r}"

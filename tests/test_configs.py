@@ -32,6 +32,9 @@ def test_named_configs_and_auto():
         (lambda: get_config("cpu", task="de-fr"), ValueError, r"task must be one of 'multi30k', 'copy', 'reverse', got 'de-fr'"),
         (lambda: get_config("cpu", learning_rate=1.0), TypeError, r"unknown TrainConfig field\(s\) \['learning_rate'\]"),
         (lambda: get_config("cpu", dropout=1.0), ValueError, r"dropout must be in \[0, 1\), got 1.0"),
+        (lambda: get_config("cpu", length_penalty_grid=0.6), TypeError, r"length_penalty_grid must be a tuple of numbers >= 0 .*got float"),
+        (lambda: get_config("cpu", length_penalty_grid="0.6"), TypeError, r"length_penalty_grid must be a tuple"),
+        (lambda: get_config("cpu", length_penalty_grid=(0.6, -1.0)), ValueError, r"length_penalty_grid\[1\] must be"),
     ],
 )  # fmt: skip
 def test_config_errors(make, error, message):
@@ -63,3 +66,14 @@ def test_transformer_needs_the_vocabularies() -> None:
 
     with pytest.raises(ValueError, match="config must set src_vocab and tgt_vocab"):
         Transformer(get_config("cpu").model)
+
+
+def test_length_penalty_grid_round_trips_through_a_checkpoint_dict() -> None:
+    # Catches: a grid stored as a list in config.json / a checkpoint coming back as a list
+    # (unequal configs, an unhashable frozen dataclass) or losing its values.
+    cpu = get_config("cpu")
+    assert cpu.length_penalty_grid == (0.6, 1.0, 1.5, 2.0)
+    state = cpu.to_dict()
+    state["length_penalty_grid"] = list(state["length_penalty_grid"])  # as JSON gives it back
+    assert TrainConfig.from_dict(state) == cpu
+    assert get_config("gpu").length_penalty_grid == ()

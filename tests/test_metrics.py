@@ -19,6 +19,7 @@ from companion.metrics import (
     bleu_statistics,
     bootstrap_bleu,
     corpus_bleu,
+    length_penalty_sweep,
     length_ratio,
     paired_bootstrap,
     sequence_accuracy,
@@ -248,3 +249,26 @@ def test_length_ratio_reads_the_statistics():
     # the brevity penalty sacreBLEU applies is exp(1 - 1 / ratio) for a short output
     bp = BLEU().corpus_score(worse, [refs]).bp
     assert bp == pytest.approx(math.exp(1 - 1 / length_ratio(worse, refs)), rel=1e-6)
+
+
+def test_length_penalty_sweep_scores_each_alpha_and_restores_the_translator():
+    # Catches: a sweep that leaves the translator on the last α tried, that scores every α
+    # with the translator's own α (all scores equal to a plain evaluate), or that reorders α.
+    translator = small_translator(beam_size=3, length_penalty=0.6)
+    pairs = [("ein hund .", "a dog ."), ("ein ein hund", "a a dog"), ("hund .", "dog .")]
+    scores = length_penalty_sweep(translator, pairs, [0.0, 5.0, 0.6])
+    assert list(scores) == [0.0, 5.0, 0.6]
+    assert translator.length_penalty == 0.6
+    for alpha, bleu in scores.items():
+        translator.length_penalty = alpha
+        hypotheses = translator.translate([p[0] for p in pairs])
+        assert bleu == corpus_bleu(hypotheses, [p[1] for p in pairs])
+    translator.length_penalty = 0.6
+    with pytest.raises(ValueError, match="needs beam search"):
+        length_penalty_sweep(small_translator(beam_size=1), pairs, [0.6])
+    with pytest.raises(ValueError, match="alphas must be a non-empty list"):
+        length_penalty_sweep(translator, pairs, [])
+    with pytest.raises(ValueError, match=r"alphas\[1\] must be"):
+        length_penalty_sweep(translator, pairs, [0.6, -1.0])
+    with pytest.raises(ValueError, match="pairs must be a non-empty list"):
+        length_penalty_sweep(translator, [], [0.6])

@@ -37,7 +37,14 @@ def test_multi30k_pipeline_end_to_end(tmp_path):
     from companion.metrics import Translator
 
     config = get_config(
-        "cpu", d_model=32, num_heads=2, num_layers=1, d_ff=32, max_tokens=2000, beam_size=2
+        "cpu",
+        d_model=32,
+        num_heads=2,
+        num_layers=1,
+        d_ff=32,
+        max_tokens=2000,
+        beam_size=2,
+        length_penalty_grid=(0.6, 1.5),
     )
     result = train(
         config, tmp_path, data_root=MULTI30K, download=False, max_steps=2, progress=False
@@ -45,6 +52,10 @@ def test_multi30k_pipeline_end_to_end(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["steps"] == 2 and math.isfinite(results["val_loss"])
     assert 0 <= results["test_bleu"] <= 100 and 0 <= results["test_tokenized_bleu"] <= 100
+    # α was chosen on the validation set: the first of the best validation scores
+    by_alpha = results["val_bleu_by_length_penalty"]
+    assert list(by_alpha) == ["0.6", "1.5"]
+    assert results["length_penalty"] == float(max(by_alpha, key=by_alpha.__getitem__))
     assert len((tmp_path / "test_translations.txt").read_text().splitlines()) == 1000
     assert {p.name for p in tmp_path.iterdir()} >= {
         "checkpoint.pt",
