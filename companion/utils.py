@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from companion._validation import check_callable, check_instance, check_tensor, shape_str
 
-__all__ = ["set_seed", "check_shape", "count_parameters", "ShapeRecord", "trace_shapes"]
+__all__ = ["set_seed", "check_shape", "count_parameters", "ShapeRecord", "trace_shapes", "glue"]
 
 
 def set_seed(seed: int = 0) -> None:
@@ -113,3 +113,39 @@ def trace_shapes(
         for handle in handles:
             handle.remove()
     return records
+
+
+def glue(name: str, value: object) -> int | float | str:
+    """Record a number computed in a chapter so that the book's prose can quote it.
+
+    In the built book, ``{glue:text}`name:.1f``` in a markdown cell shows the value recorded
+    here (MyST-NB's glue), so the text a reader sees is the number the cell computed, never a
+    copy that can drift. The value is converted to a plain Python ``int``/``float``/``str``
+    first (a 0-d tensor or NumPy scalar would otherwise be stored as its repr, which the
+    ``glue:text`` format spec cannot read). Outside Jupyter, or where MyST-NB is not
+    installed (Colab), nothing is displayed and the converted value is just returned.
+
+    Args:
+        name: the key the prose uses, letters, digits and ``_`` only.
+        value: a Python/NumPy number, a one-element tensor, or a string.
+
+    Returns:
+        The value as a plain ``int``, ``float`` or ``str``.
+    """
+    check_instance("name", name, str)
+    if not name or not all(ch.isalnum() or ch == "_" for ch in name):
+        raise ValueError(f"name must be letters, digits and '_' only (a glue key), got {name!r}")
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"value must be a single number, got a tensor of shape {shape_str(tuple(value.shape))}")
+        value = value.item()
+    elif isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise TypeError(f"value must be an int, float, str or a one-element tensor, got {type(value).__name__}")
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:  # Colab, plain Python: nothing to record
+        return value
+    myst_glue(name, value, display=False)
+    return value

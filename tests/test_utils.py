@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -57,3 +58,17 @@ def test_trace_shapes_removes_hooks_when_the_model_raises():
         trace_shapes("model")
     with pytest.raises(TypeError, match="include"):
         trace_shapes(model, include=3)
+
+
+def test_glue_returns_plain_python_numbers_and_rejects_bad_input():
+    from companion.utils import glue
+
+    assert glue("half", torch.tensor(0.5)) == 0.5 and type(glue("half", torch.tensor(0.5))) is float
+    assert type(glue("count", np.int64(7))) is int
+    assert glue("word", "beam") == "beam"
+    with pytest.raises(ValueError, match="name"):
+        glue("two words", 1.0)
+    with pytest.raises(ValueError, match=r"\(2, 3\)"):
+        glue("many", torch.ones(2, 3))
+    with pytest.raises(TypeError, match="bool"):
+        glue("flag", True)
