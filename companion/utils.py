@@ -137,12 +137,16 @@ def glue(name: str, value: object) -> int | float | str:
         raise ValueError(f"name must be letters, digits and '_' only (a glue key), got {name!r}")
     if isinstance(value, Tensor):
         if value.numel() != 1:
-            raise ValueError(f"value must be a single number, got a tensor of shape {shape_str(tuple(value.shape))}")
+            raise ValueError(
+                f"value must be a single number, got a tensor of shape {shape_str(tuple(value.shape))}"
+            )
         value = value.item()
     elif isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise TypeError(f"value must be an int, float, str or a one-element tensor, got {type(value).__name__}")
+        raise TypeError(
+            f"value must be an int, float, str or a one-element tensor, got {type(value).__name__}"
+        )
     try:
         from myst_nb import glue as myst_glue
     except ImportError:  # Colab, plain Python: nothing to record
