@@ -9,8 +9,8 @@ needs to be told where each token is:
   "Attention Is All You Need" (section 3.5), *added* to the token embeddings:
   ``PE[p, 2i] = sin(p / 10000^(2i/d_model))``, ``PE[p, 2i+1] = cos(p / 10000^(2i/d_model))``,
   i.e. wavelengths ``2π · 10000^(2i/d_model)`` from ``2π`` to ``10000 · 2π``. Moving ``k``
-  positions rotates every (sin, cos) pair by a fixed angle, so ``PE[p + k] = M_k PE[p]`` with
-  a block-diagonal rotation ``M_k`` that does not depend on ``p``
+  positions rotates every (sin, cos) pair by a fixed angle, so ``PE[p + k] = T_k PE[p]`` with
+  a block-diagonal rotation ``T_k`` that does not depend on ``p``
   (:func:`sinusoidal_shift_matrix`).
 * :class:`LearnedPositionalEmbedding` - one trained vector per position, added likewise.
 * :class:`RotaryEmbedding` - RoPE (Su et al., 2021): rotate each query and key pair of
@@ -128,11 +128,11 @@ def sinusoidal_table(
 def sinusoidal_shift_matrix(
     shift: int, d_model: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """The matrix ``M_k`` with ``PE[p + k] = M_k @ PE[p]`` for every position ``p``.
+    """The matrix ``T_k`` with ``PE[p + k] = T_k @ PE[p]`` for every position ``p``.
 
     For each pair ``(sin(p ω), cos(p ω))`` the angle-addition formulas give the 2 × 2 block
     ``[[cos(k ω), sin(k ω)], [-sin(k ω), cos(k ω)]]`` - a rotation that depends on the shift
-    ``k`` only. ``M_k`` is block-diagonal with one such block per frequency.
+    ``k`` only. ``T_k`` is block-diagonal with one such block per frequency.
 
     Args:
         shift: the offset ``k`` (may be negative).

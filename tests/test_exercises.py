@@ -14,7 +14,12 @@ from companion.exercises import CheckResult, compare, run_check
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
-SOLUTION = re.compile(r"`{4,}\{dropdown\}\s*Solution[^\n]*\n```python\n(.*?)\n```", re.DOTALL)
+# A solution is a markdown cell that is collapsed in Jupyter, Colab and the HTML book alike:
+# <details class="solution"><summary>Solution</summary> ... ```python ...``` ... </details>
+SOLUTION = re.compile(
+    r'<details class="solution">\s*<summary>Solution</summary>\s*```python\n(.*?)\n```.*?</details>',
+    re.DOTALL,
+)
 
 
 def _solutions(path: Path) -> list[str]:

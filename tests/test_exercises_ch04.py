@@ -129,7 +129,7 @@ def test_reference_table_matches_companion():
 
 
 def concat_shift_by_permutation(shift, d_model):
-    """Correct: the interleaved M_Δ with rows and columns permuted into the sin | cos order."""
+    """Correct: the interleaved T_Δ with rows and columns permuted into the sin | cos order."""
     order = torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
     return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
 

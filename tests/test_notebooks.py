@@ -69,7 +69,7 @@ def _toc_files() -> list[str]:
 
 
 def test_toc_lists_every_notebook_in_order():
-    listed = _toc_files()
+    listed = [f for f in _toc_files() if re.match(r"book/\d\d_", f)]  # the chapters
     on_disk = [f"book/{p.stem}" for p in NOTEBOOKS]
     assert listed == on_disk, "every chapter notebook must be in _toc.yml, in file-name order"
     assert TOC["root"] == "book/intro"
@@ -77,6 +77,17 @@ def test_toc_lists_every_notebook_in_order():
     assert numbers == list(range(1, len(numbers) + 1)), (
         "chapters are numbered 01, 02, ... without gaps"
     )
+
+
+def test_toc_ends_with_the_reference_pages():
+    """After the chapters, a last part lists the glossary and the bibliography (.md pages)."""
+    last = TOC["parts"][-1]
+    assert last["caption"] == "Reference", "the last part of _toc.yml is the Reference part"
+    assert [entry["file"] for entry in last["chapters"]] == ["book/glossary", "book/bibliography"]
+    for name in ("glossary", "bibliography"):
+        assert (BOOK / f"{name}.md").is_file(), f"book/{name}.md is listed in _toc.yml but missing"
+    for entry in _toc_files():
+        assert re.match(r"book/\d\d_", entry) or (ROOT / f"{entry}.md").is_file(), entry
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -184,3 +195,248 @@ def test_chapters_use_and_print_no_private_names(path):
                 f"{path.name} cell {i} uses private names {names}; make them public in "
                 "companion (type hints, a docstring with shapes) or show the public API instead"
             )
+
+
+# --- Conventions of the website (issue 16): solutions, page opening, glue, citations, terms ---
+
+REFERENCES = ROOT / "references.bib"
+GLOSSARY = BOOK / "glossary.md"
+SOLUTION_OPENING = '<details class="solution">\n<summary>Solution</summary>\n\n'
+CITE_ROLE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]*)`")
+TERM_ROLE = re.compile(r"\{term\}`([^`]*)`")
+GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`([A-Za-z0-9_]+)")
+GLUE_DIRECTIVE = re.compile(r"^[`:]{3,}\{glue(?::[a-z]+)?\}\s+([A-Za-z0-9_]+)", re.MULTILINE)
+# glue("ch02_loss", ...) or, in a loop, glue(f"ch06_{key}_min", ...)
+GLUE_CALL = re.compile(r"\bglue\(\s*f?[\"']([A-Za-z0-9_{}]+)[\"']")
+# "(Vaswani et al., 2017)", "(Press & Wolf, 2017; Ba et al., 2016)", "Xiong et al. (2020)",
+# "Press and Wolf (2017)": a citation written by hand instead of with {cite:p}/{cite:t}
+PLAIN_CITATIONS = (
+    re.compile(r"\([^()]*\b[A-Z][\w'\-]+(?: et al\.)?,\s+(?:1[89]|20)\d\d[a-z]?\b[^()]*\)"),
+    re.compile(r"\b[A-Z][\w'\-]+ et al\.\s+\((?:1[89]|20)\d\d"),
+    re.compile(r"\b[A-Z][\w'\-]+,? (?:and|&) [A-Z][\w'\-]+\s+\((?:1[89]|20)\d\d"),
+)
+
+
+def _markdown_cells(path: Path) -> list[str]:
+    return [_source(c) for c in _cells(path) if c["cell_type"] == "markdown"]
+
+
+def _code_cells(path: Path) -> list[dict]:
+    return [c for c in _cells(path) if c["cell_type"] == "code"]
+
+
+def _prose(markdown: str) -> str:
+    """Markdown without code blocks, inline code, math and roles: the text a reader reads."""
+    markdown = re.sub(r"```.*?```", " ", markdown, flags=re.DOTALL)
+    markdown = re.sub(r"\$\$.*?\$\$", " ", markdown, flags=re.DOTALL)
+    markdown = re.sub(r"\{[a-z:]+\}`[^`]*`", " ", markdown)
+    markdown = re.sub(r"`[^`\n]*`", " ", markdown)
+    return re.sub(r"\$[^$\n]+\$", " ", markdown)
+
+
+def plain_citations(markdown: str) -> list[str]:
+    """Hand-written "(Author, year)" / "Author et al. (year)" citations in markdown."""
+    prose = _prose(markdown)
+    return [m.group(0) for pattern in PLAIN_CITATIONS for m in pattern.finditer(prose)]
+
+
+def solution_problems(markdown_cells: list[str]) -> list[str]:
+    """Solutions must be collapsed everywhere: <details class="solution">, never {dropdown}."""
+    problems = []
+    for i, text in enumerate(markdown_cells):
+        if re.search(r"\{dropdown\}\s*Solution", text):
+            problems.append(f"markdown cell {i}: a {{dropdown}} solution (only hidden in the HTML)")
+        if "<details" in text and "Solution" in text:
+            if not text.startswith(SOLUTION_OPENING):
+                problems.append(f"markdown cell {i}: must start with {SOLUTION_OPENING!r}")
+            if not re.search(r"\n\n</details>\s*(\n|$)", text):
+                problems.append(f"markdown cell {i}: needs a blank line before </details>")
+    return problems
+
+
+def glue_problems(markdown: str, code: str, chapter: str) -> list[str]:
+    """Glued keys the prose shows but no code cell records, or keys without the chapter prefix."""
+    shown = set(GLUE_ROLE.findall(markdown)) | set(GLUE_DIRECTIVE.findall(markdown))
+    recorded = set(GLUE_CALL.findall(code))  # keys, or f-string templates such as ch06_{key}_min
+    patterns = [
+        re.compile(re.sub(r"\\\{[^}]*\\\}", "[A-Za-z0-9_]+", re.escape(k))) for k in recorded
+    ]
+    problems = [
+        f"{key!r} is shown but never glue()d in a code cell"
+        for key in sorted(shown)
+        if not any(pattern.fullmatch(key) for pattern in patterns)
+    ]
+    problems += [
+        f"{key!r} lacks the chapter prefix {chapter}_"
+        for key in sorted(shown | recorded)
+        if not key.startswith(f"{chapter}_")
+    ]
+    return problems
+
+
+def bib_keys(text: str) -> list[str]:
+    """The entry keys of a BibTeX file, in order (duplicates kept)."""
+    return re.findall(r"^\s*@\w+\s*\{\s*([^,\s]+)\s*,", text, re.MULTILINE)
+
+
+def glossary_terms(text: str) -> set[str]:
+    """The terms of the {glossary} directive of a MyST page, lowercased."""
+    block = re.search(r"^```\{glossary\}\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+    assert block, "no {glossary} block"
+    return {
+        line.strip().lower()
+        for line in block.group(1).splitlines()
+        if line and not line[0].isspace()
+    }
+
+
+def term_targets(markdown: str) -> list[str]:
+    """The glossary terms that {term} roles point to: `text <Term>` or `Term`."""
+    targets = []
+    for content in TERM_ROLE.findall(markdown):
+        explicit = re.fullmatch(r"(?s).*<([^<>]+)>\s*", content)
+        targets.append((explicit.group(1) if explicit else content).strip())
+    return targets
+
+
+def xmode_is_minimal_and_silent(code: str) -> bool:
+    """The imports cell switches to short tracebacks without printing the magic's notice."""
+    if re.search(r"run_line_magic\(\s*[\"']xmode[\"'],\s*[\"']Minimal[\"']\s*\)", code):
+        return "redirect_stdout" in code  # the notice goes to stdout: swallowed
+    return bool(re.search(r"^%xmode Minimal\s*$", code, re.MULTILINE)) and code.startswith(
+        "%%capture"
+    )
+
+
+def test_convention_checkers_reject_what_they_should():
+    # solutions
+    dropdown = "````{dropdown} Solution\n```python\nassert ch01.check_x(x)\n```\n````"
+    good = SOLUTION_OPENING + "```python\nassert ch01.check_x(x)\n```\n\nWhy.\n\n</details>"
+    assert solution_problems([good]) == []
+    assert solution_problems([dropdown])
+    assert solution_problems([good.replace("\n\n</details>", "\n</details>")])
+    assert solution_problems(["<details>\n<summary>Solution</summary>\n\ncode\n\n</details>"])
+    # glue
+    assert glue_problems("{glue:text}`ch02_loss:.2f`", 'glue("ch02_loss", loss)', "ch02") == []
+    assert glue_problems("{glue:text}`ch02_loss:.2f`", 'glue("ch02_lost", loss)', "ch02")
+    assert glue_problems("{glue}`ch03_loss`", 'glue("ch03_loss", x)', "ch02")
+    assert glue_problems("{glue:text}`ch06_pre_min`", 'glue(f"ch06_{key}_min", x)', "ch06") == []
+    assert glue_problems("{glue:text}`ch06_pre_max`", 'glue(f"ch06_{key}_min", x)', "ch06")
+    # citations
+    assert (
+        plain_citations("as shown {cite:p}`vaswani2017attention`; (Machine Learning 2021, NTU)")
+        == []
+    )
+    assert plain_citations("`f(2000, 1)` and $x (2017)$ and (see section 2)") == []
+    for text in ("(Vaswani et al., 2017)", "(Press & Wolf, 2017)", "(Sutskever et al., 2014; Cho et al., 2014)",
+                 "Xiong et al. (2020) showed", "Press and Wolf (2017) tie", "(MQA; Shazeer, 2019)",
+                 "(Cho et al., 2014b, \"On the properties\")"):  # fmt: skip
+        assert plain_citations(text), text
+    assert bib_keys("@misc{a2020x,\n title={T}}\n@article{ b2021y ,\n}") == ["a2020x", "b2021y"]
+    # glossary terms
+    page = "# G\n\n```{glossary}\nsoftmax\n  Def.\n\nPre-LN\n  Def.\n```\n"
+    assert glossary_terms(page) == {"softmax", "pre-ln"}
+    assert term_targets("a {term}`softmax` and the {term}`Pre-LN <Pre-LN>` and {term}`heads <attention head>`") == [
+        "softmax", "Pre-LN", "attention head"
+    ]  # fmt: skip
+    # xmode
+    silent = 'import io\nwith contextlib.redirect_stdout(io.StringIO()):\n    get_ipython().run_line_magic("xmode", "Minimal")'
+    assert xmode_is_minimal_and_silent(silent)
+    assert not xmode_is_minimal_and_silent(
+        'get_ipython().run_line_magic("xmode", "Minimal")'
+    )  # prints
+    assert not xmode_is_minimal_and_silent("import math\n%xmode Minimal")  # prints its notice
+    assert xmode_is_minimal_and_silent("%%capture\n%xmode Minimal")
+    assert not xmode_is_minimal_and_silent("%%capture\n%xmode Context")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_solutions_are_collapsed_everywhere(path):
+    """Solutions are <details class="solution"> cells: collapsed in Jupyter, Colab and the HTML."""
+    cells = _markdown_cells(path)
+    assert solution_problems(cells) == [], f"{path.name}: {solution_problems(cells)}"
+    assert sum(c.startswith(SOLUTION_OPENING) for c in cells) >= 3, (
+        f'{path.name}: every exercise needs its solution in a <details class="solution"> cell'
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_setup_and_imports_cells_are_hidden_in_the_html(path):
+    setup, imports = _code_cells(path)[:2]
+    for name, cell in (("setup", setup), ("imports", imports)):
+        assert "hide-cell" in cell.get("metadata", {}).get("tags", []), (
+            f"{path.name}: the {name} cell needs the tag hide-cell"
+        )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_imports_cell_sets_short_tracebacks(path):
+    imports = _source(_code_cells(path)[1])
+    assert xmode_is_minimal_and_silent(imports), (
+        f"{path.name}: the imports cell must switch to %xmode Minimal without printing its notice "
+        "(run_line_magic under contextlib.redirect_stdout, or %%capture)"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_page_opens_with_what_you_learn_and_the_run_time(path):
+    chapter = path.name[:2]
+    first = _markdown_cells(path)[0]
+    assert re.search(r"^\s*[-*] ", first, re.MULTILINE), (
+        f"{path.name}: the first cell lists what the reader will learn"
+    )
+    assert re.search(rf"Run time\b[^\n]*\{{glue:text\}}`ch{chapter}_seconds", first), (
+        f"{path.name}: the first cell quotes the run time with {{glue:text}}`ch{chapter}_seconds...`"
+    )
+    timing = [c for c in _code_cells(path) if f'glue("ch{chapter}_seconds"' in _source(c)]
+    assert len(timing) == 1 and "time.process_time()" in _source(timing[0]), (
+        f"{path.name}: one cell measures the chapter's CPU time and glues ch{chapter}_seconds"
+    )
+    assert "hide-input" in timing[0].get("metadata", {}).get("tags", [])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_glued_number_is_recorded_by_the_chapter(path):
+    markdown = "\n".join(_markdown_cells(path))
+    code = "\n".join(_source(c) for c in _code_cells(path))
+    problems = glue_problems(markdown, code, f"ch{path.name[:2]}")
+    assert problems == [], f"{path.name}: {problems}"
+
+
+def test_references_bib_has_no_duplicate_keys():
+    keys = bib_keys(REFERENCES.read_text(encoding="utf-8"))
+    assert keys, "references.bib has no entries"
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    assert not duplicates, f"references.bib: duplicate keys {duplicates}"
+
+
+PAGES = NOTEBOOKS + sorted(BOOK.glob("*.md"))
+
+
+def _page_markdown(path: Path) -> str:
+    if path.suffix == ".ipynb":
+        return "\n".join(_markdown_cells(path))
+    return path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_every_citation_is_in_references_bib(path):
+    known = set(bib_keys(REFERENCES.read_text(encoding="utf-8")))
+    cited = [
+        k.strip() for group in CITE_ROLE.findall(_page_markdown(path)) for k in group.split(",")
+    ]
+    missing = sorted({k for k in cited if k not in known})
+    assert not missing, f"{path.name} cites keys missing from references.bib: {missing}"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_no_hand_written_citations(path):
+    found = plain_citations(_page_markdown(path))
+    assert not found, f"{path.name}: write these with {{cite:p}}/{{cite:t}}: {found}"
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_every_term_is_in_the_glossary(path):
+    terms = glossary_terms(GLOSSARY.read_text(encoding="utf-8"))
+    unknown = sorted({t for t in term_targets(_page_markdown(path)) if t.lower() not in terms})
+    assert not unknown, f"{path.name}: {{term}} targets missing from book/glossary.md: {unknown}"

@@ -31,11 +31,6 @@ __all__ = [
     "check_is_permutation_equivariant",
     "NamedLayer",
     "equivariance_test_layers",
-    "reference_row_softmax",
-    "reference_relevance_scores",
-    "reference_self_attention",
-    "reference_additive_scores",
-    "reference_is_permutation_equivariant",
 ]
 
 # --------------------------------------------------------------------------------------------

@@ -38,16 +38,10 @@ __all__ = [
     "check_blockwise_attention",
     "check_gradient_threshold",
     "median_score_gradient",
-    "reference_blockwise_attention",
-    "reference_gradient_threshold",
     "check_scaled_attention",
     "check_masked_softmax",
     "check_weight_entropy",
     "check_dot_product_variance",
-    "reference_scaled_attention",
-    "reference_masked_softmax",
-    "reference_weight_entropy",
-    "reference_dot_product_variance",
 ]
 
 # ---------------------------------------------------------------------------------------------

@@ -37,11 +37,6 @@ __all__ = [
     "check_grouped_query_attention",
     "check_attention_parameter_count",
     "check_kv_cache_bytes",
-    "reference_split_fused_qkv",
-    "reference_multi_head_attention",
-    "reference_grouped_query_attention",
-    "reference_attention_parameter_count",
-    "reference_kv_cache_bytes",
 ]
 
 # --------------------------------------------------------------------------------------------

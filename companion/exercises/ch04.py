@@ -10,7 +10,7 @@ stub in the notebook.
 exercise                                         check
 ===============================================  ==================================
 the sinusoidal table, by hand                    :func:`check_sinusoidal_table`
-the shift matrix ``M_Δ`` of the sin | cos layout  :func:`check_concat_shift_matrix`
+the shift matrix ``T_Δ`` of the sin | cos layout  :func:`check_concat_shift_matrix`
 the similarity ``PE[p] · PE[p + k]``, in closed form  :func:`check_pe_similarity`
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
 capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
@@ -40,15 +40,6 @@ __all__ = [
     "check_my_mha",
     "check_encode",
     "check_is_permutation_equivariant",
-    "reference_sinusoidal_table",
-    "reference_concat_table",
-    "reference_concat_shift_matrix",
-    "reference_pe_similarity",
-    "reference_rope_rotate",
-    "reference_mha_forward",
-    "reference_my_mha",
-    "reference_encode",
-    "reference_is_permutation_equivariant",
 ]
 
 #: The ``10000`` of "Attention Is All You Need"; every exercise of the chapter uses it.
@@ -107,7 +98,7 @@ def check_sinusoidal_table(
 
 
 # --------------------------------------------------------------------------------------------
-# The shift matrix M_Δ of the concatenated (sin | cos) layout
+# The shift matrix T_Δ of the concatenated (sin | cos) layout
 # --------------------------------------------------------------------------------------------
 
 
@@ -124,10 +115,10 @@ def reference_concat_table(max_len: int, d_model: int) -> Tensor:
 
 
 def reference_concat_shift_matrix(shift: int, d_model: int) -> Tensor:
-    """``M_Δ`` with ``PE[i + Δ] = M_Δ @ PE[i]`` (column vectors) for the **concatenated** layout.
+    """``T_Δ`` with ``PE[i + Δ] = T_Δ @ PE[i]`` (column vectors) for the **concatenated** layout.
 
     The four ``d/2 × d/2`` blocks are diagonal: ``[[C, S], [-S, C]]`` with
-    ``C = diag(cos(Δ ω_m))`` and ``S = diag(sin(Δ ω_m))`` - the interleaved ``M_Δ`` with its
+    ``C = diag(cos(Δ ω_m))`` and ``S = diag(sin(Δ ω_m))`` - the interleaved ``T_Δ`` with its
     rows and columns permuted.
 
     Args:

@@ -43,11 +43,6 @@ __all__ = [
     "check_decoder_mask",
     "check_additive_from_blocked",
     "check_future_leaks",
-    "reference_padding_mask",
-    "reference_causal_mask",
-    "reference_decoder_mask",
-    "reference_additive_from_blocked",
-    "reference_future_leaks",
 ]
 
 

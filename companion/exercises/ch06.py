@@ -37,11 +37,6 @@ __all__ = [
     "check_deepnorm_constants",
     "check_log_log_slope",
     "verify_pre_ln_slope_without_final_norm",
-    "reference_layer_norm",
-    "reference_pre_ln_block",
-    "reference_relative_updates",
-    "reference_deepnorm_constants",
-    "reference_log_log_slope",
     "PRE_LN_NO_FINAL_NORM_SLOPE_BAND",
 ]
 

@@ -46,11 +46,6 @@ __all__ = [
     "check_cached_attention_step",
     "check_beam_step",
     "check_sampling_distribution",
-    "reference_decoder_layer_forward",
-    "reference_parameter_count",
-    "reference_cached_attention_step",
-    "reference_beam_step",
-    "reference_sampling_distribution",
 ]
 
 # --------------------------------------------------------------------------------------------

@@ -40,11 +40,6 @@ __all__ = [
     "check_length_penalty",
     "check_modified_precision",
     "check_corpus_bleu",
-    "reference_noam_lr",
-    "reference_smoothed_targets",
-    "reference_length_penalty",
-    "reference_modified_precision",
-    "reference_corpus_bleu",
 ]
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,288 @@
+"""Exercises of chapter 11, "Bug clinic": find the bug, write the fixed version.
+
+Each exercise hands the reader a buggy piece of the clinic's Transformer
+(:mod:`companion.clinic`); the reader writes the fixed one. Each ``check_*`` function runs it on
+cases drawn from a seeded generator next to the reference solution kept in this module, and
+two of them then run the chapter's tests on the reader's version: the causal mask goes into a
+clinic model that must pass the leak test, and the split into heads into an attention module
+that must be permutation-equivariant. The checks call your function with keyword arguments,
+so keep the parameter names of the stub in the notebook.
+
+==============================================  ===================================
+exercise                                        check
+==============================================  ===================================
+the heads split without a transpose (bug 4)     :func:`check_split_heads`
+the causal mask off by one (bug 6)              :func:`check_causal_mask`
+the scale and the mask of attention (7, 11, 12) :func:`check_attention`
+the positional table (bug 8)                    :func:`check_positional_table`
+the greedy loop (bug 9)                         :func:`check_greedy_decode`
+==============================================  ===================================
+
+The reference solutions (``reference_split_heads``, ...) are module-level functions too; they
+are not exported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from companion import clinic
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    call_reader,
+    causal_bool_mask,
+    lengths_mask,
+    run_check,
+    seeded_generator,
+)
+
+__all__ = [
+    "check_split_heads",
+    "check_causal_mask",
+    "check_attention",
+    "check_positional_table",
+    "check_greedy_decode",
+]
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: split the heads (bug 4)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_split_heads(x: Tensor, num_heads: int) -> Tensor:
+    """``x (batch, seq, d_model)`` → ``(batch, num_heads, seq, d_model / num_heads)``: head
+    ``h`` holds features ``h·d_head … (h+1)·d_head − 1`` of every token."""
+    batch, seq, d_model = x.shape
+    x = x.view(batch, seq, num_heads, d_model // num_heads)  # (batch, seq, heads, d_head)
+    return x.transpose(1, 2)  # (batch, heads, seq, d_head)
+
+
+def _split_cases() -> list[Case]:
+    g = seeded_generator(110)
+    shapes = [(2, 5, 8, 2), (1, 4, 16, 4), (3, 4, 8, 4), (2, 2, 12, 2), (1, 6, 6, 3), (2, 1, 8, 4)]
+    return [
+        {"x": torch.randn(b, s, d, generator=g), "num_heads": h} for b, s, d, h in shapes
+    ]  # seq == heads in two cases: a wrong split keeps the shape there
+
+
+def _equivariance_problem(split_heads: Callable[..., Tensor]) -> str | None:
+    """The reader's split inside a clinic attention module: it must stay equivariant."""
+
+    class ReaderAttention(clinic.MultiHeadAttention):
+        def split_heads(self, x: Tensor) -> Tensor:
+            return split_heads(x=x, num_heads=self.num_heads)
+
+    torch.manual_seed(0)
+    attention = ReaderAttention(16, 4)
+    x = torch.randn(2, 7, 16, generator=seeded_generator(111))  # (batch, seq, d_model)
+    if not clinic.is_permutation_equivariant(lambda t: attention(t, t, t), x):
+        return "an attention module with your split is not permutation-equivariant"
+    return None
+
+
+def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``split_heads(x, num_heads)`` → ``(batch, heads, seq, d_head)``, then use it in an
+    attention module that must be permutation-equivariant."""
+    result = run_check(
+        "split_heads", split_heads, reference_split_heads, _split_cases(), verbose=False
+    )
+    if result:
+        problem = _equivariance_problem(split_heads)
+        if problem:
+            result = CheckResult(
+                "split_heads", False, result.cases_run, f"❌ split_heads: {problem}."
+            )
+    if verbose:
+        print(result.message)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: the causal mask (bug 6)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_causal_mask(size: int) -> Tensor:
+    """``(size, size)`` bool, ``True`` where query ``i`` may attend to key ``j``: ``j <= i``."""
+    return torch.tril(torch.ones(size, size, dtype=torch.bool))  # (size, size)
+
+
+def _mask_problem(causal_mask: Callable[..., Tensor]) -> str | None:
+    """Put the reader's mask in a clinic model; run the leak test."""
+
+    class ReaderModel(clinic.Transformer):
+        def causal_mask(self, size: int) -> Tensor:
+            return causal_mask(size=size)
+
+    torch.manual_seed(0)
+    model = ReaderModel(d_model=16, num_heads=2, num_layers=1, d_ff=32)
+    src, tgt_in, _ = clinic.toy_batch(1, seeded_generator(112), seq_len=6)
+    seen = clinic.causal_leak(model, src, tgt_in)  # (7, 7)
+    if seen.triu(1).any():
+        i, j = (int(v) for v in seen.triu(1).nonzero()[0])
+        return f"the model leaks: output {i} changes when the later input token {j} changes"
+    if not seen.diagonal().all():
+        return "the model's output i does not depend on input token i: the mask blocks it"
+    return None
+
+
+def check_causal_mask(causal_mask: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``causal_mask(size)`` → bool ``(size, size)``, then run the leak test on a clinic
+    model that uses it."""
+    cases = [{"size": n} for n in (1, 2, 3, 5, 8, 13)]
+    result = run_check("causal_mask", causal_mask, reference_causal_mask, cases, verbose=False)
+    if result:
+        got, failed = call_reader("causal_mask", 1, causal_mask, {"size": 4})
+        if failed is None and (not isinstance(got, Tensor) or got.dtype != torch.bool):
+            result = CheckResult(
+                "causal_mask", False, result.cases_run,
+                "❌ causal_mask: return a bool tensor (True = may attend), got "
+                f"{getattr(got, 'dtype', type(got).__name__)}",
+            )  # fmt: skip
+        else:
+            problem = _mask_problem(causal_mask)
+            if problem:
+                result = CheckResult(
+                    "causal_mask", False, result.cases_run, f"❌ causal_mask: {problem}."
+                )
+    if verbose:
+        print(result.message)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: attention, scaled and masked (bugs 7, 11, 12)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Scaled dot-product attention.
+
+    Args:
+        q: ``(batch, heads, q_len, d_k)``; k: ``(batch, heads, k_len, d_k)``;
+            v: ``(batch, heads, k_len, d_v)``.
+        mask: bool broadcastable to ``(batch, heads, q_len, k_len)``, ``True`` = may attend
+            (every row keeps at least one key), or ``None``.
+
+    Returns:
+        ``(batch, heads, q_len, d_v)``.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (batch, heads, q_len, k_len)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v  # (batch, heads, q_len, d_v)
+
+
+def _attention_cases() -> list[Case]:
+    g = seeded_generator(113)
+    cases: list[Case] = []
+    for b, h, q_len, k_len, d_k, d_v, kind in [
+        (2, 2, 5, 5, 8, 8, "causal"),
+        (1, 4, 6, 6, 16, 4, "causal"),
+        (2, 2, 4, 7, 8, 8, "padding"),
+        (3, 1, 3, 3, 4, 4, None),
+        (1, 2, 6, 6, 32, 8, "causal"),
+    ]:
+        if kind == "causal":
+            mask: Tensor | None = causal_bool_mask(q_len)  # (q_len, k_len)
+        elif kind == "padding":
+            lengths = torch.randint(1, k_len + 1, (b,), generator=g).tolist()
+            mask = lengths_mask(lengths, k_len)[:, None, None, :]  # (batch, 1, 1, k_len)
+        else:
+            mask = None
+        cases.append(
+            {
+                "q": torch.randn(b, h, q_len, d_k, generator=g) * 2,
+                "k": torch.randn(b, h, k_len, d_k, generator=g) * 2,
+                "v": torch.randn(b, h, k_len, d_v, generator=g),
+                "mask": mask,
+            }
+        )
+    return cases
+
+
+def check_attention(attention: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``attention(q, k, v, mask)`` → ``(batch, heads, q_len, d_v)``."""
+    return run_check(
+        "attention", attention, reference_attention, _attention_cases(), verbose=verbose
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4: the positional table (bug 8)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_positional_table(max_len: int, d_model: int) -> Tensor:
+    """``(max_len, d_model)`` float32: ``PE[p, 2i] = sin(p / 10000^(2i/d))``,
+    ``PE[p, 2i+1] = cos(p / 10000^(2i/d))``."""
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
+    angle = position / 10000 ** (two_i / d_model)  # (max_len, d_model/2)
+    table = torch.zeros(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table.float()  # (max_len, d_model)
+
+
+def check_positional_table(build_table: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``build_table(max_len, d_model)`` → ``(max_len, d_model)``."""
+    cases = [
+        {"max_len": n, "d_model": d} for n, d in ((10, 2), (50, 8), (100, 16), (64, 32), (5, 64))
+    ]
+    return run_check(
+        "positional_table",
+        build_table,
+        reference_positional_table,
+        cases,
+        atol=1e-5,
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: the greedy loop (bug 9)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_greedy_decode(model: clinic.Transformer, src: Tensor, max_len: int) -> Tensor:
+    """``(batch, max_len)`` ids: the clinic model's greedy output, the growing sequence fed
+    back at each step (:func:`companion.clinic.greedy_decode`)."""
+    with torch.no_grad():
+        return clinic.greedy_decode(model, src, max_len)  # (batch, max_len)
+
+
+class _CaseModel(clinic.Transformer):
+    """A small clinic model whose repr fits on one line of a check's report."""
+
+    def __repr__(self) -> str:
+        return "clinic.Transformer(d_model=16, num_heads=2, num_layers=1, d_ff=32)"
+
+
+def _greedy_cases() -> list[Case]:
+    g = seeded_generator(114)
+    cases: list[Case] = []
+    for seed, batch, seq_len, max_len in [(0, 3, 5, 8), (1, 2, 7, 4), (2, 4, 6, 6), (3, 1, 4, 9)]:
+        torch.manual_seed(seed)
+        model = _CaseModel(d_model=16, num_heads=2, num_layers=1, d_ff=32).eval()
+        src, _, _ = clinic.toy_batch(batch, g, seq_len=seq_len)  # (batch, seq_len + 1)
+        cases.append({"model": model, "src": src, "max_len": max_len})
+    return cases
+
+
+def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``greedy_decode(model, src, max_len)`` → ``(batch, max_len)`` on small random
+    clinic models, batches of several sentences and ``max_len`` unlike the source length."""
+
+    def no_grad(**kwargs: object) -> Tensor:
+        with torch.no_grad():
+            return greedy_decode(**kwargs)
+
+    return run_check(
+        "greedy_decode", no_grad, reference_greedy_decode, _greedy_cases(), verbose=verbose
+    )

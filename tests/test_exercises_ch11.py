@@ -1,0 +1,272 @@
+"""Chapter 11 exercise checks: the fixed versions pass, the bugs of the clinic are rejected (heads
+split without a transpose, a causal mask off by one or inverted or not boolean, the scale after
+the softmax or by d_k, a discarded masked_fill, no softmax, the doubled positional exponent, the
+blog's greedy loop and its partial fixes)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from companion import clinic
+from companion.exercises import ch11
+from companion.positional import sinusoidal_table
+
+# --------------------------------------------------------------------------------------------
+# split_heads
+# --------------------------------------------------------------------------------------------
+
+
+def split_permute(x, num_heads):
+    batch, seq, d_model = x.shape
+    return x.reshape(batch, seq, num_heads, d_model // num_heads).permute(0, 2, 1, 3)
+
+
+def split_view_only(x, num_heads):  # bug 4
+    batch, seq, d_model = x.shape
+    return x.view(batch, num_heads, seq, d_model // num_heads)
+
+
+def split_transpose_wrong_axes(x, num_heads):  # features cut the other way round
+    batch, seq, d_model = x.shape
+    return x.view(batch, seq, d_model // num_heads, num_heads).permute(0, 3, 1, 2)
+
+
+def split_contiguous_copy(x, num_heads):  # the same bug through reshape
+    batch, seq, d_model = x.shape
+    return x.reshape(batch, num_heads, seq, d_model // num_heads).contiguous()
+
+
+def test_split_heads_accepts_correct():
+    for fn in (ch11.reference_split_heads, split_permute):
+        assert ch11.check_split_heads(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    "wrong", [split_view_only, split_transpose_wrong_axes, split_contiguous_copy]
+)
+def test_split_heads_rejects_wrong(wrong):
+    assert not ch11.check_split_heads(wrong, verbose=False)
+
+
+def test_split_heads_reference_is_the_clinic_split():
+    attention = clinic.MultiHeadAttention(16, 4)
+    x = torch.randn(2, 5, 16)
+    assert torch.equal(attention.split_heads(x), ch11.reference_split_heads(x, 4))
+
+
+# --------------------------------------------------------------------------------------------
+# causal_mask
+# --------------------------------------------------------------------------------------------
+
+
+def mask_triu(size):
+    return torch.triu(torch.ones(size, size, dtype=torch.bool), 1) == 0
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda size: torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=1),  # bug 6c
+        lambda size: torch.tril(torch.ones(size, size)) == 0,  # bug 6b: inverted
+        lambda size: torch.tril(torch.ones(size, size)),  # float 0/1
+        lambda size: torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=-1),
+        lambda size: torch.ones(size, size, dtype=torch.bool),  # no mask
+    ],
+    ids=["off-by-one", "inverted", "float", "strict", "none"],
+)
+def test_causal_mask_rejects_wrong(wrong):
+    assert not ch11.check_causal_mask(wrong, verbose=False)
+
+
+def test_causal_mask_accepts_correct():
+    for fn in (ch11.reference_causal_mask, mask_triu):
+        assert ch11.check_causal_mask(fn, verbose=False)
+
+
+def test_causal_mask_check_runs_the_leak_test(capsys):
+    """A mask that matches on the small cases but leaks in the model is still caught."""
+    calls = {"n": 0}
+
+    def leaks_in_the_model(size):
+        calls["n"] += 1
+        diagonal = 1 if size == 7 else 0  # the leak test's length
+        return torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=diagonal)
+
+    assert not ch11.check_causal_mask(leaks_in_the_model)
+    assert "leaks" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------------
+
+
+def attention_parts(q, k, v, mask, *, scale="sqrt", keep_mask=True, softmax=True, after=False):
+    d_k = q.shape[-1]
+    scores = q @ k.transpose(-2, -1)
+    if not after:
+        scores = scores / (math.sqrt(d_k) if scale == "sqrt" else d_k)
+    if mask is not None:
+        if keep_mask:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1) if softmax else scores.masked_fill(scores.isinf(), 0)
+    if after:
+        weights = weights / math.sqrt(d_k)
+    return weights @ v
+
+
+def test_attention_accepts_correct():
+    assert ch11.check_attention(ch11.reference_attention, verbose=False)
+    assert ch11.check_attention(attention_parts, verbose=False)
+    assert ch11.check_attention(
+        lambda q, k, v, mask: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask
+        ),
+        verbose=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"after": True},  # bug 7a
+        {"scale": "d_k"},  # bug 7b
+        {"keep_mask": False},  # bug 11
+        {"softmax": False},  # bug 12
+        {"keep_mask": False, "after": True},  # the notebook's stub
+    ],
+    ids=["after-softmax", "by-d_k", "discarded-mask", "no-softmax", "stub"],
+)
+def test_attention_rejects_wrong(options):
+    assert not ch11.check_attention(
+        lambda q, k, v, mask: attention_parts(q, k, v, mask, **options), verbose=False
+    )
+
+
+def test_attention_rejects_inverted_mask():
+    def inverted(q, k, v, mask):  # bug 6b: the blocked keys passed as the allowed ones
+        return ch11.reference_attention(q, k, v, None if mask is None else ~mask)
+
+    assert not ch11.check_attention(inverted, verbose=False)
+
+
+# --------------------------------------------------------------------------------------------
+# positional table
+# --------------------------------------------------------------------------------------------
+
+
+def table_loop(max_len, d_model, *, double=False, next_cos=False):
+    table = torch.zeros(max_len, d_model)
+    for pos in range(max_len):
+        for i in range(0, d_model, 2):
+            exponent = (2 * i if double else i) / d_model
+            table[pos, i] = math.sin(pos / 10000**exponent)
+            cos_exponent = (2 * (i + 1) if double else (i + 1 if next_cos else i)) / d_model
+            table[pos, i + 1] = math.cos(pos / 10000**cos_exponent)
+    return table
+
+
+def test_positional_table_accepts_correct():
+    assert ch11.check_positional_table(ch11.reference_positional_table, verbose=False)
+    assert ch11.check_positional_table(table_loop, verbose=False)
+    assert ch11.check_positional_table(lambda max_len, d_model: sinusoidal_table(max_len, d_model))
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        clinic.DoubledExponentPositions.build_table,  # bug 8, both halves
+        lambda max_len, d_model: table_loop(max_len, d_model, next_cos=True),  # half fixed
+        lambda max_len, d_model: table_loop(max_len, d_model, double=True),
+        lambda max_len, d_model: table_loop(max_len, d_model).flip(1),  # cos first
+    ],
+    ids=["bug-8", "cosine-next-index", "doubled", "cos-sin"],
+)
+def test_positional_table_rejects_wrong(wrong):
+    assert not ch11.check_positional_table(wrong, verbose=False)
+
+
+def test_reference_table_is_the_package_table():
+    assert torch.allclose(ch11.reference_positional_table(40, 16), sinusoidal_table(40, 16))
+
+
+# --------------------------------------------------------------------------------------------
+# greedy decoding
+# --------------------------------------------------------------------------------------------
+
+
+def greedy_batched_last_token(model, src, max_len):  # .item() and the length fixed, history not
+    src_mask = model.make_src_mask(src)
+    memory = model.encode(src, src_mask)
+    token = torch.full((src.shape[0], 1), clinic.BOS_ID)
+    out = []
+    for _ in range(max_len):
+        next_token = model.decode(token, memory, src_mask)[:, -1].argmax(dim=-1)
+        out.append(next_token)
+        token = next_token[:, None]
+    return torch.stack(out, dim=1)
+
+
+def greedy_source_length(model, src, max_len):  # history and batch fixed, the length not
+    return clinic.greedy_decode(model, src, src.shape[1])
+
+
+def greedy_one_by_one(model, src, max_len):  # correct, one sentence at a time
+    return torch.cat(
+        [clinic.greedy_decode(model, src[b : b + 1], max_len) for b in range(len(src))]
+    )
+
+
+def test_greedy_accepts_correct():
+    assert ch11.check_greedy_decode(ch11.reference_greedy_decode, verbose=False)
+    assert ch11.check_greedy_decode(clinic.greedy_decode, verbose=False)
+    assert ch11.check_greedy_decode(greedy_one_by_one, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [clinic.last_token_greedy_decode, greedy_batched_last_token, greedy_source_length],
+    ids=["bug-9", "last-token-batched", "source-length"],
+)
+def test_greedy_rejects_wrong(wrong):
+    assert not ch11.check_greedy_decode(wrong, verbose=False)
+
+
+# --------------------------------------------------------------------------------------------
+# the module
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "check,reference",
+    [
+        (ch11.check_split_heads, ch11.reference_split_heads),
+        (ch11.check_causal_mask, ch11.reference_causal_mask),
+        (ch11.check_attention, ch11.reference_attention),
+        (ch11.check_positional_table, ch11.reference_positional_table),
+        (ch11.check_greedy_decode, ch11.reference_greedy_decode),
+    ],
+)
+def test_reference_passes_its_own_check(check, reference, capsys):
+    assert check(reference)
+    assert "✅" in capsys.readouterr().out
+
+
+def test_stubs_are_reported_not_raised(capsys):
+    def stub(**kwargs):
+        raise NotImplementedError
+
+    for check in (ch11.check_split_heads, ch11.check_causal_mask, ch11.check_attention,
+                  ch11.check_positional_table, ch11.check_greedy_decode):  # fmt: skip
+        assert not check(stub)
+    assert capsys.readouterr().out.count("not attempted yet") == 5
+
+
+def test_only_the_checks_are_exported():
+    assert all(name.startswith("check_") for name in ch11.__all__)
+    assert len(ch11.__all__) == 5
