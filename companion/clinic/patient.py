@@ -1,0 +1,391 @@
+"""The patient of chapter 11's bug clinic: a Transformer written the way blog posts write one
+from scratch (correct).
+
+Short classes (:class:`PositionalEncoding`, :class:`MultiHeadAttention`, :class:`FeedForward`,
+:class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`, :class:`Decoder`,
+:class:`Transformer`), :func:`greedy_decode`, :func:`sequence_loss`, and the toy task's ids. The
+bugs of :mod:`companion.clinic.ward1` each override one method of these classes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from companion._validation import check_instance, check_positive_int
+
+__all__ = [
+    "PAD_ID",
+    "BOS_ID",
+    "EOS_ID",
+    "UNK_ID",
+    "VOCAB_SIZE",
+    "SEQ_LEN",
+    "Parts",
+    "PositionalEncoding",
+    "MultiHeadAttention",
+    "FeedForward",
+    "EncoderLayer",
+    "DecoderLayer",
+    "Encoder",
+    "Decoder",
+    "Transformer",
+    "TokenEmbedding",
+    "greedy_decode",
+    "sequence_loss",
+]
+
+#: The toy task's ids follow :mod:`companion.data.vocab`: four special tokens, then 7 symbols.
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+VOCAB_SIZE = 11
+#: Symbols per toy sequence; a source is the symbols and ``<eos>``: 13 tokens.
+SEQ_LEN = 12
+
+
+class PositionalEncoding(nn.Module):
+    """Adds the sinusoidal table of the paper: ``PE[p, 2i] = sin(p / 10000^(2i/d))``,
+    ``PE[p, 2i+1] = cos(p / 10000^(2i/d))``.
+
+    The table is a non-persistent buffer: it is not in ``state_dict``, as in
+    :class:`companion.positional.SinusoidalPositionalEncoding`.
+
+    Args:
+        d_model: size of the vectors (even).
+        max_len: number of positions in the table.
+    """
+
+    def __init__(self, d_model: int, max_len: int = 64) -> None:
+        super().__init__()
+        table = self.build_table(max_len, d_model)  # (max_len, d_model)
+        self.register_buffer("table", table[None], persistent=False)  # (1, max_len, d_model)
+
+    @staticmethod
+    def build_table(max_len: int, d_model: int) -> Tensor:
+        """The ``(max_len, d_model)`` table, sine on even and cosine on odd dimensions."""
+        position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+        two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,): 0, 2, 4, ...
+        angle = position / 10000 ** (two_i / d_model)  # (max_len, d_model/2)
+        table = torch.zeros(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
+        table[:, 0::2] = torch.sin(angle)  # even dimensions 2i
+        table[:, 1::2] = torch.cos(angle)  # odd dimensions 2i + 1, the same frequency
+        return table.float()  # (max_len, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x (batch, seq_len, d_model)`` → the same shape, positions added."""
+        seq_len = x.size(1)
+        return x + self.table[:, :seq_len]  # (batch, seq_len, d_model)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: project, split into heads, attend, merge, project.
+
+    Args:
+        d_model: size of the vectors; ``d_head = d_model / num_heads``.
+        num_heads: number of heads.
+        dropout: dropout on the attention weights.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.query_proj = nn.Linear(d_model, d_model)
+        self.key_proj = nn.Linear(d_model, d_model)
+        self.value_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None
+    ) -> Tensor:
+        """``query (batch, q_len, d_model)``, ``key``/``value (batch, k_len, d_model)``, ``mask``
+        boolean broadcastable to ``(batch, heads, q_len, k_len)`` (``True`` = may attend) →
+        ``(batch, q_len, d_model)``."""
+        q, k, v = self.project(query, key, value)  # (batch, heads, len, d_head) each
+        out, _ = self.attend(q, k, v, mask)  # (batch, heads, q_len, d_head)
+        return self.out_proj(self.merge_heads(out))  # (batch, q_len, d_model)
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The three ``d_model × d_model`` projections, then the split into heads."""
+        q = self.split_heads(self.query_proj(query))  # (batch, heads, q_len, d_head)
+        k = self.split_heads(self.key_proj(key))  # (batch, heads, k_len, d_head)
+        v = self.split_heads(self.value_proj(value))  # (batch, heads, k_len, d_head)
+        return q, k, v
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """``(batch, seq, d_model)`` → ``(batch, heads, seq, d_head)``: head ``h`` gets
+        features ``h·d_head … (h+1)·d_head − 1`` of every token."""
+        batch, seq, _ = x.shape
+        x = x.view(batch, seq, self.num_heads, self.d_head)  # (batch, seq, heads, d_head)
+        return x.transpose(1, 2)  # (batch, heads, seq, d_head)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """``(batch, heads, seq, d_head)`` → ``(batch, seq, d_model)``."""
+        batch, _, seq, _ = x.shape
+        x = x.transpose(1, 2)  # (batch, seq, heads, d_head)
+        return x.reshape(batch, seq, self.num_heads * self.d_head)  # (batch, seq, d_model)
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Scaled dot-product attention in every head: ``(output, weights)``, shapes
+        ``(batch, heads, q_len, d_head)`` and ``(batch, heads, q_len, k_len)``."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (batch, heads, q_len, k_len)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))  # blocked keys get no weight
+        weights = torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len), rows sum to 1
+        return self.dropout(weights) @ v, weights  # (batch, heads, q_len, d_head)
+
+
+class FeedForward(nn.Module):
+    """``Linear(d_model, d_ff)`` → ReLU → dropout → ``Linear(d_ff, d_model)``."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.hidden_proj = nn.Linear(d_model, d_ff)
+        self.output_proj = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(batch, seq, d_model)`` → the same shape."""
+        return self.output_proj(self.dropout(F.relu(self.hidden_proj(x))))  # (batch, seq, d_model)
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The classes a :class:`Transformer` is built from; a bug replaces one of them."""
+
+    positions: type[PositionalEncoding] = PositionalEncoding
+    attention: type[MultiHeadAttention] = MultiHeadAttention
+    decoder_layer: type[DecoderLayer] | None = None  # None: DecoderLayer
+    decoder: type[Decoder] | None = None  # None: Decoder
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN encoder layer: ``x = norm(x + dropout(sublayer(x)))`` around self-attention,
+    then around the feed-forward network."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        attention: type[MultiHeadAttention] = MultiHeadAttention,
+    ) -> None:
+        super().__init__()
+        self.self_attention = attention(d_model, num_heads, dropout)
+        self.self_attention_norm = nn.LayerNorm(d_model)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.feed_forward_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``x (batch, src_len, d_model)``, ``mask`` over the keys → the same shape."""
+        attended = self.self_attention(x, x, x, mask)  # (batch, src_len, d_model)
+        x = self.self_attention_norm(x + self.dropout(attended))  # (batch, src_len, d_model)
+        return self.feed_forward_norm(x + self.dropout(self.feed_forward(x)))  # same shape
+
+
+class DecoderLayer(nn.Module):
+    """Post-LN decoder layer: causal self-attention over the target, cross-attention to the
+    encoder output (``memory``), feed-forward network."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        attention: type[MultiHeadAttention] = MultiHeadAttention,
+    ) -> None:
+        super().__init__()
+        self.self_attention = attention(d_model, num_heads, dropout)
+        self.self_attention_norm = nn.LayerNorm(d_model)
+        self.cross_attention = attention(d_model, num_heads, dropout)
+        self.cross_attention_norm = nn.LayerNorm(d_model)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.feed_forward_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+    ) -> Tensor:
+        """``x (batch, tgt_len, d_model)``, ``memory (batch, src_len, d_model)`` → like ``x``."""
+        attended = self.self_attention(x, x, x, tgt_mask)  # (batch, tgt_len, d_model)
+        x = self.self_attention_norm(x + self.dropout(attended))  # (batch, tgt_len, d_model)
+        x = self.cross_attention_block(x, memory, src_mask)  # (batch, tgt_len, d_model)
+        return self.feed_forward_norm(x + self.dropout(self.feed_forward(x)))  # same shape
+
+    def cross_attention_block(self, x: Tensor, memory: Tensor, src_mask: Tensor | None) -> Tensor:
+        """Queries from the target, keys and values from the source; the residual carries
+        ``x``, the sub-layer's input."""
+        attended = self.cross_attention(x, memory, memory, src_mask)  # (batch, tgt_len, d_model)
+        return self.cross_attention_norm(x + self.dropout(attended))  # (batch, tgt_len, d_model)
+
+
+class Encoder(nn.Module):
+    """``num_layers`` encoder layers."""
+
+    def __init__(self, num_layers: int, make_layer: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(make_layer() for _ in range(num_layers))
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        """``(batch, src_len, d_model)`` → the same shape."""
+        for layer in self.layers:
+            x = layer(x, mask)  # (batch, src_len, d_model)
+        return x
+
+
+class Decoder(nn.Module):
+    """``num_layers`` decoder layers, each reading the final encoder output."""
+
+    def __init__(self, num_layers: int, make_layer: Callable[[], nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(make_layer() for _ in range(num_layers))
+
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+    ) -> Tensor:
+        """``x (batch, tgt_len, d_model)``, ``memory (batch, src_len, d_model)`` → like ``x``."""
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)  # (batch, tgt_len, d_model)
+        return x
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder of the paper, small, for the toy task; returns logits.
+
+    Args:
+        vocab_size: one vocabulary for source and target.
+        d_model, num_heads, num_layers, d_ff: sizes (``num_layers`` in each stack).
+        dropout: dropout probability everywhere.
+        max_len: positions in the table.
+        pad_id: the padding id (its keys are masked).
+        parts: the classes to build from (:class:`Parts`); a bug swaps one.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = VOCAB_SIZE,
+        d_model: int = 32,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        d_ff: int = 64,
+        dropout: float = 0.0,
+        max_len: int = 64,
+        pad_id: int = PAD_ID,
+        parts: Parts | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
+                            ("num_layers", num_layers), ("d_ff", d_ff), ("max_len", max_len)):  # fmt: skip
+            check_positive_int(name, value)
+        if d_model % (2 * num_heads):
+            raise ValueError(
+                f"d_model must be a multiple of 2·num_heads = {2 * num_heads} (heads of even "
+                f"size, sin/cos pairs), got d_model={d_model}"
+            )
+        parts = check_instance("parts", Parts() if parts is None else parts, Parts)
+        self.sizes = dict(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads,
+                          num_layers=num_layers, d_ff=d_ff, dropout=dropout, max_len=max_len,
+                          pad_id=pad_id)  # fmt: skip
+        self.pad_id = pad_id
+        decoder_layer = parts.decoder_layer or DecoderLayer
+        self.src_embedding = TokenEmbedding(vocab_size, d_model)
+        self.tgt_embedding = TokenEmbedding(vocab_size, d_model)
+        self.src_positions = parts.positions(d_model, max_len)
+        self.tgt_positions = parts.positions(d_model, max_len)
+        self.encoder = Encoder(
+            num_layers, lambda: EncoderLayer(d_model, num_heads, d_ff, dropout, parts.attention)
+        )
+        self.decoder = (parts.decoder or Decoder)(
+            num_layers, lambda: decoder_layer(d_model, num_heads, d_ff, dropout, parts.attention)
+        )
+        self.generator = nn.Linear(d_model, vocab_size)
+        for module in (self.encoder, self.decoder, self.generator):
+            for parameter in module.parameters():
+                if parameter.dim() > 1:
+                    nn.init.xavier_uniform_(parameter)
+        nn.init.zeros_(self.generator.bias)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """``src (batch, src_len)``, ``tgt (batch, tgt_len)`` (the target shifted right) →
+        logits ``(batch, tgt_len, vocab_size)``."""
+        src_mask = self.make_src_mask(src)  # (batch, 1, 1, src_len)
+        memory = self.encode(src, src_mask)  # (batch, src_len, d_model)
+        return self.decode(tgt, memory, src_mask)  # (batch, tgt_len, vocab_size)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """``src (batch, src_len)`` → ``memory (batch, src_len, d_model)``."""
+        x = self.src_positions(self.src_embedding(src))  # (batch, src_len, d_model)
+        return self.encoder(x, src_mask)  # (batch, src_len, d_model)
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """``tgt (batch, tgt_len)``, ``memory (batch, src_len, d_model)`` → logits."""
+        causal = self.causal_mask(tgt.shape[1]).to(tgt.device)  # (tgt_len, tgt_len)
+        tgt_mask = (tgt != self.pad_id)[:, None, None, :] & causal  # (batch, 1, tgt_len, tgt_len)
+        y = self.tgt_positions(self.tgt_embedding(tgt))  # (batch, tgt_len, d_model)
+        y = self.decoder(y, memory, src_mask, tgt_mask)  # (batch, tgt_len, d_model)
+        return self.generate(y)  # (batch, tgt_len, vocab_size)
+
+    def generate(self, y: Tensor) -> Tensor:
+        """``(batch, tgt_len, d_model)`` → logits ``(batch, tgt_len, vocab_size)``: no softmax,
+        the loss applies it."""
+        return self.generator(y)  # (batch, tgt_len, vocab_size)
+
+    def make_src_mask(self, src: Tensor) -> Tensor:
+        """``(batch, 1, 1, src_len)``, ``True`` for the real (non-padding) source keys."""
+        return (src != self.pad_id)[:, None, None, :]  # (batch, 1, 1, src_len)
+
+    def causal_mask(self, size: int) -> Tensor:
+        """``(size, size)``, ``True`` where query ``i`` may attend to key ``j``: ``j <= i``."""
+        return torch.tril(torch.ones(size, size, dtype=torch.bool))  # (size, size)
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids → vectors × ``√d_model`` (the table starts with std ``1/√d_model``)."""
+
+    def __init__(self, vocab_size: int, d_model: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        nn.init.normal_(self.embedding.weight, std=d_model**-0.5)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """``(batch, len)`` ids → ``(batch, len, d_model)``."""
+        return self.embedding(tokens) * self.scale  # (batch, len, d_model)
+
+
+def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
+    """Greedy decoding for a whole batch: feed the growing sequence back at every step.
+
+    Args:
+        model: a clinic :class:`Transformer`.
+        src: ``(batch, src_len)`` source ids.
+        max_len: number of tokens to generate (the toy targets have a fixed length, so the
+            loop does not stop at ``<eos>``).
+
+    Returns:
+        ``(batch, max_len)`` ids, without the leading ``<bos>``.
+    """
+    check_positive_int("max_len", max_len)
+    src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len)
+    memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
+    ys = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long)  # (batch, 1)
+    for _ in range(max_len):
+        logits = model.decode(ys, memory, src_mask)  # (batch, t, vocab): the whole prefix
+        next_token = logits[:, -1].argmax(dim=-1)  # (batch,): every row at once
+        ys = torch.cat([ys, next_token[:, None]], dim=1)  # (batch, t + 1)
+    return ys[:, 1:]  # (batch, max_len)
+
+
+def sequence_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy of ``logits (batch, len, vocab)`` against ``targets (batch, len)``,
+    padding ignored. ``F.cross_entropy`` applies the log-softmax itself: pass logits."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID)

@@ -1,0 +1,209 @@
+"""Ward 1 of chapter 11's bug clinic: bugs 1-10, planted in the model.
+
+Each bug overrides one method of the correct class of :mod:`companion.clinic.patient` (bug 9
+is a decoding function, the twin of :func:`~companion.clinic.patient.greedy_decode`), so that
+``inspect.getsource`` shows the bug beside the fix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from companion.clinic.patient import (
+    BOS_ID,
+    Decoder,
+    DecoderLayer,
+    MultiHeadAttention,
+    PositionalEncoding,
+    Transformer,
+)
+
+__all__ = [
+    "SwappedDecoderCall",
+    "ValueResidual",
+    "SharedHeadProjection",
+    "ViewWithoutTranspose",
+    "SoftmaxGenerator",
+    "TruthinessMask",
+    "InvertedCausalMask",
+    "CausalOffByOne",
+    "ScaleAfterSoftmax",
+    "ScaleByDk",
+    "DoubledExponentPositions",
+    "SlicedPositions",
+    "last_token_greedy_decode",
+    "SharedAttentionLayer",
+]
+
+
+class SwappedDecoderCall(Decoder):
+    """Bug 1: the layers are called with ``x`` and ``memory`` swapped, so the decoder's
+    self-attention runs on the encoder output."""
+
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+    ) -> Tensor:
+        """As :meth:`Decoder.forward`, arguments in the wrong order."""
+        for layer in self.layers:
+            x = layer(memory, x, src_mask, tgt_mask)  # BUG: should be layer(x, memory, ...)
+        return x
+
+
+class ValueResidual(DecoderLayer):
+    """Bug 2: the cross-attention's residual adds its *value* input (the encoder output)."""
+
+    def cross_attention_block(self, x: Tensor, memory: Tensor, src_mask: Tensor | None) -> Tensor:
+        """As :meth:`DecoderLayer.cross_attention_block`, adding the wrong input."""
+        attended = self.cross_attention(x, memory, memory, src_mask)  # (batch, tgt_len, d_model)
+        return self.cross_attention_norm(memory + self.dropout(attended))  # BUG: memory, not x
+
+
+class SharedHeadProjection(MultiHeadAttention):
+    """Bug 3: one small ``Linear(d_head, d_head)`` per projection, shared by all heads and
+    applied after the split, instead of a full ``d_model × d_model`` projection."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__(d_model, num_heads, dropout)
+        self.query_proj = nn.Linear(self.d_head, self.d_head)  # BUG: d_head × d_head
+        self.key_proj = nn.Linear(self.d_head, self.d_head)
+        self.value_proj = nn.Linear(self.d_head, self.d_head)
+
+    def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Split first, then the same small projection in every head: no mixing across heads."""
+        q = self.query_proj(self.split_heads(query))  # (batch, heads, q_len, d_head)
+        k = self.key_proj(self.split_heads(key))  # (batch, heads, k_len, d_head)
+        v = self.value_proj(self.split_heads(value))  # (batch, heads, k_len, d_head)
+        return q, k, v
+
+
+class ViewWithoutTranspose(MultiHeadAttention):
+    """Bug 4: the heads are split with a ``view`` straight to ``(batch, heads, seq, d_head)``."""
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        """Right shape, wrong contents: memory order puts pieces of several tokens in a head."""
+        batch, seq, _ = x.shape
+        return x.view(batch, self.num_heads, seq, self.d_head)  # BUG: no transpose
+
+
+class SoftmaxGenerator(Transformer):
+    """Bug 5: the generator applies softmax, and ``F.cross_entropy`` applies it again."""
+
+    def generate(self, y: Tensor) -> Tensor:
+        """Probabilities instead of logits."""
+        return torch.softmax(self.generator(y), dim=-1)  # BUG: the loss expects logits
+
+
+class TruthinessMask(MultiHeadAttention):
+    """Bug 6a: the mask is tested with Python truthiness (``if mask:``)."""
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """As :meth:`MultiHeadAttention.attend` with ``if mask:``."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (batch, heads, q_len, k_len)
+        if mask:  # BUG: should be `if mask is not None:`
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len)
+        return self.dropout(weights) @ v, weights
+
+
+class InvertedCausalMask(Transformer):
+    """Bug 6b: the causal mask built with ``== 0`` for code whose convention is ``True`` = may
+    attend: every query sees only the strictly later keys."""
+
+    def causal_mask(self, size: int) -> Tensor:
+        """The blocked positions, passed where the allowed ones are expected."""
+        return torch.tril(torch.ones(size, size)) == 0  # BUG: True above the diagonal
+
+
+class CausalOffByOne(Transformer):
+    """Bug 6c: the causal mask shifted by one diagonal: each query also sees the next token."""
+
+    def causal_mask(self, size: int) -> Tensor:
+        """One diagonal too many."""
+        return torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=1)  # BUG: diagonal=0
+
+
+class ScaleAfterSoftmax(MultiHeadAttention):
+    """Bug 7a: the ``√d_k`` scale applied to the weights, after the softmax."""
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Rows of weights sum to ``1/√d_k``."""
+        scores = q @ k.transpose(-2, -1)  # (batch, heads, q_len, k_len)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1) / math.sqrt(self.d_head)  # BUG: after softmax
+        return self.dropout(weights) @ v, weights
+
+
+class ScaleByDk(MultiHeadAttention):
+    """Bug 7b: the scores divided by ``d_k`` instead of ``√d_k``."""
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Weights too flat: a softmax at temperature ``√d_k``."""
+        scores = q @ k.transpose(-2, -1) / self.d_head  # BUG: should be math.sqrt(self.d_head)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len)
+        return self.dropout(weights) @ v, weights
+
+
+class DoubledExponentPositions(PositionalEncoding):
+    """Bug 8: the loop index ``i`` already steps by 2, yet the exponent doubles it again; and
+    the cosine takes the frequency of the next index."""
+
+    @staticmethod
+    def build_table(max_len: int, d_model: int) -> Tensor:
+        """The table of the blog posts' double loop."""
+        table = torch.zeros(max_len, d_model)  # (max_len, d_model)
+        for pos in range(max_len):
+            for i in range(0, d_model, 2):  # i = 0, 2, 4, ...: i is already "2i"
+                table[pos, i] = math.sin(pos / 10000 ** (2 * i / d_model))  # BUG: 2·i
+                table[pos, i + 1] = math.cos(pos / 10000 ** (2 * (i + 1) / d_model))  # BUG: i + 1
+        return table
+
+
+class SlicedPositions(DoubledExponentPositions):
+    """Bug 8's popular "fix": slicing the table with ``x.size(1)`` and an explicit last axis.
+    It selects the same rows as before, so the bug stays."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The same slice, spelled differently."""
+        return x + self.table[:, : x.size(1), :]  # (batch, seq_len, d_model): changes nothing
+
+
+def last_token_greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
+    """Bug 9: the inference loop of the blog posts. It feeds back only the last token, reads the
+    prediction with ``.item()`` (a batch of one only) and loops for the *source* length,
+    ignoring ``max_len``."""
+    memory = model.encode(src, model.make_src_mask(src))  # (1, src_len, d_model)
+    token = torch.tensor([[BOS_ID]])  # (1, 1)
+    out = []
+    for _ in range(src.shape[1]):  # BUG: the source length, not max_len
+        logits = model.decode(token, memory, model.make_src_mask(src))  # BUG: only the last token
+        next_id = logits[:, -1].argmax(dim=-1).item()  # BUG: .item() works for batch 1 only
+        out.append(next_id)
+        token = torch.tensor([[next_id]])  # (1, 1): the history is lost
+    return torch.tensor([out])  # (1, src_len)
+
+
+class SharedAttentionLayer(DecoderLayer):
+    """Bug 10: one attention module object serves self- and cross-attention."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        attention: type[MultiHeadAttention] = MultiHeadAttention,
+    ) -> None:
+        super().__init__(d_model, num_heads, d_ff, dropout, attention)
+        self.cross_attention = self.self_attention  # BUG: the same weights for both
