@@ -60,17 +60,15 @@ def toy_batch(
     return src, tgt_in, tgt_out
 
 
-def train_toy(
-    model: nn.Module, steps: int, *, batch_size: int = 64, lr: float = 3e-3, seed: int = 0
+def _adam_steps(
+    model: nn.Module, steps: int, lr: float, next_batch: Callable[[], tuple[Tensor, Tensor, Tensor]]
 ) -> list[float]:
-    """Train ``model`` on fresh :func:`toy_batch` batches with Adam; the loss of every step."""
-    check_positive_int("steps", steps)
-    generator = torch.Generator().manual_seed(seed)
+    """``steps`` Adam steps on the batches ``next_batch()`` returns; the loss of every step."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     losses = []
     for _ in range(steps):
-        src, tgt_in, tgt_out = toy_batch(batch_size, generator)
+        src, tgt_in, tgt_out = next_batch()  # (batch, seq) each
         loss = sequence_loss(model(src, tgt_in), tgt_out)  # a scalar
         optimizer.zero_grad()
         loss.backward()
@@ -78,6 +76,15 @@ def train_toy(
         losses.append(loss.item())
     model.eval()
     return losses
+
+
+def train_toy(
+    model: nn.Module, steps: int, *, batch_size: int = 64, lr: float = 3e-3, seed: int = 0
+) -> list[float]:
+    """Train ``model`` on fresh :func:`toy_batch` batches with Adam; the loss of every step."""
+    check_positive_int("steps", steps)
+    generator = torch.Generator().manual_seed(seed)
+    return _adam_steps(model, steps, lr, lambda: toy_batch(batch_size, generator))
 
 
 def greedy_accuracy(
@@ -159,15 +166,5 @@ def overfit_one_batch(
     model: nn.Module, steps: int = 100, lr: float = 3e-3, seed: int = 0
 ) -> list[float]:
     """Train on one fixed batch of 16 toy examples: a correct model drives the loss towards 0."""
-    src, tgt_in, tgt_out = toy_batch(16, torch.Generator().manual_seed(seed))
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    losses = []
-    for _ in range(steps):
-        loss = sequence_loss(model(src, tgt_in), tgt_out)  # a scalar
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
+    batch = toy_batch(16, torch.Generator().manual_seed(seed))
+    return _adam_steps(model, steps, lr, lambda: batch)
