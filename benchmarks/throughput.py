@@ -2,8 +2,10 @@
 
 Both models get the same configuration, the same batches and the same training step
 (forward, label-smoothed cross-entropy (ε = 0.1; torch's ``F.cross_entropy`` for torch,
-``companion.train.sequence_loss`` for companion), backward, Adam step), dropout 0.1 in
-train mode. To compare the
+``companion.train.sequence_loss`` for companion), backward, Adam step with
+``companion.train.adam`` for both), dropout 0.1 in train mode at the same sites
+(``--attention-dropout`` and ``--activation-dropout`` change two of them in both models,
+as ``TransformerConfig`` does in companion's). To compare the
 *stacks* only, both use the same kind of token embeddings (companion.TokenEmbedding, ×√d),
 the same sinusoidal positions and the same generator (nn.Linear to the vocabulary); only the
 encoder/decoder stacks differ:
@@ -21,8 +23,9 @@ counts the FLOPs of one companion step (``torch.utils.flop_counter``) and divide
 FLOP/s by the FLOP/s of a large ``torch.mm`` measured in the same run.
 
 Usage: ``python benchmarks/throughput.py [--norm-first] [--batch 16] [--length 128]``
-``[--budget 150]``: the run stops timing pairs early enough to finish within ``--budget``
-seconds (at least one pair), so it stays under 3 minutes even on a busy machine.
+``[--heads 8] [--d-ff 1024] [--vocab 1000] [--budget 150]``: the run stops timing pairs early
+enough to finish within ``--budget`` seconds (at least one pair), so it stays under 3 minutes
+even on a busy machine.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdp
 import companion
 from companion.model import TokenEmbedding
 from companion.positional import SinusoidalPositionalEncoding
-from companion.train import sequence_loss
+from companion.train import adam, sequence_loss
 
 PAD = 0
 #: Label smoothing of the course's runs, used by both models' losses.
@@ -59,6 +62,8 @@ class TorchReference(nn.Module):
         d_ff: int,
         dropout: float,
         norm_first: bool,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.src_embedding = TokenEmbedding(vocab, d_model)
@@ -69,6 +74,12 @@ class TorchReference(nn.Module):
             d_model, heads, layers, layers, d_ff, dropout, batch_first=True, norm_first=norm_first
         )
         self.generator = nn.Linear(d_model, vocab)
+        for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+            for name in ("self_attn", "multihead_attn"):  # the decoder has both
+                if attention_dropout is not None and hasattr(layer, name):
+                    getattr(layer, name).dropout = attention_dropout
+            if activation_dropout is not None:
+                layer.dropout.p = activation_dropout  # torch's feed-forward dropout
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         tgt_len = tgt.shape[1]
@@ -174,6 +185,14 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128, help="tokens per sentence")
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of Post-LN")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--d-ff", type=int, default=1024)
+    parser.add_argument(
+        "--attention-dropout", type=float, default=None, help="default: the dropout, 0.1"
+    )
+    parser.add_argument(
+        "--activation-dropout", type=float, default=None, help="default: the dropout, 0.1"
+    )
     parser.add_argument("--budget", type=float, default=150.0, help="seconds for the whole run")
     parser.add_argument("--max-pairs", type=int, default=40)
     parser.add_argument("--threads", type=int, default=None)
@@ -187,16 +206,23 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     started = time.perf_counter()
 
-    d_model, heads, layers, d_ff, dropout = 256, 8, 3, 1024, 0.1
+    d_model, heads, layers, d_ff, dropout = 256, args.heads, 3, args.d_ff, 0.1
+    sites = {
+        "attention_dropout": args.attention_dropout,
+        "activation_dropout": args.activation_dropout,
+    }
     torch.manual_seed(0)
     ours = companion.Transformer(companion.TransformerConfig(
         args.vocab, args.vocab, d_model, heads, layers, d_ff, dropout, args.norm_first,
-        src_pad_id=PAD, tgt_pad_id=PAD, final_norm=True,
+        src_pad_id=PAD, tgt_pad_id=PAD, final_norm=True, **sites,
     ))  # fmt: skip
-    theirs = TorchReference(args.vocab, d_model, heads, layers, d_ff, dropout, args.norm_first)
+    theirs = TorchReference(
+        args.vocab, d_model, heads, layers, d_ff, dropout, args.norm_first, **sites
+    )
     ours_step = torch.compile(ours, fullgraph=True) if args.compile else ours  # same parameters
     models = {"companion": ours_step.train(), "torch": theirs.train()}
-    optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, m in models.items()}
+    # companion.train's Adam (fused where torch has the kernel) for both: the models differ
+    optimizers = {name: adam(m.parameters(), lr=1e-4) for name, m in models.items()}
     n_params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     batches = make_batches(4, args.batch, args.length, args.vocab, seed=0)
     tokens_per_step = 2 * args.batch * args.length  # source + target positions (with padding)
@@ -206,7 +232,9 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
         f"load average {load_before[0]:.2f}\n"
         f"d_model={d_model}, heads={heads}, layers={layers}+{layers}, d_ff={d_ff}, "
-        f"dropout={dropout} (train mode), norm_first={args.norm_first}, vocab={args.vocab}, "
+        f"dropout={dropout} (attention {args.attention_dropout}, feed-forward "
+        f"{args.activation_dropout}; None = dropout; train mode), "
+        f"norm_first={args.norm_first}, vocab={args.vocab}, "
         f"batch={args.batch} pairs x {args.length} tokens = {tokens_per_step:,} tokens (src+tgt)"
     )
     print(f"parameters: companion {n_params['companion']:,}, torch {n_params['torch']:,}")

@@ -9,6 +9,8 @@ appended to ``--log``.
     python benchmarks/translator_levers.py --name lr1 --set lr_factor=1.0
     python benchmarks/translator_levers.py --name bpe8k --bpe 8000   # needs `pip install tokenizers`
     python benchmarks/translator_levers.py --name avg --average 0.3
+    python benchmarks/translator_levers.py --name no_attn --set seed=1 attention_dropout=0.0
+    python benchmarks/translator_levers.py --summarise runs/translator_levers.jsonl
 """
 
 from __future__ import annotations
@@ -44,9 +46,32 @@ class SubwordTokenizer:
         return self.tokenizer.decoder.decode(list(tokens))
 
 
+def summarise(log: str) -> None:
+    """Mean, lowest and highest of each run name's steps, validation loss and test BLEU."""
+    runs: dict[str, list[dict]] = {}
+    for line in Path(log).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        runs.setdefault(record["name"], []).append(record)
+    columns = {  # name: (value of a record, decimals)
+        "steps": (lambda r: r["steps"], 0),
+        "val loss": (lambda r: r["val_loss"], 3),
+        "greedy": (lambda r: r["final_beam1"][0], 1),
+        "beam 4": (lambda r: r["final_beam4"][0], 1),
+    }
+    print(f"{'name':24s} {'runs':>4s} " + " ".join(f"{c:>22s}" for c in columns))
+    for name, records in runs.items():
+        cells = []
+        for get, digits in columns.values():
+            values = [get(r) for r in records]
+            mean = sum(values) / len(values)
+            cells.append(f"{mean:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})")
+        print(f"{name:24s} {len(records):4d} " + " ".join(f"{c:>22s}" for c in cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--name", required=True)
+    parser.add_argument("--summarise", metavar="LOG", help="print a log's table and stop")
+    parser.add_argument("--name")
     parser.add_argument("--data-root", default="../shared/data/multi30k")
     parser.add_argument("--budget", type=float, default=510.0, help="seconds of training")
     parser.add_argument("--bpe", type=int, default=0, help="joint BPE vocabulary (0: words)")
@@ -55,6 +80,11 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], help="config changes, e.g. lr_factor=1.0")
     parser.add_argument("--log", default="runs/translator_levers.jsonl")
     args = parser.parse_args()
+    if args.summarise:
+        summarise(args.summarise)
+        return
+    if not args.name:
+        parser.error("--name is required (or --summarise LOG)")
     changes = dict(item.split("=", 1) for item in args.set)
     config = get_config(
         "cpu", time_budget=args.budget, **{k: json.loads(v) for k, v in changes.items()}

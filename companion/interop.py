@@ -279,7 +279,9 @@ def _layer_options_from_torch(layer: TorchLayer) -> dict[str, object]:
         "d_model": layer.linear1.in_features,
         "num_heads": layer.self_attn.num_heads,
         "d_ff": layer.linear1.out_features,
-        "dropout": layer.dropout.p,
+        "dropout": layer.dropout1.p,  # residual branches
+        "attention_dropout": layer.self_attn.dropout,
+        "activation_dropout": layer.dropout.p,  # torch's name for the feed-forward's
         "activation": _torch_activation_name(layer),
         "norm_first": layer.norm_first,
         "layer_norm_eps": layer.norm1.eps,
@@ -295,7 +297,9 @@ def _layer_options(layer: Layer) -> dict[str, object]:
         "d_model": layer.d_model,
         "num_heads": layer.num_heads,
         "d_ff": feed_forward.d_ff,
-        "dropout": feed_forward.dropout.p,
+        "dropout": layer.dropout,
+        "attention_dropout": layer.attention_dropout,
+        "activation_dropout": layer.activation_dropout,
         "activation": feed_forward.activation_name,
         "norm_first": layer.norm_first,
         "layer_norm_eps": layer.layer_norm_eps,
@@ -315,7 +319,8 @@ def _check_same_layer(ours: Layer, theirs: object) -> None:
             "the torch layer must be built with batch_first=True, got batch_first=False"
         )
     mine, other = _layer_options(ours), _layer_options_from_torch(theirs)
-    mine.pop("dropout"), other.pop("dropout")  # no weights: may differ
+    for name in ("dropout", "attention_dropout", "activation_dropout"):  # no weights: may differ
+        mine.pop(name), other.pop(name)
     if mine != other:
         diff = ", ".join(
             f"{k}: expected {mine[k]!r}, got {other[k]!r}" for k in mine if mine[k] != other[k]
@@ -382,6 +387,9 @@ def _layer_to_torch(layer: Layer) -> TorchLayer:
         device=weight.device,
         dtype=weight.dtype,
     )
+    for _, torch_attention in _attention_pairs(layer, torch_layer):
+        torch_attention.dropout = options["attention_dropout"]
+    torch_layer.dropout.p = options["activation_dropout"]  # the feed-forward's, in torch
     copy_to_torch(layer, torch_layer)
     return torch_layer
 

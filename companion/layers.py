@@ -145,6 +145,11 @@ class FeedForward(nn.Module):
         check_module_dtype("x", x, self)
 
 
+def _probability_or(name: str, value: float | None, default: float) -> float:
+    """``value`` checked as a probability, or ``default`` when it is ``None``."""
+    return default if value is None else check_probability(name, value)
+
+
 class _ResidualLayer(nn.Module):
     """What encoder and decoder layers share: sizes, residual dropout, Pre-/Post-LN, feed-forward."""
 
@@ -163,6 +168,8 @@ class _ResidualLayer(nn.Module):
         norm: str,
         num_kv_heads: int | None,
         positional: str | None,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.d_model = check_positive_int("d_model", d_model)
@@ -179,9 +186,14 @@ class _ResidualLayer(nn.Module):
             raise ValueError(f"layer_norm_eps must be > 0, got {layer_norm_eps}")
         self.bias = check_bool("bias", bias)
         self.norm = check_choice("norm", norm, NORMS)
+        #: Dropout on the residual branches (and, by default, everywhere else).
         self.dropout = check_probability("dropout", dropout)
+        #: Dropout on the attention weights; ``None`` given = :attr:`dropout`.
+        self.attention_dropout = _probability_or("attention_dropout", attention_dropout, dropout)
+        #: Dropout on the feed-forward hidden layer; ``None`` given = :attr:`dropout`.
+        self.activation_dropout = _probability_or("activation_dropout", activation_dropout, dropout)
         self.feed_forward = FeedForward(
-            d_model, d_ff, dropout=dropout, activation=activation, bias=bias
+            d_model, d_ff, dropout=self.activation_dropout, activation=activation, bias=bias
         )
         self.residual_dropout = Dropout(dropout)
 
@@ -189,7 +201,7 @@ class _ResidualLayer(nn.Module):
         return MultiHeadAttention(
             self.d_model,
             self.num_heads,
-            dropout=self.dropout,
+            dropout=self.attention_dropout,
             bias=self.bias,
             num_kv_heads=self.num_kv_heads,
             positional=positional,
@@ -203,7 +215,8 @@ class _ResidualLayer(nn.Module):
         Pre-LN ``x + dropout(sublayer(norm(x)))``, Post-LN ``norm(α·x + dropout(sublayer(x)))``."""
         if self.norm_first:
             return x + self.residual_dropout(sublayer(norm(x)))  # (batch, len, d_model)
-        return norm(self.residual_scale * x + self.residual_dropout(sublayer(x)))
+        scaled = x if self.residual_scale == 1 else self.residual_scale * x  # α·x, no ×1 pass
+        return norm(scaled + self.residual_dropout(sublayer(x)))  # (batch, len, d_model)
 
     def self_attend(
         self,
@@ -255,8 +268,9 @@ class EncoderLayer(_ResidualLayer):
         d_model: size of the vectors; divisible by ``num_heads``.
         num_heads: attention heads.
         d_ff: hidden size of the feed-forward network.
-        dropout: dropout probability (attention weights, feed-forward hidden layer, residual
-            branches), as in ``torch.nn.TransformerEncoderLayer``.
+        dropout: dropout probability of the residual branches and, unless the two arguments
+            below say otherwise, of the attention weights and the feed-forward hidden layer
+            (one probability everywhere, as in ``torch.nn.TransformerEncoderLayer``).
         activation: ``"relu"`` or ``"gelu"``.
         norm_first: Pre-LN if ``True``, Post-LN (the paper) if ``False``.
         layer_norm_eps: epsilon of the LayerNorms (or RMSNorms).
@@ -268,6 +282,8 @@ class EncoderLayer(_ResidualLayer):
             :class:`~companion.attention.MultiHeadAttention`); ``None`` = ``num_heads``.
         positional: ``None``, ``"rope"`` or ``"alibi"``: positions applied inside the
             self-attention (cross-attention never takes any).
+        attention_dropout: dropout on the attention weights; ``None`` = ``dropout``.
+        activation_dropout: dropout on the feed-forward hidden layer; ``None`` = ``dropout``.
     """
 
     def __init__(
@@ -285,12 +301,16 @@ class EncoderLayer(_ResidualLayer):
         norm: str = "layer",
         num_kv_heads: int | None = None,
         positional: str | None = None,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
     ) -> None:
         super().__init__(
             d_model,
             num_heads,
             d_ff,
             dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
             activation=activation,
             norm_first=norm_first,
             layer_norm_eps=layer_norm_eps,
@@ -394,12 +414,16 @@ class DecoderLayer(_ResidualLayer):
         norm: str = "layer",
         num_kv_heads: int | None = None,
         positional: str | None = None,
+        attention_dropout: float | None = None,
+        activation_dropout: float | None = None,
     ) -> None:
         super().__init__(
             d_model,
             num_heads,
             d_ff,
             dropout=dropout,
+            attention_dropout=attention_dropout,
+            activation_dropout=activation_dropout,
             activation=activation,
             norm_first=norm_first,
             layer_norm_eps=layer_norm_eps,

@@ -93,8 +93,14 @@ class TransformerConfig:
         num_heads: attention heads (``d_model`` must be divisible by it).
         num_layers: encoder layers (and decoder layers unless ``num_decoder_layers``).
         d_ff: hidden size of the feed-forward networks.
-        dropout: dropout probability everywhere (embeddings + positions, attention weights,
-            feed-forward hidden layer, residual branches).
+        dropout: dropout probability of the embeddings (+ positions) and the residual
+            branches, and of the attention weights and the feed-forward hidden layer unless
+            the next two say otherwise.
+        attention_dropout: dropout on the attention weights; ``None`` = ``dropout``.
+        activation_dropout: dropout on the feed-forward hidden layer; ``None`` = ``dropout``.
+            Setting both to 0 leaves dropout on the residual branches and embeddings only
+            (fairseq's default for its Transformer); on a CPU the attention then runs
+            torch's fused kernel in training too.
         norm_first: Pre-LN (``True``) or Post-LN (``False``, the paper).
         tie_embeddings: share one matrix between the target embedding and the generator
             (Press & Wolf, 2017).
@@ -147,6 +153,8 @@ class TransformerConfig:
     tie_source_embedding: bool = False
     norm: str = "layer"
     num_kv_heads: int | None = None
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("src_vocab", "tgt_vocab"):
@@ -160,6 +168,9 @@ class TransformerConfig:
             check_positive_int("num_decoder_layers", self.num_decoder_layers)
         check_positive_int("d_ff", self.d_ff)
         check_probability("dropout", self.dropout)
+        for name in ("attention_dropout", "activation_dropout"):
+            if getattr(self, name) is not None:
+                check_probability(name, getattr(self, name))
         check_bool("norm_first", self.norm_first)
         check_bool("tie_embeddings", self.tie_embeddings)
         check_bool("tie_source_embedding", self.tie_source_embedding)
@@ -217,6 +228,8 @@ class TransformerConfig:
         :class:`~companion.layers.DecoderLayer` of the model gets (besides the three sizes)."""
         return {
             "dropout": self.dropout,
+            "attention_dropout": self.attention_dropout,
+            "activation_dropout": self.activation_dropout,
             "activation": self.activation,
             "norm_first": self.norm_first,
             "layer_norm_eps": self.layer_norm_eps,

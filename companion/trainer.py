@@ -41,7 +41,14 @@ from companion.data import TokenBatchSampler, Tokenizer, Vocab, collate_batch
 from companion.distributed import rank_and_world, whole_batch_loss
 from companion.history import History
 from companion.model import Transformer, TransformerConfig
-from companion.train import StepStats, inverse_sqrt_warmup, sequence_loss, shift_targets, train_step
+from companion.train import (
+    StepStats,
+    adam,
+    inverse_sqrt_warmup,
+    sequence_loss,
+    shift_targets,
+    train_step,
+)
 
 __all__ = ["Trainer"]
 
@@ -139,8 +146,8 @@ class Trainer:
         self.step_model = self.model if self.ddp is None else self.ddp
         if config.compile:
             self.step_model = torch.compile(self.step_model, fullgraph=True)
-        self.optimizer = torch.optim.Adam(
-            params=self.model.parameters(),
+        self.optimizer = adam(
+            self.model.parameters(),
             lr=1.0,  # the schedule gives the actual learning rate
             betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps,

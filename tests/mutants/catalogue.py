@@ -191,8 +191,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "layers.py",
         [
             (
-                "return norm(self.residual_scale * x + self.residual_dropout(sublayer(x)))",
-                "return self.residual_dropout(norm(self.residual_scale * x + sublayer(x)))",
+                "return norm(scaled + self.residual_dropout(sublayer(x)))  # (batch, len, d_model)",
+                "return self.residual_dropout(norm(scaled + sublayer(x)))",
             )
         ],
         "tests/test_caught_layers.py::test_post_ln_output_is_normalised_in_training_mode",
