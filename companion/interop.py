@@ -297,9 +297,9 @@ def _layer_options(layer: Layer) -> dict[str, object]:
         "d_model": layer.d_model,
         "num_heads": layer.num_heads,
         "d_ff": feed_forward.d_ff,
-        "dropout": layer.dropout,
-        "attention_dropout": layer.attention_dropout,
-        "activation_dropout": layer.activation_dropout,
+        "dropout": layer.residual_dropout.p,  # the modules' values, even if changed since
+        "attention_dropout": layer.self_attention.dropout,
+        "activation_dropout": feed_forward.dropout.p,
         "activation": feed_forward.activation_name,
         "norm_first": layer.norm_first,
         "layer_norm_eps": layer.layer_norm_eps,

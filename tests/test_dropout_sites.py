@@ -157,3 +157,10 @@ def test_without_attention_dropout_training_uses_the_fused_kernel(monkeypatch):
         config = TransformerConfig(**SMALL, attention_dropout=attention_dropout)
         Transformer(config).train()(src, tgt)
         assert len(calls) == expected
+
+
+def test_interop_reads_the_probabilities_the_modules_have_now():
+    ours = EncoderLayer(16, 2, 32, dropout=0.1)
+    ours.self_attention.dropout, ours.feed_forward.dropout.p = 0.0, 0.3
+    theirs = to_torch(ours)
+    assert (theirs.self_attn.dropout, theirs.dropout.p, theirs.dropout1.p) == (0.0, 0.3, 0.1)
