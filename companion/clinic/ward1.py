@@ -8,6 +8,7 @@ is a decoding function, the twin of :func:`~companion.clinic.patient.greedy_deco
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -197,13 +198,6 @@ def last_token_greedy_decode(model: Transformer, src: Tensor, max_len: int) -> T
 class SharedAttentionLayer(DecoderLayer):
     """Bug 10: one attention module object serves self- and cross-attention."""
 
-    def __init__(
-        self,
-        d_model: int,
-        num_heads: int,
-        d_ff: int,
-        dropout: float = 0.0,
-        attention: type[MultiHeadAttention] = MultiHeadAttention,
-    ) -> None:
-        super().__init__(d_model, num_heads, d_ff, dropout, attention)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # DecoderLayer's arguments
+        super().__init__(*args, **kwargs)
         self.cross_attention = self.self_attention  # BUG: the same weights for both
