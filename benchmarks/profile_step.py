@@ -35,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 from companion.configs import get_config
 from companion.data import PAD_ID
 from companion.run import build_model
-from companion.train import adam, inverse_sqrt_warmup, train_step
+from companion.train import adam, compile_model, inverse_sqrt_warmup, train_step
 
 #: Multi30k's vocabulary sizes with the course's settings (min_freq 2, cased).
 SRC_VOCAB, TGT_VOCAB = 8011, 6270
@@ -74,7 +74,7 @@ def make_batch(max_tokens: int, generator: torch.Generator) -> tuple[torch.Tenso
 
 
 def profile_config(
-    name: str, steps: int, compile_model: bool, top_operators: int = 12
+    name: str, steps: int, compile_step: bool, top_operators: int = 12
 ) -> dict[str, float]:
     config = get_config(name)
     torch.manual_seed(0)
@@ -89,7 +89,7 @@ def profile_config(
     )
     schedule = inverse_sqrt_warmup(config.model.d_model, config.warmup_steps, config.lr_factor)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    step_model = torch.compile(model) if compile_model else model
+    step_model = compile_model(model) if compile_step else model
     generator = torch.Generator().manual_seed(1)
     batches = [make_batch(config.max_tokens, generator) for _ in range(steps + 2)]
 

@@ -1,4 +1,4 @@
-"""Training-step throughput: companion.Transformer vs torch.nn.Transformer (CPU).
+"""Training-step throughput: companion.Transformer vs torch.nn.Transformer (CPU or GPU).
 
 Both models get the same configuration, the same batches and the same training step
 (forward, label-smoothed cross-entropy (ε = 0.1; torch's ``F.cross_entropy`` for torch,
@@ -23,9 +23,12 @@ counts the FLOPs of one companion step (``torch.utils.flop_counter``) and divide
 FLOP/s by the FLOP/s of a large ``torch.mm`` measured in the same run.
 
 Usage: ``python benchmarks/throughput.py [--norm-first] [--batch 16] [--length 128]``
-``[--heads 8] [--d-ff 1024] [--vocab 1000] [--budget 150]``: the run stops timing pairs early
-enough to finish within ``--budget`` seconds (at least one pair), so it stays under 3 minutes
-even on a busy machine.
+``[--d-model 256] [--layers 3] [--heads 8] [--d-ff 1024] [--vocab 1000] [--budget 150]``
+``[--device cuda]``: the run stops timing pairs early enough to finish within ``--budget``
+seconds (at least one pair), so it stays under 3 minutes even on a busy machine. On a GPU both
+models and the ``torch.mm`` reference use TensorFloat-32 matrix products, as
+``companion.run`` trains there (``loss.item()`` ends every step, so the timings wait for the
+GPU).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdp
 import companion
 from companion.model import TokenEmbedding
 from companion.positional import SinusoidalPositionalEncoding
-from companion.train import adam, sequence_loss
+from companion.train import adam, compile_model, sequence_loss
 
 PAD = 0
 #: Label smoothing of the course's runs, used by both models' losses.
@@ -83,7 +86,8 @@ class TorchReference(nn.Module):
 
     def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
         tgt_len = tgt.shape[1]
-        causal = nn.Transformer.generate_square_subsequent_mask(tgt_len)  # (tgt_len, tgt_len)
+        square = nn.Transformer.generate_square_subsequent_mask
+        causal = square(tgt_len, device=tgt.device)  # (tgt_len, tgt_len)
         src_padding = src == PAD  # (batch, src_len), True = padding
         out = self.transformer(
             self.src_positions(self.src_embedding(src)),
@@ -144,15 +148,24 @@ def timed(
     return time.perf_counter() - t0
 
 
-def matmul_flops_per_s(size: int = 2048, repeats: int = 5) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_flops_per_s(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    inner = 1 if device.type == "cpu" else 50  # one GPU product is too short to time alone
     a @ b  # warm-up
     times = []
     for _ in range(repeats):
+        _synchronize(device)
         t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
+        for _ in range(inner):
+            a @ b
+        _synchronize(device)
+        times.append((time.perf_counter() - t0) / inner)
     return 2 * size**3 / statistics.median(times)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _register_cpu_flash_flops() -> None:
@@ -185,6 +198,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=128, help="tokens per sentence")
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--norm-first", action="store_true", help="Pre-LN instead of Post-LN")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=3, help="encoder layers = decoder layers")
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--d-ff", type=int, default=1024)
     parser.add_argument(
@@ -196,17 +211,22 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=150.0, help="seconds for the whole run")
     parser.add_argument("--max-pairs", type=int, default=40)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile(fullgraph=True) the companion model (as companion.run --compile)",
+        help="compile the companion model as companion.run --compile does (compile_model)",
     )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":  # as companion.run trains on a GPU
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     started = time.perf_counter()
 
-    d_model, heads, layers, d_ff, dropout = 256, args.heads, 3, args.d_ff, 0.1
+    d_model, heads, layers, d_ff, dropout = args.d_model, args.heads, args.layers, args.d_ff, 0.1
     sites = {
         "attention_dropout": args.attention_dropout,
         "activation_dropout": args.activation_dropout,
@@ -219,18 +239,24 @@ def main() -> None:
     theirs = TorchReference(
         args.vocab, d_model, heads, layers, d_ff, dropout, args.norm_first, **sites
     )
-    ours_step = torch.compile(ours, fullgraph=True) if args.compile else ours  # same parameters
+    ours.to(device)
+    theirs.to(device)
+    ours_step = compile_model(ours) if args.compile else ours  # same parameters
     models = {"companion": ours_step.train(), "torch": theirs.train()}
     # companion.train's Adam (fused where torch has the kernel) for both: the models differ
     optimizers = {name: adam(m.parameters(), lr=1e-4) for name, m in models.items()}
     n_params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
-    batches = make_batches(4, args.batch, args.length, args.vocab, seed=0)
+    batches = [
+        tuple(t.to(device) for t in batch)
+        for batch in make_batches(4, args.batch, args.length, args.vocab, seed=0)
+    ]
     tokens_per_step = 2 * args.batch * args.length  # source + target positions (with padding)
 
     load_before = os.getloadavg()
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-        f"load average {load_before[0]:.2f}\n"
+        f"torch {torch.__version__}, {where}, {torch.get_num_threads()} threads, "
+        f"{os.cpu_count()} CPUs, load average {load_before[0]:.2f}\n"
         f"d_model={d_model}, heads={heads}, layers={layers}+{layers}, d_ff={d_ff}, "
         f"dropout={dropout} (attention {args.attention_dropout}, feed-forward "
         f"{args.activation_dropout}; None = dropout; train mode), "
@@ -238,7 +264,7 @@ def main() -> None:
         f"batch={args.batch} pairs x {args.length} tokens = {tokens_per_step:,} tokens (src+tgt)"
     )
     print(f"parameters: companion {n_params['companion']:,}, torch {n_params['torch']:,}")
-    if torch.get_num_threads() > 1 and load_before[0] > 0.5:
+    if device.type == "cpu" and torch.get_num_threads() > 1 and load_before[0] > 0.5:
         print(
             "note: other processes are using the CPU; with several threads each operation "
             "waits for its slowest thread, so steps can be many times slower and noisier - "
@@ -275,7 +301,7 @@ def main() -> None:
     median_seconds = {name: statistics.median(values) for name, values in seconds.items()}
     rate = {name: tokens_per_step / value for name, value in median_seconds.items()}
     step_flops = count_step_flops(ours, optimizers["companion"], batches[0])
-    peak = matmul_flops_per_s()
+    peak = matmul_flops_per_s(device)
     achieved = step_flops / median_seconds["companion"]
     load_after = os.getloadavg()
     quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3

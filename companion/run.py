@@ -425,9 +425,10 @@ def build_parser(prog: str = "python -m companion.run") -> argparse.ArgumentPars
     )
     parser.add_argument(
         "--compile",
-        action="store_true",
-        help="train through torch.compile(fullgraph=True) (TrainConfig.compile; compile time "
-        "counts against the time budget)",
+        action=argparse.BooleanOptionalAction,
+        help="train through torch.compile(fullgraph=True), or not (TrainConfig.compile; "
+        "default: the configuration's, on for gpu only; compile time counts against the "
+        "time budget, about 2 minutes on an H100)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     parser.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
@@ -449,8 +450,8 @@ def main(
     ):
         if value is not None:
             changes[name] = value
-    if args.compile:
-        changes["compile"] = True
+    if args.compile is not None:
+        changes["compile"] = args.compile
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:

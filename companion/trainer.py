@@ -44,6 +44,7 @@ from companion.model import Transformer, TransformerConfig
 from companion.train import (
     StepStats,
     adam,
+    compile_model,
     inverse_sqrt_warmup,
     sequence_loss,
     shift_targets,
@@ -145,7 +146,7 @@ class Trainer:
         #: what a training step runs: the model, DDP's wrapper, or either compiled
         self.step_model = self.model if self.ddp is None else self.ddp
         if config.compile:
-            self.step_model = torch.compile(self.step_model, fullgraph=True)
+            self.step_model = compile_model(self.step_model)
         self.optimizer = adam(
             self.model.parameters(),
             lr=1.0,  # the schedule gives the actual learning rate

@@ -16,6 +16,8 @@ def test_named_configs_and_auto():
     assert cpu.time_budget is not None and cpu.time_budget <= 600
     gpu = get_config("gpu")
     assert gpu.model.d_model > cpu.model.d_model and gpu.model.num_layers > cpu.model.num_layers
+    # compiling pays back only in a long run on a GPU (TrainConfig's docstring)
+    assert gpu.compile and gpu.time_budget >= 1800 and not cpu.compile
     assert TrainConfig.from_dict(cpu.to_dict()) == cpu
     assert get_config("cpu", dropout=0.3).model.dropout == 0.3
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import companion.run
 from companion.configs import get_config
 from companion.data import PAD_ID
 from companion.run import build_model, main, train
@@ -95,6 +96,28 @@ def test_cli_runs_the_toy_task(tmp_path, capsys):
     assert results["steps"] == 3
     assert json.loads((tmp_path / "config.json").read_text())["model"]["dropout"] == 0.2
     assert '"steps": 3' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--config", "gpu"], True),  # the configuration's own setting
+        (["--config", "gpu", "--no-compile"], False),
+        (["--config", "cpu"], False),
+        (["--config", "cpu", "--compile"], True),
+    ],
+)
+def test_cli_compile_switch(argv, expected, tmp_path, monkeypatch):
+    seen = {}
+
+    def record(config, **options):  # stands in for companion.run.train: no training
+        seen["compile"] = config.compile
+        raise SystemExit(0)
+
+    monkeypatch.setattr(companion.run, "train", record)
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), *argv])
+    assert seen["compile"] is expected
 
 
 @pytest.mark.parametrize(
