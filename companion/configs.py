@@ -159,11 +159,10 @@ class TrainConfig:
             one). It catches up with eager after about 7 minutes, so a 30-minute run should
             end with about 28 % more steps (projected from those rates; no full 30-minute
             run was measured), while a 2-minute run does almost nothing (2 steps against
-            1,181 eager). Off in the ``cpu``
-            configuration: on the course's 2-core CPU the compiled step is slower than eager
-            (0.83 x ``nn.Transformer``'s eager step against 1.30 x for eager companion, plus
-            20-35 s of compilation), and the 10-minute run compiled did 999 steps against
-            1,334 eager and scored 32.4 against 36.5 BLEU.
+            1,181 eager). Off in the ``cpu`` configuration: on the course's 2-core CPU the
+            compiled step is slower than eager (0.83 x ``nn.Transformer``'s eager step against
+            1.30 x for eager companion, plus 20-35 s of compilation), and the 10-minute run
+            compiled did 999 steps against 1,334 eager and scored 32.4 against 36.5 BLEU.
     """
 
     name: str = "custom"
