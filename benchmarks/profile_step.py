@@ -35,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 from companion.configs import get_config
 from companion.data import PAD_ID
 from companion.run import build_model
-from companion.train import adam, compile_model, inverse_sqrt_warmup, train_step
+from companion.train import adam, allow_tf32, compile_model, inverse_sqrt_warmup, train_step
 
 #: Multi30k's vocabulary sizes with the course's settings (min_freq 2, cased).
 SRC_VOCAB, TGT_VOCAB = 8011, 6270
@@ -81,6 +81,7 @@ def profile_config(
     model = build_model(config, SRC_VOCAB, TGT_VOCAB).train()
     device = torch.device("cuda" if torch.cuda.is_available() and name == "gpu" else "cpu")
     model.to(device)
+    allow_tf32(device)  # as companion.run trains on a GPU
     optimizer = adam(  # as companion.trainer.Trainer makes it
         model.parameters(),
         lr=1.0,

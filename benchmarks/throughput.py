@@ -44,9 +44,10 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_flop_count
 
 import companion
+from companion.measure import median_seconds
 from companion.model import TokenEmbedding
 from companion.positional import SinusoidalPositionalEncoding
-from companion.train import adam, compile_model, sequence_loss
+from companion.train import adam, allow_tf32, compile_model, sequence_loss
 
 PAD = 0
 #: Label smoothing of the course's runs, used by both models' losses.
@@ -151,21 +152,12 @@ def timed(
 def matmul_flops_per_s(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     inner = 1 if device.type == "cpu" else 50  # one GPU product is too short to time alone
-    a @ b  # warm-up
-    times = []
-    for _ in range(repeats):
-        _synchronize(device)
-        t0 = time.perf_counter()
+
+    def products(x: Tensor, y: Tensor) -> None:
         for _ in range(inner):
-            a @ b
-        _synchronize(device)
-        times.append((time.perf_counter() - t0) / inner)
-    return 2 * size**3 / statistics.median(times)
+            x @ y
 
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    return 2 * size**3 * inner / median_seconds(products, a, b, repeats=repeats)
 
 
 def _register_cpu_flash_flops() -> None:
@@ -221,9 +213,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    if device.type == "cuda":  # as companion.run trains on a GPU
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    allow_tf32(device)  # as companion.run trains on a GPU
     started = time.perf_counter()
 
     d_model, heads, layers, d_ff, dropout = args.d_model, args.heads, args.layers, args.d_ff, 0.1

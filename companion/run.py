@@ -47,6 +47,7 @@ from companion.distributed import init_distributed, rank_and_world
 from companion.history import History
 from companion.metrics import Translator, length_penalty_sweep, sequence_accuracy
 from companion.model import Transformer, TransformerConfig
+from companion.train import allow_tf32
 from companion.trainer import Trainer
 
 __all__ = [
@@ -245,9 +246,7 @@ def train(
         raise ValueError("train needs a limit: time_budget, max_steps or max_epochs, got none")
     device, started_group = init_distributed(device)
     rank, world = rank_and_world()
-    if device.type == "cuda":  # TensorFloat-32 matrix products: much faster, accurate enough
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    allow_tf32(device)  # on a GPU: TensorFloat-32 matrix products
     out = None if out_dir is None else Path(out_dir)
     if out is not None and rank == 0:  # a read-only or full folder fails now, not at the end
         check_output_folder(out, name="out_dir")

@@ -9,7 +9,8 @@ book prints them with ``inspect.getsource``):
 - :func:`sequence_loss` is the cross-entropy over non-padding positions, with label smoothing;
 - :func:`inverse_sqrt_warmup` is the learning-rate schedule of "Attention Is All You Need";
 - :func:`adam` is the optimiser, with its update fused into one kernel where torch has one;
-- :func:`compile_model` wraps a model in ``torch.compile`` the way a training run uses it;
+- :func:`compile_model` wraps a model in ``torch.compile`` the way a training run uses it,
+  and :func:`allow_tf32` sets the GPU matrix-product precision a training run uses;
 - :func:`train_step` does one forward + backward + clipped optimiser step and returns its
   :class:`StepStats`.
 
@@ -46,6 +47,7 @@ from companion._validation import (
 __all__ = [
     "StepStats",
     "adam",
+    "allow_tf32",
     "compile_model",
     "inverse_sqrt_warmup",
     "sequence_loss",
@@ -226,6 +228,17 @@ def compile_model(model: nn.Module) -> nn.Module:
     default. The returned module shares the model's parameters.
     """
     return torch.compile(model, fullgraph=True)
+
+
+def allow_tf32(device: torch.device | str) -> None:
+    """On a CUDA device, let matrix products and convolutions use TensorFloat-32 (much faster,
+    accurate enough for training), as :func:`companion.run.train` does; elsewhere nothing.
+
+    A process-wide torch setting: it changes every later CUDA product, not only the model's.
+    """
+    if torch.device(device).type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def train_step(

@@ -8,7 +8,28 @@ import pytest
 import torch
 
 from companion.model import TransformerConfig
-from companion.train import inverse_sqrt_warmup, sequence_loss, shift_targets, train_step
+from companion.train import (
+    allow_tf32,
+    inverse_sqrt_warmup,
+    sequence_loss,
+    shift_targets,
+    train_step,
+)
+
+
+def test_allow_tf32_changes_the_gpu_precision_only_for_a_gpu():
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    before = [flag.allow_tf32 for flag in flags]  # process-wide: put back at the end
+    try:
+        for flag in flags:
+            flag.allow_tf32 = False
+        allow_tf32("cpu")
+        assert not any(flag.allow_tf32 for flag in flags)
+        allow_tf32(torch.device("cuda", 0))  # setting the flags needs no GPU
+        assert all(flag.allow_tf32 for flag in flags)
+    finally:
+        for flag, value in zip(flags, before):
+            flag.allow_tf32 = value
 
 
 def test_shift_targets():
