@@ -30,6 +30,7 @@ from companion.interop import load_from_torch, to_torch, to_torch_attn_mask
 from companion.layers import DecoderLayer, EncoderLayer
 from companion.masking import causal_mask
 from companion.model import Decoder, Encoder, Transformer, TransformerConfig
+from companion.train import compile_model
 
 D, HEADS, D_FF, BATCH, SRC, TGT = 8, 2, 12, 3, 5, 4
 #: output and gradient tolerance per dtype (float32: the README's 1e-5)
@@ -163,12 +164,20 @@ def test_eval_outputs_match_torch_fast_path_on_and_off(kind, dtype, fast_path):
     torch.testing.assert_close(got, expected, rtol=0, atol=TOL[dtype])
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("norm_first", [False, True])
-@pytest.mark.parametrize("mode", ["eval", "train (dropout 0)"])
-def test_whole_model_outputs_and_gradients_match_torch(dtype, norm_first, mode):
+WHOLE_MODEL_CASES = [
+    *[(dtype, norm_first, mode, False) for dtype in DTYPES for norm_first in (False, True)
+      for mode in ("eval", "train (dropout 0)")],
+    # compiled as `companion.train --compile` trains the course's Pre-LN configurations
+    # (companion.train.compile_model); one case, as compiling costs ~40 s on a 2-core CPU
+    (torch.float32, True, "train (dropout 0)", True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("dtype", "norm_first", "mode", "compiled"), WHOLE_MODEL_CASES, ids=str)
+def test_whole_model_outputs_and_gradients_match_torch(dtype, norm_first, mode, compiled):
     """The whole Transformer: our embeddings, positions and generator around torch's
-    ``nn.Transformer`` give the same logits and the same gradient for every parameter."""
+    ``nn.Transformer`` give the same logits and the same gradient for every parameter;
+    compiled with ``torch.compile(fullgraph=True)`` too."""
     torch.manual_seed(5)
     config = TransformerConfig(
         11, 13, d_model=D, num_heads=HEADS, num_layers=2, d_ff=D_FF, dropout=0.0,
@@ -188,7 +197,9 @@ def test_whole_model_outputs_and_gradients_match_torch(dtype, norm_first, mode):
     tgt[2, 2:] = 0
     weights = torch.randn(BATCH, TGT, 13, generator=gen, dtype=dtype)
 
-    logits = ours(src, tgt)
+    if compiled:
+        torch._dynamo.reset()
+    logits = (compile_model(ours) if compiled else ours)(src, tgt)  # (batch, tgt_len, vocab)
     (logits * weights).sum().backward()
     src_x = twin.src_positions(twin.src_embedding(src))  # (batch, src_len, d_model)
     tgt_x = twin.tgt_positions(twin.tgt_embedding(tgt))  # (batch, tgt_len, d_model)
