@@ -20,7 +20,10 @@ The two models run interleaved in one process - pairs of single training steps, 
 which goes first - and the script prints the median over pairs of the throughput ratio
 companion ÷ torch (a slow spell of a shared CPU then hits both members of a pair). It also
 counts the FLOPs of one companion step (``torch.utils.flop_counter``) and divides the achieved
-FLOP/s by the FLOP/s of a large ``torch.mm`` measured in the same run.
+FLOP/s by the FLOP/s of a 2048 × 2048 ``torch.mm`` timed inside every pair (the product runs
+under the same conditions as the steps around it: one reference measured apart, at the end of
+a run, moved by ±15 % from run to run on a 2-core machine); it prints the median over pairs
+of that fraction with its quartiles.
 
 Usage: ``python benchmarks/throughput.py [--norm-first] [--batch 16] [--length 128]``
 ``[--d-model 256] [--layers 3] [--heads 8] [--d-ff 1024] [--vocab 1000] [--budget 150]``
@@ -150,6 +153,7 @@ def timed(
 
 
 def matmul_flops_per_s(device: torch.device, size: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a ``size`` × ``size`` ``torch.mm`` on ``device``: the median of ``repeats``."""
     a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
     inner = 1 if device.type == "cpu" else 50  # one GPU product is too short to time alone
 
@@ -157,7 +161,7 @@ def matmul_flops_per_s(device: torch.device, size: int = 2048, repeats: int = 5)
         for _ in range(inner):
             x @ y
 
-    return 2 * size**3 * inner / median_seconds(products, a, b, repeats=repeats)
+    return 2 * size**3 * inner / median_seconds(products, a, b, repeats=repeats, warmup=0)
 
 
 def _register_cpu_flash_flops() -> None:
@@ -272,7 +276,8 @@ def main() -> None:
 
     # Pairs of single steps in ABBA order, so that a slow spell of a shared CPU hits both.
     # Stop in time to leave one more companion step (FLOP count) and the matrix product.
-    ratios, seconds = [], {name: [] for name in models}
+    ratios, seconds, mm_rates, size = [], {name: [] for name in models}, [], 2048
+    matmul_flops_per_s(device, repeats=1)  # the reference's own warm-up
     pair, pair_seconds = 0, sum(warm_up.values())
     while pair < args.max_pairs:
         one_step = statistics.median(seconds["companion"] or [warm_up["companion"]])
@@ -285,16 +290,24 @@ def main() -> None:
         for name, value in step_seconds.items():
             seconds[name].append(value)
         ratios.append(step_seconds["torch"] / step_seconds["companion"])
-        pair_seconds = sum(step_seconds.values())
+        mm_rates.append(matmul_flops_per_s(device, repeats=1))  # between this pair and the next
+        pair_seconds = sum(step_seconds.values()) + 2 * size**3 / mm_rates[-1]
         pair += 1
 
     median_seconds = {name: statistics.median(values) for name, values in seconds.items()}
     rate = {name: tokens_per_step / value for name, value in median_seconds.items()}
     step_flops = count_step_flops(ours, optimizers["companion"], batches[0])
-    peak = matmul_flops_per_s(device)
+    peak = statistics.median(mm_rates)
     achieved = step_flops / median_seconds["companion"]
+    fractions = [  # achieved FLOP/s of each companion step ÷ the product's of its pair
+        step_flops / step / rate for step, rate in zip(seconds["companion"], mm_rates)
+    ]
     load_after = os.getloadavg()
-    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+
+    def quartiles(values: list[float]) -> list[float]:
+        return statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
+
+    ratio_q, fraction_q = quartiles(ratios), quartiles(fractions)
     print(f"\n{pair} interleaved pairs of training steps")
     print(
         f"median step: companion {median_seconds['companion'] * 1e3:,.0f} ms "
@@ -303,11 +316,16 @@ def main() -> None:
     )
     print(
         f"throughput ratio companion / torch: median {statistics.median(ratios):.3f} "
-        f"(quartiles {quartiles[0]:.3f} - {quartiles[2]:.3f})"
+        f"(quartiles {ratio_q[0]:.3f} - {ratio_q[2]:.3f})"
     )
     print(
-        f"companion step: {step_flops / 1e9:.1f} GFLOP -> {achieved / 1e9:.1f} GFLOP/s; "
-        f"torch.mm 2048x2048: {peak / 1e9:.1f} GFLOP/s; achieved / mm = {achieved / peak:.2f}"
+        f"companion step: {step_flops / 1e9:.1f} GFLOP -> {achieved / 1e9:.1f} GFLOP/s (median "
+        f"step); torch.mm {size}x{size}, once a pair: median {peak / 1e9:.1f} GFLOP/s "
+        f"(quartiles {quartiles(mm_rates)[0] / 1e9:.1f} - {quartiles(mm_rates)[2] / 1e9:.1f})"
+    )
+    print(
+        f"achieved / mm, per pair: median {statistics.median(fractions):.3f} "
+        f"(quartiles {fraction_q[0]:.3f} - {fraction_q[2]:.3f})"
     )
     print(
         f"load average before {load_before[0]:.2f}, after {load_after[0]:.2f}; "

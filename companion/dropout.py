@@ -9,10 +9,10 @@ sits between (see ``benchmarks/README.md``).
 
 :func:`keep_mask` draws the same decisions from raw 64-bit random words instead: each word
 gives four 16-bit lanes, and a lane keeps its element when it is at least a threshold. One
-generator call then serves four elements, and the comparison is a single vectorised pass.
-The drop probability is realised in steps of 1/32,768 (``p = 0.1`` becomes 0.100006); the
-survivors are scaled by ``1 / (1 - realised p)``, so the expected output is still exactly the
-input.
+generator call then serves four elements, and the comparison is a single vectorised pass
+that writes the float factor (0 or 1) directly. The drop probability is realised in steps of
+1/65,536 (``p = 0.1`` becomes 0.100006); the survivors are scaled by
+``1 / (1 - realised p)``, so the expected output is still exactly the input.
 
 Where the fused kernels are already fast, :func:`dropout` uses them: on a GPU, and under
 ``torch.compile`` (which fuses dropout into the surrounding element-wise code). The random
@@ -32,8 +32,8 @@ __all__ = ["Dropout", "dropout", "keep_mask", "realised_probability"]
 
 #: Lanes of 16 bits per 64-bit random word.
 _LANES = 4
-#: Resolution of the drop probability: lane values are even, so 2**15 steps.
-_STEPS = 2**15
+#: Resolution of the drop probability: a 16-bit lane takes 2**16 values.
+_STEPS = 2**16
 
 
 def _check_probability(p: float) -> float:
@@ -43,8 +43,21 @@ def _check_probability(p: float) -> float:
 
 
 def realised_probability(p: float) -> float:
-    """The drop probability :func:`keep_mask` realises for ``p``: ``p`` rounded to 1/32,768."""
+    """The drop probability :func:`keep_mask` realises for ``p``: ``p`` rounded to 1/65,536."""
     return round(_check_probability(p) * _STEPS) / _STEPS
+
+
+def _random_lanes(numel: int, device: torch.device | str) -> Tensor:
+    """``(numel,)`` int16, uniform over all 65,536 values: 64-bit random words cut in four."""
+    words = -(-numel // _LANES)
+    full_range = {"from": -(2**63), "to": None}  # every one of the 64 bits random
+    bits = torch.empty(words, dtype=torch.int64, device=device).random_(**full_range)  # (words,)
+    return bits.view(torch.int16)[:numel]  # (numel,)
+
+
+def _threshold(p: float) -> int:
+    """The int16 lane value at and above which an element is kept (drop probability ``p``)."""
+    return -(2**15) + round(_check_probability(p) * _STEPS)
 
 
 def keep_mask(
@@ -52,11 +65,9 @@ def keep_mask(
 ) -> Tensor:
     """Boolean mask of the given shape, each element ``True`` (kept) with probability ``1 - p``.
 
-    Each 64-bit word from ``Tensor.random_`` (uniform over ``[0, 2**63)``) is doubled, which
-    drops its always-zero top bit, and read as four 16-bit lanes; a lane keeps its element
-    when it is ≥ a threshold. The lowest lane is always even after the doubling, so the
-    threshold is even and every lane keeps with the same probability
-    ``1 - realised_probability(p)``.
+    Each 64-bit word from ``Tensor.random_`` (all 64 bits random) is read as four 16-bit
+    lanes, each uniform over the 65,536 int16 values; a lane keeps its element when it is
+    ≥ a threshold, so every element keeps with probability ``1 - realised_probability(p)``.
 
     Args:
         shape: shape of the mask.
@@ -66,15 +77,11 @@ def keep_mask(
     Returns:
         Boolean tensor of shape ``shape``.
     """
-    steps_dropped = round(_check_probability(p) * _STEPS)
+    threshold = _threshold(p)
     numel = 1
     for size in shape:
         numel *= size
-    words = -(-numel // _LANES)
-    bits = torch.empty(words, dtype=torch.int64, device=device).random_()  # (words,) in [0, 2**63)
-    bits.add_(bits)  # (words,) doubled: 64 random bits, the lowest one zero
-    lanes = bits.view(torch.int16)[:numel]  # (numel,) uniform over the even int16 values
-    threshold = -(2**15) + 2 * steps_dropped  # an even lane value; lanes below it drop
+    lanes = _random_lanes(numel, device)  # (numel,) uniform int16
     return (lanes >= threshold).view(shape)  # (*shape,) bool, True = keep
 
 
@@ -107,8 +114,10 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if _use_fused(x) or p == 1.0:
         return F.dropout(x, p, training=True)
-    scale = 1.0 / (1.0 - realised_probability(p))
-    factor = keep_mask(x.shape, p, x.device).to(x.dtype).mul_(scale)  # (*x.shape): 0 or scale
+    lanes = _random_lanes(x.numel(), x.device).view(x.shape)  # (*x.shape) uniform int16
+    factor = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (*x.shape)
+    torch.ge(lanes, _threshold(p), out=factor)  # 1.0 = keep, 0.0 = drop: no boolean in between
+    factor.mul_(1.0 / (1.0 - realised_probability(p)))  # (*x.shape): 0 or the scale
     return x * factor  # (*x.shape); backward multiplies the gradient by the same factor
 
 

@@ -24,7 +24,7 @@ def test_keep_rate_matches_the_realised_probability(p: float) -> None:
     assert keep.dtype == torch.bool and keep.shape == (n,)
     rate = keep.float().mean().item()
     assert abs(rate - (1 - realised_probability(p))) < five_sigma(p, n)
-    # every lane of a random word keeps with the same probability (the lowest lane is even)
+    # every lane of a random word keeps with the same probability (all 64 bits are random)
     per_lane = keep.view(-1, 4).float().mean(0)  # (4,)
     assert (per_lane - (1 - p)).abs().max().item() < five_sigma(p, n // 4)
 
@@ -36,9 +36,9 @@ def test_neighbouring_decisions_are_independent() -> None:
     assert abs(both - 0.25) < five_sigma(0.25, keep.numel())
 
 
-def test_realised_probability_is_p_rounded_to_1_over_32768() -> None:
-    assert realised_probability(0.1) == round(0.1 * 32768) / 32768
-    assert abs(realised_probability(0.1) - 0.1) < 1 / 65536
+def test_realised_probability_is_p_rounded_to_1_over_65536() -> None:
+    assert realised_probability(0.1) == round(0.1 * 65536) / 65536
+    assert abs(realised_probability(0.1) - 0.1) < 1 / 131072
     assert realised_probability(0.0) == 0.0 and realised_probability(1.0) == 1.0
 
 
