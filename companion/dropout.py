@@ -84,11 +84,7 @@ def keep_mask(
 
 
 def _use_fused(x: Tensor) -> bool:
-    return (
-        x.device.type != "cpu"
-        or not x.is_floating_point()
-        or torch.compiler.is_compiling()
-    )
+    return x.device.type != "cpu" or not x.is_floating_point() or torch.compiler.is_compiling()
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

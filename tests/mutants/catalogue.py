@@ -692,4 +692,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ],
         "tests/test_positional.py::test_encoding_adds_to_x_with_offset",
     ),
+    # ------------------------------------------------------------------ dropout
+    _m(
+        "dropout_top_bit_not_random",
+        "dropout's random words drawn over [0, 2**63): the top lane never drops for p < 0.5",
+        "dropout.py",
+        [('full_range = {"from": -(2**63), "to": None}', "full_range = {}")],
+        "tests/test_dropout.py::test_keep_rate_matches_the_realised_probability",
+    ),
+    _m(
+        "dropout_survivors_not_rescaled",
+        "dropout zeroes but does not scale the survivors by 1 / (1 - p): the mean shrinks",
+        "dropout.py",
+        [
+            (
+                "    factor.mul_(1.0 / (1.0 - realised_probability(p)))  # (*x.shape): 0 or the scale\n",
+                "",
+            )
+        ],
+        "tests/test_dropout.py::test_dropout_is_unbiased_and_scales_the_survivors",
+    ),
 )
