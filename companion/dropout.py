@@ -76,6 +76,8 @@ def keep_mask(
         Boolean tensor of shape ``shape``.
     """
     threshold = _threshold(p)
+    if threshold > 2**15 - 1:  # p rounds to 1: no lane value keeps (and none fits the dtype)
+        return torch.zeros(shape, dtype=torch.bool, device=device)  # (*shape,) all dropped
     numel = 1
     for size in shape:
         numel *= size
@@ -105,8 +107,10 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     p = _check_probability(p)
     if not training or p == 0.0:
         return x
-    if _use_fused(x) or p == 1.0:
+    if _use_fused(x):
         return F.dropout(x, p, training=True)
+    if realised_probability(p) == 1.0:  # p rounds to 1: every element dropped
+        return F.dropout(x, 1.0, training=True)
     lanes = _random_lanes(x.numel(), x.device).view(x.shape)  # (*x.shape) uniform int16
     factor = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (*x.shape)
     torch.ge(lanes, _threshold(p), out=factor)  # 1.0 = keep, 0.0 = drop: no boolean in between

@@ -29,6 +29,14 @@ def test_keep_rate_matches_the_realised_probability(p: float) -> None:
     assert (per_lane - (1 - p)).abs().max().item() < five_sigma(p, n // 4)
 
 
+@pytest.mark.parametrize("p", [1.0, 1 - 1e-6])  # both realised as 1
+def test_keep_mask_keeps_nothing_when_p_is_one(p: float) -> None:
+    assert realised_probability(p) == 1.0
+    assert not keep_mask((1000,), p).any()
+    assert keep_mask((1000,), 0.0).all()
+    assert not dropout(torch.ones(1000), p).any()
+
+
 def test_neighbouring_decisions_are_independent() -> None:
     torch.manual_seed(1)
     keep = keep_mask((400_000,), 0.5).float()
