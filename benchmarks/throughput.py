@@ -307,7 +307,7 @@ def main() -> None:
     def quartiles(values: list[float]) -> list[float]:
         return statistics.quantiles(values, n=4) if len(values) > 1 else values * 3
 
-    ratio_q, fraction_q = quartiles(ratios), quartiles(fractions)
+    ratio_q, fraction_q, mm_q = quartiles(ratios), quartiles(fractions), quartiles(mm_rates)
     print(f"\n{pair} interleaved pairs of training steps")
     print(
         f"median step: companion {median_seconds['companion'] * 1e3:,.0f} ms "
@@ -321,7 +321,7 @@ def main() -> None:
     print(
         f"companion step: {step_flops / 1e9:.1f} GFLOP -> {achieved / 1e9:.1f} GFLOP/s (median "
         f"step); torch.mm {size}x{size}, once a pair: median {peak / 1e9:.1f} GFLOP/s "
-        f"(quartiles {quartiles(mm_rates)[0] / 1e9:.1f} - {quartiles(mm_rates)[2] / 1e9:.1f})"
+        f"(quartiles {mm_q[0] / 1e9:.1f} - {mm_q[2] / 1e9:.1f})"
     )
     print(
         f"achieved / mm, per pair: median {statistics.median(fractions):.3f} "

@@ -53,9 +53,14 @@ def _random_lanes(numel: int, device: torch.device | str) -> Tensor:
     return bits.view(torch.int16)[:numel]  # (numel,)
 
 
-def _threshold(p: float) -> int:
-    """The int16 lane value at and above which an element is kept (drop probability ``p``)."""
-    return -(2**15) + round(_check_probability(p) * _STEPS)
+def _keep_into(out: Tensor, p: float) -> Tensor:
+    """Fill ``out`` (bool or float, any shape) with keep decisions, True / 1 with probability
+    ``1 - realised_probability(p)``, straight from the lanes (no boolean in between)."""
+    dropped = round(_check_probability(p) * _STEPS)  # lane values that drop: 0 .. 2**16
+    if dropped == _STEPS:  # p rounds to 1: no lane keeps (the threshold 2**15 is no int16)
+        return out.zero_()
+    lanes = _random_lanes(out.numel(), out.device).view(out.shape)  # (*out.shape) uniform
+    return torch.ge(lanes, -(2**15) + dropped, out=out)  # (*out.shape): keep where ≥ threshold
 
 
 def keep_mask(
@@ -75,14 +80,8 @@ def keep_mask(
     Returns:
         Boolean tensor of shape ``shape``.
     """
-    threshold = _threshold(p)
-    if threshold > 2**15 - 1:  # p rounds to 1: no lane value keeps (and none fits the dtype)
-        return torch.zeros(shape, dtype=torch.bool, device=device)  # (*shape,) all dropped
-    numel = 1
-    for size in shape:
-        numel *= size
-    lanes = _random_lanes(numel, device)  # (numel,) uniform int16
-    return (lanes >= threshold).view(shape)  # (*shape,) bool, True = keep
+    keep = torch.empty(tuple(shape), dtype=torch.bool, device=device)  # (*shape,)
+    return _keep_into(keep, p)  # (*shape,) bool, True = keep
 
 
 def _use_fused(x: Tensor) -> bool:
@@ -109,12 +108,9 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if _use_fused(x):
         return F.dropout(x, p, training=True)
-    if realised_probability(p) == 1.0:  # p rounds to 1: every element dropped
-        return F.dropout(x, 1.0, training=True)
-    lanes = _random_lanes(x.numel(), x.device).view(x.shape)  # (*x.shape) uniform int16
-    factor = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (*x.shape)
-    torch.ge(lanes, _threshold(p), out=factor)  # 1.0 = keep, 0.0 = drop: no boolean in between
-    factor.mul_(1.0 / (1.0 - realised_probability(p)))  # (*x.shape): 0 or the scale
+    factor = _keep_into(torch.empty(x.shape, dtype=x.dtype, device=x.device), p)  # 1 = keep
+    kept = 1.0 - realised_probability(p)  # 0 when p rounds to 1: then no survivor to scale
+    factor.mul_(1.0 / kept if kept else 0.0)  # (*x.shape): 0 or the scale
     return x * factor  # (*x.shape); backward multiplies the gradient by the same factor
 
 

@@ -145,6 +145,14 @@ def test_catalogue_is_well_formed() -> None:
         assert node.split("::")[1] in names, f"{node}: no such test function"
 
 
+def test_readme_states_the_catalogue_size() -> None:
+    """README's museum paragraph counts the mutants and the score: both follow the catalogue."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    n = len(MUTANTS)
+    assert re.search(rf"`tests/mutants/catalogue\.py` lists {n}\s", readme), f"README: lists {n}"
+    assert f"**Mutation score: {n}/{n} (100 %).**" in readme, f"README: score {n}/{n}"
+
+
 def test_named_tests_pass_unmutated(museum: dict[str, Future]) -> None:
     """The tests that catch the mutants pass on an unmutated copy of the package."""
     run = museum[BASELINE].result()
