@@ -46,7 +46,7 @@ from companion._validation import (
     shape_str,
 )
 from companion.cache import KeyValueCache
-from companion.dropout import dropout
+from companion.dropout import dropout, dropout_factor
 from companion.masking import causal_mask
 from companion.positional import RotaryEmbedding, alibi_bias, alibi_slopes
 
@@ -199,20 +199,79 @@ def _attention_with_dropout(
 
     torch's fused CPU kernel has no dropout, so with ``dropout_p > 0`` torch falls back to
     its step-by-step path, whose dropout draws one random number per weight with
-    ``bernoulli_``. Written out here, the same arithmetic uses :func:`companion.dropout.dropout`
-    and adds the mask as a small broadcast bias. ``mask`` has a key in every row; ``bias``
+    ``bernoulli_``. Written out here, the same arithmetic uses :func:`companion.dropout`'s
+    random lanes and runs as one autograd node (:class:`_DroppedAttention`); the mask becomes
+    a small broadcast bias (``-inf`` where blocked). ``mask`` has a key in every row; ``bias``
     (ALiBi) is added to the scores. ``k`` and ``v`` have one head per query head.
     """
-    scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (batch, heads, q_len, k_len)
-    if bias is not None:
-        scores = scores + bias  # (batch, heads, q_len, k_len)
     if is_causal and mask is None:
         mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (q_len, k_len)
     if mask is not None:
-        bias = torch.zeros(mask.shape, dtype=scores.dtype, device=scores.device)  # mask's shape
-        scores = scores + bias.masked_fill_(~mask, float("-inf"))  # (batch, heads, q_len, k_len)
-    weights = torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len)
-    return dropout(weights, dropout_p) @ v  # (batch, heads, q_len, head_dim)
+        blocked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)  # mask's shape
+        blocked.masked_fill_(~mask, float("-inf"))  # 0 where a query may look, -inf elsewhere
+        bias = blocked if bias is None else bias + blocked  # broadcastable to the scores
+    return _DroppedAttention.apply(q, k, v, bias, dropout_p)  # (batch, heads, q_len, head_dim)
+
+
+class _DroppedAttention(torch.autograd.Function):
+    r"""``dropout(softmax(q kᵀ / √d_k + bias), p) v`` as one autograd node (CPU, eager).
+
+    Written with separate torch operators, attention with dropout keeps three tensors of the
+    size of the scores for the backward pass (weights, dropout factor, dropped weights) and
+    reads them back in several passes. Here the backward pass is written out and needs only
+    the weights ``w`` and the dropped weights ``d = f ⊙ w`` (``f`` the dropout factor, 0 or
+    ``1/(1-p)``; ``g_o`` the gradient of the output ``d v``):
+
+    * ``∂L/∂v = dᵀ g_o`` and ``∂L/∂w = f ⊙ g`` with ``g = g_o vᵀ``;
+    * the softmax backward ``∂L/∂scores = w ⊙ ∂L/∂w - w ⊙ rowsum(w ⊙ ∂L/∂w)`` with
+      ``w ⊙ ∂L/∂w = g ⊙ d =: t`` (as ``w ⊙ f = d``): ``∂L/∂scores = t - w ⊙ rowsum(t)``;
+    * ``∂L/∂q = ∂L/∂scores k / √d_k`` and ``∂L/∂k = ∂L/∂scoresᵀ q / √d_k``.
+
+    Shapes: ``q (batch, heads, q_len, d)``, ``k, v (batch, heads, k_len, d)``; ``bias``
+    ``None`` or broadcastable to ``(batch, heads, q_len, k_len)``; every row has a key.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, p: float) -> Tensor:
+        batch, heads, q_len, head_dim = q.shape
+        k_len, rows = k.shape[-2], batch * heads
+        scaled_q = torch.mul(q, head_dim**-0.5, out=q.new_empty(q.shape))  # contiguous
+        q3 = scaled_q.view(rows, q_len, head_dim)  # (rows, q_len, d), rows = batch·heads
+        k3 = k.reshape(rows, k_len, head_dim)  # (rows, k_len, d)
+        v3 = v.reshape(rows, k_len, v.shape[-1])  # (rows, k_len, d_v)
+        if bias is None:
+            scores = torch.bmm(q3, k3.mT)  # (rows, q_len, k_len)
+        else:
+            scores = q.new_empty(batch, heads, q_len, k_len)
+            scores.copy_(bias.expand(scores.shape))  # the bias, then the products added to it
+            scores = scores.view(rows, q_len, k_len)  # (rows, q_len, k_len)
+            torch.baddbmm(scores, q3, k3.mT, out=scores)  # (rows, q_len, k_len) bias + q kᵀ
+        weights = torch.softmax(scores, dim=-1)  # (rows, q_len, k_len)
+        dropped = dropout_factor(weights, p).mul_(weights)  # (rows, q_len, k_len) d = f ⊙ w
+        ctx.save_for_backward(q3, k3, v3, weights, dropped)
+        ctx.shapes = (q.shape, k.shape, v.shape, None if bias is None else bias.shape)
+        output = torch.bmm(dropped, v3)  # (rows, q_len, d_v)
+        return output.view(batch, heads, q_len, v.shape[-1])  # (batch, heads, q_len, d_v)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor) -> tuple[Tensor | None, ...]:
+        q3, k3, v3, weights, dropped = ctx.saved_tensors
+        q_shape, k_shape, v_shape, bias_shape = ctx.shapes
+        grad_q = grad_k = grad_v = grad_bias = None
+        go = grad_output.reshape(v3.shape[0], q3.shape[1], v3.shape[2])  # (rows, q_len, d_v)
+        if ctx.needs_input_grad[2]:
+            grad_v = torch.bmm(dropped.mT, go).view(v_shape)  # (batch, heads, k_len, d_v)
+        grad_scores = torch.bmm(go, v3.mT).mul_(dropped)  # (rows, q_len, k_len) t = g ⊙ d
+        row_sums = grad_scores.sum(dim=-1, keepdim=True)  # (rows, q_len, 1)
+        grad_scores.addcmul_(weights, row_sums, value=-1.0)  # (rows, q_len, k_len) t - w ⊙ rowsum
+        if ctx.needs_input_grad[0]:
+            grad_q = torch.bmm(grad_scores, k3).mul_(q_shape[-1] ** -0.5).view(q_shape)
+        if ctx.needs_input_grad[1]:
+            grad_k = torch.bmm(grad_scores.mT, q3).view(k_shape)  # q3 carries the 1/√d
+        if ctx.needs_input_grad[3]:
+            full = grad_scores.view(*q_shape[:-1], k_shape[-2])  # (batch, heads, q_len, k_len)
+            grad_bias = full.sum_to_size(bias_shape)  # summed over the broadcast dimensions
+        return grad_q, grad_k, grad_v, grad_bias, None
 
 
 class MultiHeadAttention(nn.Module):
@@ -390,7 +449,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v, mask, need_weights=need_weights, is_causal=kernel_causal, bias=bias
         )  # (batch, heads, q_len, head_dim), (batch, heads, q_len, k_len) or None
         output = self.out_proj(self.merge_heads(per_head))  # (batch, q_len, d_model)
-        if mask is not None:  # a query no head lets attend anywhere: zeros, not out_proj's bias
+        if mask is not None and not _every_row_has_a_key(mask):
+            # a query no head lets attend anywhere: zeros, not out_proj's bias
             output = output.masked_fill(~_rows_with_a_key(mask), 0.0)  # (batch, q_len, d_model)
         elif k.shape[-2] == 0:  # no keys at all (k_len = 0): every query gets zeros, as above
             output = output * 0.0  # (batch, q_len, d_model)
@@ -428,7 +488,8 @@ class MultiHeadAttention(nn.Module):
         if need_weights:
             k, v = repeat_kv_heads(k, self.num_heads), repeat_kv_heads(v, self.num_heads)
             return scaled_dot_product_attention(q, k, v, mask, dropout_p, bias=bias)
-        if mask is not None:  # rows without a key attend everywhere (no 0/0 = NaN), then zeroed
+        has_key = None  # rows without a key attend everywhere (no 0/0 = NaN), then zeroed
+        if mask is not None and not _every_row_has_a_key(mask):
             has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1)
             mask = mask | ~has_key  # broadcastable to (batch, heads, q_len, k_len)
         if dropout_p > 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
@@ -436,7 +497,7 @@ class MultiHeadAttention(nn.Module):
             per_head = _attention_with_dropout(q, k, v, mask, dropout_p, is_causal, bias)
         else:
             per_head = _fused_attention(q, k, v, mask, dropout_p, is_causal, bias)
-        if mask is not None:
+        if has_key is not None:
             per_head = per_head.masked_fill(~has_key, 0.0)  # (batch, heads, q_len, head_dim)
         return per_head, None
 
@@ -736,6 +797,16 @@ def _causal(
         return None, True
     causal = causal_mask(q_len, k_len, device=q.device)  # (q_len, k_len)
     return (causal if mask is None else mask & causal), False  # broadcastable to the scores
+
+
+def _every_row_has_a_key(mask: Tensor) -> bool:
+    """Whether every query of ``mask`` may attend to some key - asked only where the answer is
+    cheap: on a CPU outside ``torch.compile`` (a host read, no graph break). Elsewhere it
+    answers ``False`` and the caller zeroes the rows without a key, which changes nothing when
+    there are none."""
+    if mask.device.type != "cpu" or torch.compiler.is_compiling():
+        return False
+    return bool(mask.any(dim=-1).all())
 
 
 def _rows_with_a_key(mask: Tensor) -> Tensor:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Dropout", "dropout", "keep_mask", "realised_probability"]
+__all__ = ["Dropout", "dropout", "dropout_factor", "keep_mask", "realised_probability"]
 
 #: Lanes of 16 bits per 64-bit random word.
 _LANES = 4
@@ -88,6 +88,29 @@ def _use_fused(x: Tensor) -> bool:
     return x.device.type != "cpu" or not x.is_floating_point() or torch.compiler.is_compiling()
 
 
+def dropout_factor(x: Tensor, p: float) -> Tensor:
+    """What dropout multiplies ``x`` by: each element ``1 / (1 - realised p)`` (kept) with
+    probability ``1 - realised_probability(p)``, else 0 - all zeros when ``p`` rounds to 1.
+
+    ``x * dropout_factor(x, p)`` is :func:`dropout` on a CPU; the factor is useful on its own
+    where the same decisions are needed twice (the backward pass of
+    :func:`companion.attention`'s written-out attention).
+
+    Args:
+        x: floating-point tensor whose shape, dtype and device the factor takes.
+        p: drop probability in ``[0, 1]``.
+
+    Returns:
+        Tensor like ``x``.
+    """
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating-point tensor, got {got}")
+    factor = _keep_into(torch.empty_like(x, memory_format=torch.contiguous_format), p)  # 0 or 1
+    kept = 1.0 - realised_probability(p)  # 0 when p rounds to 1: then no survivor to scale
+    return factor.mul_(1.0 / kept if kept else 0.0)  # (*x.shape): 0 or the scale
+
+
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     """Zero each element of ``x`` with probability ``p`` and scale the rest by ``1 / (1 - p)``.
 
@@ -108,10 +131,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
         return x
     if _use_fused(x):
         return F.dropout(x, p, training=True)
-    factor = _keep_into(torch.empty(x.shape, dtype=x.dtype, device=x.device), p)  # 1 = keep
-    kept = 1.0 - realised_probability(p)  # 0 when p rounds to 1: then no survivor to scale
-    factor.mul_(1.0 / kept if kept else 0.0)  # (*x.shape): 0 or the scale
-    return x * factor  # (*x.shape); backward multiplies the gradient by the same factor
+    return x * dropout_factor(x, p)  # (*x.shape); backward multiplies by the same factor
 
 
 class Dropout(nn.Dropout):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion.dropout import Dropout, dropout, keep_mask, realised_probability
+from companion.dropout import Dropout, dropout, dropout_factor, keep_mask, realised_probability
 
 
 def five_sigma(p: float, n: int) -> float:
@@ -142,3 +142,25 @@ def test_matches_torch_dropout_in_distribution() -> None:
         0.1, 1_000_000
     )
     assert abs(ours.max().item() - theirs.max().item()) < 1e-4
+
+
+def test_dropout_factor_is_zero_or_the_scale_and_dropout_multiplies_by_it() -> None:
+    x = torch.randn(400, 1000, dtype=torch.float64).mT  # not contiguous: the factor is
+    torch.manual_seed(3)
+    factor = dropout_factor(x, 0.25)
+    assert factor.shape == x.shape and factor.dtype == x.dtype and factor.is_contiguous()
+    scale = 1 / (1 - realised_probability(0.25))
+    assert set(factor.unique().tolist()) == {0.0, scale}
+    assert abs((factor == 0).double().mean().item() - 0.25) < five_sigma(0.25, x.numel())
+    torch.manual_seed(3)
+    assert torch.equal(dropout(x, 0.25), x * factor)  # the same decisions from the same seed
+    assert torch.equal(dropout_factor(x, 0.0), torch.ones_like(x))
+    assert not dropout_factor(x, 1.0).any()
+
+
+@pytest.mark.parametrize("bad", [torch.ones(3, dtype=torch.long), [1.0, 2.0]])
+def test_dropout_factor_names_a_bad_x(bad: object) -> None:
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        dropout_factor(bad, 0.1)
+    with pytest.raises(ValueError, match="dropout probability p"):
+        dropout_factor(torch.ones(3), 1.5)

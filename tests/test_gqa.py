@@ -150,7 +150,9 @@ def test_cpu_dropout_path_is_attention_when_nothing_is_dropped(kind, monkeypatch
     k, v = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)  # (batch, kv_heads, len, head_dim)
     mask, is_causal = (padding(3, 5), False) if kind == "padding" else (None, True)
     expected, _ = attention.eval().attend(q, k, v, mask, is_causal=is_causal)
-    monkeypatch.setattr(attention_module, "dropout", lambda weights, p: weights)
+    monkeypatch.setattr(  # every factor 1: dropout made the identity
+        attention_module, "dropout_factor", lambda weights, p: torch.ones_like(weights)
+    )
     got, _ = attention.train().attend(q, k, v, mask, is_causal=is_causal)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
     monkeypatch.undo()
