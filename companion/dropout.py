@@ -64,9 +64,13 @@ def _keep_into(out: Tensor, p: float) -> Tensor:
 
 
 def keep_mask(
-    shape: tuple[int, ...] | torch.Size, p: float, device: torch.device | str = "cpu"
+    shape: tuple[int, ...] | torch.Size,
+    p: float,
+    device: torch.device | str = "cpu",
+    *,
+    dtype: torch.dtype = torch.bool,
 ) -> Tensor:
-    """Boolean mask of the given shape, each element ``True`` (kept) with probability ``1 - p``.
+    """Mask of the given shape, each element kept (``True``, or 1) with probability ``1 - p``.
 
     Each 64-bit word from ``Tensor.random_`` (all 64 bits random) is read as four 16-bit
     lanes, each uniform over the 65,536 int16 values; a lane keeps its element when it is
@@ -76,12 +80,16 @@ def keep_mask(
         shape: shape of the mask.
         p: drop probability in ``[0, 1]``.
         device: where to make the mask.
+        dtype: ``torch.bool`` (default), or a floating dtype for a mask of 0s and 1s that
+            multiplies directly (the comparison writes it, no boolean in between).
 
     Returns:
-        Boolean tensor of shape ``shape``.
+        Tensor of shape ``shape`` and dtype ``dtype``.
     """
-    keep = torch.empty(tuple(shape), dtype=torch.bool, device=device)  # (*shape,)
-    return _keep_into(keep, p)  # (*shape,) bool, True = keep
+    if dtype != torch.bool and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be torch.bool or a floating dtype, got {dtype!r}")
+    keep = torch.empty(tuple(shape), dtype=dtype, device=device)  # (*shape,)
+    return _keep_into(keep, p)  # (*shape,) True / 1 = keep
 
 
 def _use_fused(x: Tensor) -> bool:

@@ -164,3 +164,14 @@ def test_dropout_factor_names_a_bad_x(bad: object) -> None:
         dropout_factor(bad, 0.1)
     with pytest.raises(ValueError, match="dropout probability p"):
         dropout_factor(torch.ones(3), 1.5)
+
+
+def test_keep_mask_as_floats_is_the_same_decisions_as_zeros_and_ones() -> None:
+    torch.manual_seed(4)
+    as_bool = keep_mask((3, 1000), 0.3)
+    torch.manual_seed(4)
+    as_float = keep_mask((3, 1000), 0.3, dtype=torch.float64)
+    assert as_float.dtype == torch.float64 and torch.equal(as_float, as_bool.double())
+    assert not keep_mask((10,), 1.0, dtype=torch.float32).any()
+    with pytest.raises(TypeError, match="dtype must be torch.bool or a floating dtype"):
+        keep_mask((3,), 0.1, dtype=torch.int64)

@@ -12,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+import companion.layers as layers_module
+from companion.dropout import dropout
 from companion.interop import (
     from_torch,
     load_from_torch,
@@ -474,3 +476,52 @@ def test_interop_refuses_rms_models_clearly():
     with pytest.raises(ValueError, match="norm: expected 'rms', got 'layer'"):
         load_from_torch(layer, to_torch(EncoderLayer(D_MODEL, HEADS, D_FF)))
     assert from_torch(to_torch(EncoderLayer(D_MODEL, HEADS, D_FF))).norm == "layer"
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 1 - 1e-6])  # the last realised as 1: all dropped
+@pytest.mark.parametrize("bias", [True, False])
+def test_feed_forward_training_path_is_relu_then_dropout(p, bias):
+    """On a CPU in training mode, ReLU + dropout run as one node with the scale moved onto
+    output_proj's weight: the same output and gradients as the layers composed by hand, from
+    the same random decisions (float64)."""
+    torch.manual_seed(0)
+    ff = FeedForward(16, 64, dropout=p, bias=bias).double().train()
+    x = torch.randn(4, 5, 16, dtype=torch.float64, requires_grad=True)
+    torch.manual_seed(1)
+    got = ff(x)
+    torch.manual_seed(1)
+    expected = ff.output_proj(dropout(torch.relu(ff.hidden_proj(x)), p))
+    torch.testing.assert_close(got, expected, rtol=1e-13, atol=1e-13)
+    grad = torch.randn_like(got)
+    inputs = (x, *ff.parameters())
+    for mine, theirs in zip(
+        torch.autograd.grad(got, inputs, grad), torch.autograd.grad(expected, inputs, grad)
+    ):
+        torch.testing.assert_close(mine, theirs, rtol=1e-13, atol=1e-13)
+
+
+@pytest.mark.parametrize(
+    ("activation", "training", "p", "taken"),
+    [("relu", True, 0.1, True), ("gelu", True, 0.1, False), ("relu", False, 0.1, False),
+     ("relu", True, 0.0, False)],
+)  # fmt: skip
+def test_feed_forward_takes_the_one_node_path_only_for_relu_dropout_in_training(
+    activation, training, p, taken, monkeypatch
+):
+    calls = []
+    original = layers_module._KeptReLU.apply
+    monkeypatch.setattr(
+        layers_module._KeptReLU, "apply", lambda *args: calls.append(1) or original(*args)
+    )
+    ff = FeedForward(8, 16, dropout=p, activation=activation).train(training)
+    ff(torch.randn(2, 3, 8))
+    assert bool(calls) == taken
+
+
+def test_kept_relu_of_minus_infinity_is_zero_not_nan():
+    """relu(-inf) = 0 whether the element is kept or dropped (0 · -inf would be NaN)."""
+    hidden = torch.full((1000,), float("-inf"), requires_grad=True)
+    out = layers_module._KeptReLU.apply(hidden, 0.5)
+    assert torch.equal(out, torch.zeros(1000))
+    out.sum().backward()
+    assert torch.equal(hidden.grad, torch.zeros(1000))
