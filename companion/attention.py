@@ -246,7 +246,7 @@ class _DroppedAttention(torch.autograd.Function):
             scores.copy_(bias.expand(scores.shape))  # the bias, then the products added to it
             scores = scores.view(rows, q_len, k_len)  # (rows, q_len, k_len)
             torch.baddbmm(scores, q3, k3.mT, out=scores)  # (rows, q_len, k_len) bias + q kᵀ
-        weights = torch.softmax(scores, dim=-1)  # (rows, q_len, k_len)
+        weights = torch.softmax(scores, dim=-1, out=scores)  # (rows, q_len, k_len) in place
         dropped = dropout_factor(weights, p).mul_(weights)  # (rows, q_len, k_len) d = f ⊙ w
         ctx.save_for_backward(q3, k3, v3, weights, dropped)
         ctx.shapes = (q.shape, k.shape, v.shape, None if bias is None else bias.shape)
