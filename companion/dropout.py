@@ -14,14 +14,17 @@ that writes the float factor (0 or 1) directly. The drop probability is realised
 1/65,536 (``p = 0.1`` becomes 0.100006); the survivors are scaled by
 ``1 / (1 - realised p)``, so the expected output is still exactly the input.
 
-Where the fused kernels are already fast, :func:`dropout` uses them: on a GPU, and under
-``torch.compile`` (which fuses dropout into the surrounding element-wise code). The random
-numbers come from torch's default generator, so ``companion.utils.set_seed`` makes runs
-reproduce.
+On a CPU the words come from numpy's SFC64 generator (about twice as fast per word as
+``Tensor.random_``, which runs on one core): each call seeds a fresh SFC64 with one 63-bit
+number drawn from torch's default generator, so ``torch.manual_seed`` (or
+``companion.utils.set_seed``) still makes runs reproduce. Where the fused kernels are already
+fast, :func:`dropout` uses them: on a GPU, and under ``torch.compile`` (which fuses dropout
+into the surrounding element-wise code).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -48,8 +51,15 @@ def realised_probability(p: float) -> float:
 def _random_lanes(numel: int, device: torch.device | str) -> Tensor:
     """``(numel,)`` int16, uniform over all 65,536 values: 64-bit random words cut in four."""
     words = -(-numel // _LANES)
-    full_range = {"from": -(2**63), "to": None}  # every one of the 64 bits random
-    bits = torch.empty(words, dtype=torch.int64, device=device).random_(**full_range)  # (words,)
+    if words == 0:
+        return torch.empty(0, dtype=torch.int16, device=device)  # (0,)
+    if torch.device(device).type == "cpu":
+        seed = int(torch.empty((), dtype=torch.int64).random_())  # torch's default generator
+        raw = np.random.SFC64(seed).random_raw(words)  # (words,) uint64, every bit random
+        bits = torch.from_numpy(raw.view(np.int64))  # (words,) shares the memory
+    else:
+        full_range = {"from": -(2**63), "to": None}  # every one of the 64 bits random
+        bits = torch.empty(words, dtype=torch.int64, device=device).random_(**full_range)
     return bits.view(torch.int16)[:numel]  # (numel,)
 
 

@@ -50,6 +50,18 @@ def _m(id: str, bug: str, path: str, edits: list[tuple[str, str]], *tests: str) 
 MUTANTS: tuple[Mutant, ...] = (
     # ------------------------------------------------------------------ attention
     _m(
+        "attention_backward_without_the_softmax_row_term",
+        "hand-written softmax backward keeps t = g ⊙ d but forgets - w ⊙ rowsum(t)",
+        "attention.py",
+        [
+            (
+                "grad_scores.addcmul_(weights, row_sums, value=-1.0)",
+                "grad_scores.addcmul_(weights, row_sums, value=0.0)",
+            )
+        ],
+        "tests/test_attention.py::test_written_out_dropout_attention_backward_passes_gradcheck",
+    ),
+    _m(
         "scale_by_d_k",
         "scores divided by d_k instead of √d_k",
         "attention.py",
@@ -241,11 +253,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "layers.py",
         [
             (
-                "hidden = self.activation(self.hidden_proj(x))  # (..., d_ff)",
-                "hidden = self.hidden_proj(x)  # (..., d_ff)",
+                "hidden = self.activation(hidden)  # (..., d_ff)",
+                "hidden = hidden  # (..., d_ff)",
             )
         ],
         "tests/test_layers.py::test_feed_forward_is_position_wise",
+    ),
+    _m(
+        "kept_relu_without_relu",
+        "the CPU training path of the feed-forward network drops out but forgets the ReLU",
+        "layers.py",
+        [
+            (
+                "output = hidden.clamp_min(0.0).mul_(kept)  # (..., d_ff) relu(h) ⊙ m",
+                "output = hidden.clone().mul_(kept)  # (..., d_ff) h ⊙ m",
+            )
+        ],
+        "tests/test_layers.py::test_feed_forward_training_path_is_relu_then_dropout",
     ),
     # ------------------------------------------------------------------ model
     _m(
@@ -697,7 +721,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "dropout_top_bit_not_random",
         "dropout's random words drawn over [0, 2**63): the top lane never drops for p < 0.5",
         "dropout.py",
-        [('full_range = {"from": -(2**63), "to": None}', "full_range = {}")],
+        [
+            (
+                "raw = np.random.SFC64(seed).random_raw(words)",
+                "raw = np.random.SFC64(seed).random_raw(words) >> np.uint64(1)",
+            )
+        ],
         "tests/test_dropout.py::test_keep_rate_matches_the_realised_probability",
     ),
     _m(
