@@ -102,6 +102,10 @@ class FeedForward(nn.Module):
     The same two-layer network is applied to every position independently (section 3.3 of the
     paper); it widens each vector to ``d_ff`` (usually ``4·d_model``) and back.
 
+    Training with ReLU and dropout on a CPU (eager) computes the same function in fewer passes
+    over the wide hidden tensor (:meth:`_kept_relu_output`): the ``dropout`` module's ``p``
+    and random decisions are used, but not its ``forward``, so hooks on it do not run there.
+
     Args:
         d_model: size of the input and output vectors.
         d_ff: size of the hidden layer.
