@@ -47,7 +47,7 @@ from companion._validation import (
 )
 from companion.cache import KeyValueCache
 from companion.dropout import dropout, dropout_factor
-from companion.masking import causal_mask
+from companion.masking import causal_mask, to_additive_mask
 from companion.positional import RotaryEmbedding, alibi_bias, alibi_slopes
 
 __all__ = [
@@ -207,8 +207,7 @@ def _attention_with_dropout(
     if is_causal and mask is None:
         mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (q_len, k_len)
     if mask is not None:
-        blocked = torch.zeros(mask.shape, dtype=q.dtype, device=q.device)  # mask's shape
-        blocked.masked_fill_(~mask, float("-inf"))  # 0 where a query may look, -inf elsewhere
+        blocked = to_additive_mask(mask, q.dtype)  # mask's shape: 0 where a query may look, -inf
         bias = blocked if bias is None else bias + blocked  # broadcastable to the scores
     return _DroppedAttention.apply(q, k, v, bias, dropout_p)  # (batch, heads, q_len, head_dim)
 

@@ -29,7 +29,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Dropout", "dropout", "dropout_factor", "keep_mask", "realised_probability"]
+__all__ = [
+    "Dropout",
+    "dropout",
+    "dropout_factor",
+    "keep_mask",
+    "realised_probability",
+    "survivor_scale",
+]
 
 #: Lanes of 16 bits per 64-bit random word.
 _LANES = 4
@@ -46,6 +53,13 @@ def _check_probability(p: float) -> float:
 def realised_probability(p: float) -> float:
     """The drop probability :func:`keep_mask` realises for ``p``: ``p`` rounded to 1/65,536."""
     return round(_check_probability(p) * _STEPS) / _STEPS
+
+
+def survivor_scale(p: float) -> float:
+    """The factor ``1 / (1 - realised_probability(p))`` of the kept elements (0 when ``p``
+    rounds to 1: nothing survives to be scaled)."""
+    kept = 1.0 - realised_probability(p)
+    return 1.0 / kept if kept else 0.0
 
 
 def _random_lanes(numel: int, device: torch.device | str) -> Tensor:
@@ -82,8 +96,8 @@ def keep_mask(
 ) -> Tensor:
     """Mask of the given shape, each element kept (``True``, or 1) with probability ``1 - p``.
 
-    Each 64-bit word from ``Tensor.random_`` (all 64 bits random) is read as four 16-bit
-    lanes, each uniform over the 65,536 int16 values; a lane keeps its element when it is
+    Each random 64-bit word (numpy's SFC64 on a CPU, ``Tensor.random_`` elsewhere) is read as
+    four 16-bit lanes, each uniform over the 65,536 int16 values; a lane keeps its element when it is
     ≥ a threshold, so every element keeps with probability ``1 - realised_probability(p)``.
 
     Args:
@@ -111,8 +125,8 @@ def dropout_factor(x: Tensor, p: float) -> Tensor:
     probability ``1 - realised_probability(p)``, else 0 - all zeros when ``p`` rounds to 1.
 
     ``x * dropout_factor(x, p)`` is :func:`dropout` on a CPU; the factor is useful on its own
-    where the same decisions are needed twice (the backward pass of
-    :func:`companion.attention`'s written-out attention).
+    where the same decisions are needed again (the hand-written backward pass of the CPU
+    attention with dropout in :mod:`companion.attention`).
 
     Args:
         x: floating-point tensor whose shape, dtype and device the factor takes.
@@ -125,8 +139,7 @@ def dropout_factor(x: Tensor, p: float) -> Tensor:
         got = x.dtype if isinstance(x, Tensor) else type(x).__name__
         raise TypeError(f"x must be a floating-point tensor, got {got}")
     factor = _keep_into(torch.empty_like(x, memory_format=torch.contiguous_format), p)  # 0 or 1
-    kept = 1.0 - realised_probability(p)  # 0 when p rounds to 1: then no survivor to scale
-    return factor.mul_(1.0 / kept if kept else 0.0)  # (*x.shape): 0 or the scale
+    return factor.mul_(survivor_scale(p))  # (*x.shape): 0 or the scale
 
 
 def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:

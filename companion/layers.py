@@ -53,7 +53,7 @@ from companion._validation import (
 )
 from companion.attention import MultiHeadAttention
 from companion.cache import DecoderLayerCache, KeyValueCache
-from companion.dropout import Dropout, keep_mask, realised_probability
+from companion.dropout import Dropout, keep_mask, survivor_scale
 
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "ACTIVATIONS", "NORMS", "make_norm"]
 
@@ -166,10 +166,8 @@ class FeedForward(nn.Module):
         (``(m ⊙ relu(h)) (s W)ᵀ = (s m ⊙ relu(h)) Wᵀ``). ``hidden (..., d_ff)`` →
         ``(..., d_model)``."""
         p = self.dropout.p
-        kept = 1.0 - realised_probability(p)
-        scale = 1.0 / kept if kept else 0.0  # of the survivors; 0 when everything is dropped
         hidden = _KeptReLU.apply(hidden, p)  # (..., d_ff) relu(h) or 0
-        weight = self.output_proj.weight * scale  # (d_model, d_ff)
+        weight = self.output_proj.weight * survivor_scale(p)  # (d_model, d_ff)
         return F.linear(hidden, weight, self.output_proj.bias)  # (..., d_model)
 
     def check_inputs(self, x: Tensor) -> None:

@@ -9,7 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion.dropout import Dropout, dropout, dropout_factor, keep_mask, realised_probability
+from companion.dropout import (
+    Dropout,
+    dropout,
+    dropout_factor,
+    keep_mask,
+    realised_probability,
+    survivor_scale,
+)
 
 
 def five_sigma(p: float, n: int) -> float:
@@ -150,6 +157,7 @@ def test_dropout_factor_is_zero_or_the_scale_and_dropout_multiplies_by_it() -> N
     factor = dropout_factor(x, 0.25)
     assert factor.shape == x.shape and factor.dtype == x.dtype and factor.is_contiguous()
     scale = 1 / (1 - realised_probability(0.25))
+    assert survivor_scale(0.25) == scale and survivor_scale(1 - 1e-6) == 0.0
     assert set(factor.unique().tolist()) == {0.0, scale}
     assert abs((factor == 0).double().mean().item() - 0.25) < five_sigma(0.25, x.numel())
     torch.manual_seed(3)

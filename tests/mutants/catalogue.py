@@ -735,8 +735,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "dropout.py",
         [
             (
-                "factor.mul_(1.0 / kept if kept else 0.0)",
-                "factor.mul_(1.0 if kept else 0.0)",
+                "return 1.0 / kept if kept else 0.0",
+                "return 1.0 if kept else 0.0",
             )
         ],
         "tests/test_dropout.py::test_dropout_is_unbiased_and_scales_the_survivors",
