@@ -256,6 +256,16 @@ def check_same_dtype(name: str, tensor: Tensor, dtype: torch.dtype, owner: str) 
     return tensor
 
 
+def check_same_device(name: str, tensor: Tensor, reference: Tensor) -> Tensor:
+    """Raise ``ValueError`` unless ``tensor`` is on ``reference``'s device (e.g. a cache kept
+    for a module: it is never moved, as the inputs are)."""
+    if tensor.device != reference.device:
+        raise ValueError(
+            f"{name} must be on the module's device {reference.device}, got {tensor.device}"
+        )
+    return tensor
+
+
 def check_module_dtype(name: str, tensor: Tensor, module: torch.nn.Module) -> Tensor:
     """Raise ``TypeError`` unless ``tensor`` has the dtype of ``module``'s floating-point
     parameters (e.g. a float64 input to a float32 layer). Skipped under autocast, which mixes

@@ -38,6 +38,7 @@ from companion._validation import (
     check_positive_int,
     check_probability,
     check_qkv,
+    check_same_device,
     check_same_dtype,
     check_size,
     check_tensor,
@@ -681,17 +682,38 @@ class MultiHeadAttention(nn.Module):
                 f"are the last q_len of the key positions), got q_len={q_len} and k_len={k_len}"
             )
 
-    def cached_length(self, cache: object, batch: int, new_len: int) -> int:
-        """Check ``cache`` for a call with ``batch`` rows; the number of keys (cached + new)."""
+    def cached_length(self, cache: object, batch: int, new_len: int, name: str = "cache") -> int:
+        """Check ``cache`` (called ``name`` in the messages) for a call with ``batch`` rows and
+        ``new_len`` new positions; the number of keys the call attends to (cached + new).
+
+        The cached keys and values must be ``(batch, num_kv_heads, len, head_dim)`` of this
+        module (a cache filled by another model or module fails here, not in ``torch.cat``),
+        on its device, and of its dtype unless autocast is on (which mixes dtypes)."""
         if not isinstance(cache, KeyValueCache):
-            raise TypeError(f"cache must be a KeyValueCache, got {type(cache).__name__}")
-        if cache.keys is None:
+            raise TypeError(f"{name} must be a KeyValueCache, got {type(cache).__name__}")
+        if cache.keys is None and cache.values is None:
             return new_len
-        if cache.keys.shape[0] != batch or cache.keys.shape[1] != self.num_kv_heads:
+        layout = f"({batch}, {self.num_kv_heads}, len, {self.head_dim})"
+        what = "(batch, kv_heads, len, head_dim) for this call and module"
+        for part in ("keys", "values"):
+            tensor = getattr(cache, part)
+            check_floating(f"{name}.{part}", tensor)
+            fits = tensor.dim() == 4 and tensor.shape[0] == batch
+            fits = fits and tensor.shape[1] == self.num_kv_heads
+            if not (fits and tensor.shape[3] == self.head_dim):
+                raise ValueError(
+                    f"{name} must hold {part} of shape {layout} {what}, got "
+                    f"{shape_str(tensor.shape)}; a cache is made by the model that fills it"
+                )
+            check_same_device(f"{name}.{part}", tensor, self.out_proj.weight)
+            if not torch.is_autocast_enabled(tensor.device.type):  # autocast mixes dtypes
+                check_same_dtype(
+                    f"{name}.{part}", tensor, self.out_proj.weight.dtype, "the module's parameters"
+                )
+        if cache.values.shape != cache.keys.shape:
             raise ValueError(
-                f"cache must hold keys of shape ({batch}, {self.num_kv_heads}, len, "
-                f"{self.head_dim}) for this call (batch, kv_heads, len, head_dim), got "
-                f"{shape_str(cache.keys.shape)}"
+                f"{name}.values must have the shape of {name}.keys "
+                f"{shape_str(cache.keys.shape)}, got {shape_str(cache.values.shape)}"
             )
         return cache.length + new_len if cache.growing else cache.length
 

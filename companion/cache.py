@@ -32,9 +32,22 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-from companion._validation import check_integer, check_ndim, check_positive_int
+from companion._validation import (
+    check_bool_tensor,
+    check_integer,
+    check_ndim,
+    check_positive_int,
+    shape_str,
+)
 
-__all__ = ["KeyValueCache", "DecoderLayerCache", "DecoderCache", "DecoderOnlyCache", "LatentCache"]
+__all__ = [
+    "KeyValueCache",
+    "DecoderLayerCache",
+    "DecoderCache",
+    "DecoderOnlyCache",
+    "LatentCache",
+    "check_key_padding",
+]
 
 
 def _bytes(tensor: Tensor | None) -> int:
@@ -264,3 +277,25 @@ class LatentCache:
         """Keep the batch rows ``indices`` ``(new_batch,)``, e.g. the surviving beams."""
         if self.latents is not None:
             self.latents = self.latents.index_select(0, indices)  # (new_batch, len, d_latent)
+
+
+def check_key_padding(cache: DecoderCache | DecoderOnlyCache, batch: int) -> None:
+    """For a model with a pad id: raise a clear error unless ``cache.key_padding`` records
+    every cached token, boolean ``(batch, cache.length)`` (``None`` while the cache is
+    empty). A cache filled by a model without a pad id has no record, and the padding mask of
+    the next call would not cover the cached keys."""
+    cached, record = cache.length, cache.key_padding
+    if record is None:
+        if cached:
+            raise ValueError(
+                f"cache.key_padding is None but the cache holds {cached} position(s): it was "
+                "filled by a model without a pad id; make the cache with this model's "
+                "new_cache()"
+            )
+        return
+    check_bool_tensor("cache.key_padding", record)
+    if tuple(record.shape) != (batch, cached):
+        raise ValueError(
+            f"cache.key_padding must have shape (batch, cache.length) = ({batch}, {cached}) "
+            f"(True for the real cached tokens), got {shape_str(record.shape)}"
+        )

@@ -228,7 +228,7 @@ def load_checkpoint(
 
 def model_from_checkpoint(checkpoint: Mapping[str, Any] | str | os.PathLike[str]) -> Transformer:
     """A :class:`~companion.model.Transformer` with the weights of a checkpoint (a path or the
-    dict from :func:`load_checkpoint`), in evaluation mode.
+    dict from :func:`load_checkpoint`), in evaluation mode, in the dtype of the saved weights.
 
     Raises:
         CheckpointError: the file cannot be read (see :func:`load_checkpoint`), or its model
@@ -272,7 +272,9 @@ def rebuild_model(
 ) -> Model:
     """The model of a checkpoint (a path or the dict from :func:`load_checkpoint`), with its
     weights, in evaluation mode: ``build(config, options)`` makes it from the saved
-    :class:`~companion.model.TransformerConfig` and ``"model_options"``.
+    :class:`~companion.model.TransformerConfig` and ``"model_options"``. Its parameters and
+    buffers get the dtypes of the saved weights (a float64 model comes back float64, every
+    weight exact), on the CPU.
 
     Args:
         checkpoint: a path or a loaded checkpoint.
@@ -304,6 +306,7 @@ def rebuild_model(
         model = build(
             TransformerConfig(**checkpoint["model_config"]), checkpoint.get("model_options", {})
         )
+        _take_saved_dtypes(model, checkpoint["model"])  # a float64 model comes back float64
         model.load_state_dict(checkpoint["model"])
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         reason = " ".join(str(error).split())[:300]  # one line: torch's can run to pages
@@ -313,6 +316,29 @@ def rebuild_model(
             "save_checkpoint from a training run of companion"
         ) from None
     return model.eval()
+
+
+def _take_saved_dtypes(model: nn.Module, state: Mapping[str, Any]) -> None:
+    """Give ``model``'s floating-point parameters and buffers the dtypes of their saved
+    tensors in ``state``, before ``load_state_dict`` copies the values in (which would round
+    them to the freshly built model's float32). One saved dtype: ``model.to(dtype)``, which
+    also converts the buffers a checkpoint does not hold (ALiBi's slopes)."""
+    if not isinstance(state, Mapping):
+        return  # load_state_dict names the problem
+    saved = {
+        v.dtype for v in state.values() if isinstance(v, torch.Tensor) and v.is_floating_point()
+    }
+    if len(saved) == 1:
+        model.to(saved.pop())
+        return
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        value = state.get(name)
+        if (
+            isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and tensor.is_floating_point()
+        ):
+            tensor.data = tensor.data.to(value.dtype)
 
 
 def rng_state() -> dict[str, Any]:

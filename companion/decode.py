@@ -37,8 +37,10 @@ from torch import Tensor
 
 from companion._validation import (
     check_bool,
+    check_floating,
     check_instance,
     check_integer,
+    check_min_ndim,
     check_nonnegative_float,
     check_positive_int,
     inputs_checked,
@@ -389,6 +391,8 @@ def sampling_distribution(logits: Tensor, temperature: float, top_k: int | None 
         ``(..., vocab)`` probabilities: ``softmax(logits / temperature)`` over the kept
         tokens, renormalised, exactly 0 elsewhere.
     """
+    check_floating("logits", logits)
+    check_min_ndim("logits", logits, 1, "(..., vocab)")
     temperature = check_nonnegative_float("temperature", temperature)
     if temperature == 0:
         raise ValueError("temperature must be > 0 for a distribution (0 means greedy: argmax)")
@@ -402,7 +406,10 @@ def _sampling_probs(logits: Tensor, temperature: float, top_k: int | None) -> Te
     if top_k is not None and top_k < logits.shape[-1]:
         kth_best = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth_best, -math.inf)  # (..., vocab)
-    return torch.softmax(logits / temperature, dim=-1)  # (..., vocab)
+    # Shifted so the best logit is 0 before dividing: a tiny temperature then sends the others
+    # to -inf (probability 0), never the best to +inf (inf - inf = NaN in the softmax).
+    best = logits.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(logits.dtype).min)  # (.., 1)
+    return torch.softmax((logits - best) / temperature, dim=-1)  # (..., vocab)
 
 
 def sample_decode(

@@ -54,7 +54,7 @@ from companion._validation import (
     checked,
     shape_str,
 )
-from companion.cache import DecoderOnlyCache
+from companion.cache import DecoderOnlyCache, KeyValueCache, check_key_padding
 from companion.checkpoint import model_checkpoint, rebuild_model
 from companion.decode import sampling_distribution
 from companion.layers import EncoderLayer
@@ -366,7 +366,8 @@ class DecoderOnlyTransformer(nn.Module):
         cls, checkpoint: Mapping[str, Any] | str | os.PathLike[str]
     ) -> DecoderOnlyTransformer:
         """The model saved with :meth:`to_checkpoint` (a path or a loaded checkpoint), in
-        evaluation mode; a :class:`~companion.checkpoint.CheckpointError` otherwise."""
+        evaluation mode, on the CPU, in the dtype it was saved in (a float64 model comes back
+        float64, exactly); a :class:`~companion.checkpoint.CheckpointError` otherwise."""
         return rebuild_model(
             checkpoint, lambda config, options: cls(config), "DecoderOnlyTransformer"
         )
@@ -395,12 +396,14 @@ class DecoderOnlyTransformer(nn.Module):
                     f"cache must have one entry per layer ({len(self.layers)}), got "
                     f"{len(cache.layers)}; make it with model.new_cache()"
                 )
+            for i, kept in enumerate(cache.layers):
+                check_instance(f"cache.layers[{i}]", kept, KeyValueCache, "a KeyValueCache")
             if cache.batch_size not in (None, batch):
                 raise ValueError(
                     f"tokens must have the cache's batch size {cache.batch_size}, got shape "
                     f"{shape_str(tokens.shape)}"
                 )
-            cached = cache.length
+            cached = self.check_cache(cache, batch, length)
         _check_length(self.config, "tokens", length, 0 if cache is None else cache.next_position)
         if mask is not None:
             layout = "len" if cache is None else "cache.length + len"
@@ -408,6 +411,28 @@ class DecoderOnlyTransformer(nn.Module):
             check_bool_mask("mask", mask, target, f"(batch, heads, len, {layout})")
         check_bool("is_causal", is_causal)
         check_bool("need_weights", need_weights)
+
+    def check_cache(self, cache: DecoderOnlyCache, batch: int, length: int) -> int:
+        """Raise a clear error unless every layer can continue ``cache`` with ``length`` new
+        tokens of a ``batch``: its keys and values the shape, dtype and device of that layer's
+        attention (a cache filled by another model fails here, where the layers, called
+        inside this checked call, check nothing), one cached length and start for all, the
+        padding of every cached token recorded when the model has a pad id. Returns the
+        number of cached positions."""
+        for i, (layer, kept) in enumerate(zip(self.layers, cache.layers)):
+            name = f"cache.layers[{i}]"
+            keys = layer.self_attention.cached_length(kept, batch, length, name)
+            if not kept.growing:
+                raise ValueError(f"{name} must be a growing KeyValueCache, got growing=False")
+            if keys - length != cache.length or kept.start != cache.start:
+                raise ValueError(
+                    f"{name} holds positions {kept.start}..{kept.next_position - 1}, layer 0 "
+                    f"{cache.start}..{cache.next_position - 1}: every layer must cache the "
+                    "same positions; make the cache with model.new_cache()"
+                )
+        if self.config.tgt_pad_id is not None:
+            check_key_padding(cache, batch)
+        return cache.length
 
     def check_next_token(
         self,
@@ -459,13 +484,16 @@ class DecoderOnlyTransformer(nn.Module):
             )
         check_positive_int("max_new_tokens", max_new_tokens, minimum=0)
         _check_length(self.config, "prompt", prompt.shape[1])
-        if self.config.positional == "learned":
-            total, max_len = prompt.shape[1] + max_new_tokens, self.config.max_len
-            if total > max_len:
+        if self.config.positional == "learned" and max_new_tokens > 0:
+            # the last new token is returned, never fed back: the model reads positions
+            # 0 .. prompt_len + max_new_tokens - 2
+            fed, max_len = prompt.shape[1] + max_new_tokens - 1, self.config.max_len
+            if fed > max_len:
                 raise ValueError(
-                    f"max_new_tokens={max_new_tokens} after a prompt of {prompt.shape[1]} makes "
-                    f"{total} positions, but the learned position embedding has max_len="
-                    f"{max_len}; generate at most {max_len - prompt.shape[1]} new tokens"
+                    f"max_new_tokens={max_new_tokens} after a prompt of {prompt.shape[1]} feeds "
+                    f"the model {fed} positions (the last new token is not fed back), but the "
+                    f"learned position embedding has max_len={max_len}; generate at most "
+                    f"{max_len - prompt.shape[1] + 1} new tokens"
                 )
         self.check_sampling(temperature, top_k, generator)
         if eos_id is not None:
@@ -615,7 +643,8 @@ class EncoderOnlyTransformer(nn.Module):
         cls, checkpoint: Mapping[str, Any] | str | os.PathLike[str]
     ) -> EncoderOnlyTransformer:
         """The model saved with :meth:`to_checkpoint` (a path or a loaded checkpoint), in
-        evaluation mode; a :class:`~companion.checkpoint.CheckpointError` otherwise."""
+        evaluation mode, on the CPU, in the dtype it was saved in (a float64 model comes back
+        float64, exactly); a :class:`~companion.checkpoint.CheckpointError` otherwise."""
         return rebuild_model(
             checkpoint, lambda config, options: cls(config, **options), "EncoderOnlyTransformer"
         )

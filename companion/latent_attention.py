@@ -58,6 +58,7 @@ from companion._validation import (
     check_ndim,
     check_positive_int,
     check_probability,
+    check_same_device,
     check_same_dtype,
     check_size,
     checked,
@@ -330,12 +331,15 @@ class MultiHeadLatentAttention(nn.Module):
         if cache.latents is None:
             return 0
         latents, layout = cache.latents, f"({batch}, cached_len, {self.d_latent})"
+        check_floating("cache.latents", latents)
         if latents.dim() != 3 or latents.shape[0] != batch or latents.shape[2] != self.d_latent:
             raise ValueError(
                 f"cache.latents must have shape {layout} for this call, "
                 f"got {shape_str(latents.shape)}"
             )
-        check_same_dtype("cache.latents", latents, dtype, "the module's parameters")
+        check_same_device("cache.latents", latents, self.out_proj.weight)
+        if not torch.is_autocast_enabled(latents.device.type):  # autocast mixes dtypes
+            check_same_dtype("cache.latents", latents, dtype, "the module's parameters")
         return latents.shape[1]
 
 

@@ -587,16 +587,20 @@ class DecoderLayer(_ResidualLayer):
         if cache is not None and not isinstance(cache, DecoderLayerCache):
             raise TypeError(f"cache must be a DecoderLayerCache, got {type(cache).__name__}")
         batch, tgt_len, _ = x.shape
-        keys = tgt_len
+        keys, src_len = tgt_len, memory.shape[1]
         if cache is not None:  # self-attention keys: cached + new; the cache fits this batch
-            keys = self.self_attention.cached_length(cache.self_attention, batch, tgt_len)
-            self.cross_attention.cached_length(cache.cross_attention, batch, memory.shape[1])
+            keys = self.self_attention.cached_length(
+                cache.self_attention, batch, tgt_len, "cache.self_attention"
+            )
+            src_len = self.cross_attention.cached_length(  # a filled cache's keys win
+                cache.cross_attention, batch, src_len, "cache.cross_attention"
+            )
         layout = "tgt_len" if cache is None else "cached_len + tgt_len"
         if tgt_mask is not None:
             target = (batch, self.num_heads, tgt_len, keys)
             check_bool_mask("tgt_mask", tgt_mask, target, f"(batch, heads, tgt_len, {layout})")
         if memory_mask is not None:
-            target = (batch, self.num_heads, tgt_len, memory.shape[1])
+            target = (batch, self.num_heads, tgt_len, src_len)
             check_bool_mask("memory_mask", memory_mask, target, "(batch, heads, tgt_len, src_len)")
         check_bool("need_weights", need_weights)
         check_bool("is_causal", is_causal)

@@ -46,6 +46,7 @@ from companion._validation import (
     check_choice,
     check_divisible,
     check_index_range,
+    check_instance,
     check_module_dtype,
     check_ndim,
     check_positive_int,
@@ -56,7 +57,7 @@ from companion._validation import (
     shape_str,
 )
 from companion.attention import POSITIONAL
-from companion.cache import DecoderCache
+from companion.cache import DecoderCache, DecoderLayerCache, check_key_padding
 from companion.layers import ACTIVATIONS, NORMS, DecoderLayer, EncoderLayer, make_norm
 from companion.masking import causal_mask, padding_mask
 from companion.positional import (
@@ -434,13 +435,10 @@ class Decoder(_Stack):
         cache: DecoderCache | None = None,
     ) -> None:
         """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
-        if cache is not None and not isinstance(cache, DecoderCache):
-            raise TypeError(f"cache must be a DecoderCache, got {type(cache).__name__}")
-        if cache is not None and len(cache.layers) != len(self.layers):
-            raise ValueError(
-                f"cache must have one entry per decoder layer ({len(self.layers)}), "
-                f"got {len(cache.layers)}; make it with decoder.new_cache()"
-            )
+        if cache is not None:
+            check_sequence("x", x, self.layers[0].d_model, "tgt_len")
+            check_sequence("memory", memory, self.layers[0].d_model, "src_len")
+            self.check_cache(cache, x.shape[0], x.shape[1], memory.shape[1])
         self.layers[0].check_inputs(
             x,
             memory,
@@ -454,6 +452,41 @@ class Decoder(_Stack):
     def new_cache(self) -> DecoderCache:
         """An empty :class:`~companion.cache.DecoderCache` for incremental decoding."""
         return DecoderCache(len(self.layers))
+
+    def check_cache(self, cache: object, batch: int, tgt_len: int, src_len: int) -> int:
+        """Raise a clear error unless ``cache`` is a :class:`~companion.cache.DecoderCache` that
+        every layer of this decoder can continue with ``tgt_len`` new positions of a ``batch``
+        (its keys and values the shape, dtype and device of each layer's attention, one
+        cached length for all); the number of cached positions. A cache filled by another
+        model fails here: inside a checked call the layers do not check their caches."""
+        if not isinstance(cache, DecoderCache):
+            raise TypeError(f"cache must be a DecoderCache, got {type(cache).__name__}")
+        if len(cache.layers) != len(self.layers):
+            raise ValueError(
+                f"cache must have one entry per decoder layer ({len(self.layers)}), "
+                f"got {len(cache.layers)}; make it with decoder.new_cache()"
+            )
+        for i, kept in enumerate(cache.layers):
+            check_instance(f"cache.layers[{i}]", kept, DecoderLayerCache, "a DecoderLayerCache")
+        if cache.batch_size not in (None, batch):
+            raise ValueError(
+                f"tgt must have the cache's batch size {cache.batch_size}, got shape "
+                f"{shape_str((batch, tgt_len))}"
+            )
+        for i, (layer, kept) in enumerate(zip(self.layers, cache.layers)):
+            name = f"cache.layers[{i}]"
+            keys = layer.self_attention.cached_length(
+                kept.self_attention, batch, tgt_len, f"{name}.self_attention"
+            )
+            if keys - tgt_len != cache.length:
+                raise ValueError(
+                    f"{name}.self_attention holds {keys - tgt_len} positions, layer 0 "
+                    f"{cache.length}: every layer must cache the same positions"
+                )
+            layer.cross_attention.cached_length(
+                kept.cross_attention, batch, src_len, f"{name}.cross_attention"
+            )
+        return cache.length
 
     @property
     def attention_weights(self) -> Tensor | None:
@@ -750,12 +783,9 @@ class Transformer(nn.Module):
                     f"offset must be 0 with a cache (positions continue from the cache's "
                     f"length, {cache.length}), got {offset}"
                 )
-            if cache.batch_size not in (None, tgt.shape[0]):
-                raise ValueError(
-                    f"tgt must have the cache's batch size {cache.batch_size}, "
-                    f"got shape {shape_str(tgt.shape)}"
-                )
-            cached = cache.length
+            cached = self.decoder.check_cache(cache, tgt.shape[0], tgt.shape[1], memory.shape[1])
+            if self.config.tgt_pad_id is not None and tgt_mask is None:
+                check_key_padding(cache, tgt.shape[0])  # the padding mask covers the cache
         self._check_length("tgt", tgt.shape[1], offset + cached)
         self._check_masks(
             batch=tgt.shape[0],

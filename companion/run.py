@@ -370,8 +370,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser(prog: str = "python -m companion.run") -> argparse.ArgumentParser:
-    """The parser of ``python -m companion.run`` (``prog``: the command shown in ``--help``;
-    ``python -m companion.train`` is the same command)."""
+    """The parser of ``python -m companion.run`` (``prog``: the command shown in ``--help``)."""
     module = prog.split()[-1]
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -437,8 +436,7 @@ def build_parser(prog: str = "python -m companion.run") -> argparse.ArgumentPars
 def main(
     argv: Sequence[str] | None = None, *, prog: str = "python -m companion.run"
 ) -> dict[str, Any]:
-    """Entry point of ``python -m companion.run`` and ``python -m companion.train``; returns
-    the results dict. ``argv`` defaults to the command line's; ``prog`` is shown in ``--help``."""
+    """Entry point of ``python -m companion.run``; returns the results dict. ``argv`` defaults to the command line's; ``prog`` is shown in ``--help``."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     changes = dict(args.settings)

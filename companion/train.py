@@ -293,7 +293,11 @@ def train_step(
     )
 
 
-if __name__ == "__main__":  # the command line lives in companion.run (which imports this module)
-    from companion.run import main
+if __name__ == "__main__":  # the command line lives in companion.run, which imports this module
+    import sys
 
-    main(prog="python -m companion.train")
+    sys.exit(
+        "python -m companion.train: the command line is python -m companion.run (same "
+        "arguments), e.g. python -m companion.run --config cpu --out runs/cpu; this module is "
+        "the training step it imports, and imports nothing above it"
+    )

@@ -77,23 +77,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def is_main_block(node: ast.AST) -> bool:
-    """``if __name__ == "__main__":`` - a script entry point, not an import of the module."""
-    return (
-        isinstance(node, ast.If)
-        and isinstance(node.test, ast.Compare)
-        and isinstance(node.test.left, ast.Name)
-        and node.test.left.id == "__name__"
-    )
-
-
 def imports(path: Path) -> list[tuple[str, list[str]]]:
-    """``(module, names)`` of every ``companion`` import in the file, lazy ones included."""
+    """``(module, names)`` of every ``companion`` import in the file, lazy ones and those of a
+    script's ``if __name__ == "__main__":`` block included (a module's command line that
+    imports a higher layer is a cycle too: ``train -> run -> trainer -> train``)."""
     found: list[tuple[str, list[str]]] = []
 
     def visit(node: ast.AST) -> None:
-        if is_main_block(node):
-            return
         if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             if node.module.split(".")[0] == "companion":
                 found.append((node.module, [alias.name for alias in node.names]))
@@ -180,3 +170,16 @@ def test_no_private_name_imported_from_another_module() -> None:
             if private and module not in ("companion._validation", "companion._files"):
                 offenders.append(f"{module_name(path)}: from {module} import {', '.join(private)}")
     assert not offenders, offenders
+
+
+def test_imports_in_a_main_block_count(tmp_path: Path) -> None:
+    """The detector sees the import of a script's entry point (it used to skip it, and the
+    cycle history -> train -> run -> trainer -> history went unnoticed)."""
+    script = tmp_path / "script.py"
+    script.write_text('if __name__ == "__main__":\n    from companion.run import main\n')
+    assert imports(script) == [("companion.run", ["main"])]
+
+
+def test_train_runs_nothing_above_it_from_the_command_line() -> None:
+    assert find_cycle(graph()) is None
+    assert "companion.run" not in graph()["companion.train"]

@@ -29,7 +29,7 @@ def test_two_processes_match_one(tmp_path):
     out = tmp_path / "ddp"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--standalone",
-        "-m", "companion.train", "--config", "toy", "--out", str(out), "--device", "cpu",
+        "-m", "companion.run", "--config", "toy", "--out", str(out), "--device", "cpu",
         "--max-steps", str(STEPS), "--no-progress", "--no-eval",
         *[arg for k, v in SETTINGS.items() for arg in ("--set", f"{k}={v}")],
     ]  # fmt: skip

@@ -435,9 +435,9 @@ def _learned_gpt():
     [
         (lambda m: m.generate(tokens(1, 9), 0), ValueError, r"prompt has 9 position.*max_len=8"),
         (
-            lambda m: m.generate(tokens(1, 5), 4),
+            lambda m: m.generate(tokens(1, 5), 5),
             ValueError,
-            r"max_new_tokens=4 .* max_len=8; generate at most 3",
+            r"max_new_tokens=5 .* max_len=8; generate at most 4",
         ),
         (lambda m: m.generate(tokens(1, 2), 2, top_k=0), ValueError, "top_k must be >= 1"),
         (lambda m: m.generate(tokens(1, 2), 2, top_k=2.0), TypeError, "top_k must be an int"),
