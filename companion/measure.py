@@ -12,10 +12,14 @@
 
 from __future__ import annotations
 
+import os
+import re
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +50,46 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------------------------
+# The profiler, without its log lines
+# ---------------------------------------------------------------------------------------------
+
+#: Lines torch's profiler (Kineto) writes straight to file descriptor 2 at every start and stop,
+#: whatever its log level: ``USDT:… SyncActivityProfilerHandler.cpp:52] profiler_start`` and
+#: the like. They are not errors, and in a notebook they would land in the cell's output.
+PROFILER_LOG_LINE = re.compile(r"^(USDT|STAGE|INFO|WARNING):\S+ \S+ \d+:\d+ \w+\.cpp:\d+\]")
+
+
+@contextmanager
+def _quiet_profiler() -> Iterator[None]:
+    """Run a block with file descriptor 2 sent to a temporary file, then pass on to
+    ``sys.stderr`` every line written there that is not one of the profiler's own log lines
+    (:data:`PROFILER_LOG_LINE`), so warnings and errors from the block are still seen.
+
+    The profiler writes from C++, below Python's ``sys.stderr``, so only the descriptor can be
+    redirected. Where there is no descriptor 2 (an embedded interpreter), the block runs as is.
+    """
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        sys.stderr.flush()
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode(errors="replace")
+            kept = [line for line in text.splitlines(True) if not PROFILER_LOG_LINE.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+
+
+# ---------------------------------------------------------------------------------------------
 # Measuring memory on the CPU
 # ---------------------------------------------------------------------------------------------
 
@@ -73,7 +117,7 @@ def peak_memory_bytes(fn: Callable[..., object], *args: object, **kwargs: object
         The peak, in bytes.
     """
     check_callable("fn", fn)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_profiler(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn(*args, **kwargs)
     changes = sorted(_cpu_allocations(prof.profiler.kineto_results.experimental_event_tree()))
     held, peak = 0, 0
@@ -146,7 +190,11 @@ def sdpa_backend(
         check_floating(name, tensor)
     check_bool("is_causal", is_causal)
     dropout_p = check_probability("dropout_p", dropout_p)
-    with _allowed_backends(backends), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with (
+        _quiet_profiler(),
+        _allowed_backends(backends),
+        profile(activities=[ProfilerActivity.CPU]) as prof,
+    ):
         F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=is_causal, dropout_p=dropout_p
         )  # (..., q_len, d_v)

@@ -4,6 +4,7 @@ parameter counts, and a trace of the shapes every sub-module sees (chapter 7).""
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -13,7 +14,15 @@ from torch import Tensor, nn
 
 from companion._validation import check_callable, check_instance, check_tensor, shape_str
 
-__all__ = ["set_seed", "check_shape", "count_parameters", "ShapeRecord", "trace_shapes", "glue"]
+__all__ = [
+    "set_seed",
+    "check_shape",
+    "count_parameters",
+    "ShapeRecord",
+    "trace_shapes",
+    "glue",
+    "enable_colab_widgets",
+]
 
 
 def set_seed(seed: int = 0) -> None:
@@ -153,3 +162,30 @@ def glue(name: str, value: object) -> int | float | str:
         return value
     myst_glue(name, value, display=False)
     return value
+
+
+def enable_colab_widgets() -> bool:
+    """Make a chapter's widgets display on Google Colab, whatever ipywidgets it has.
+
+    Colab's own front end renders the widgets of ipywidgets 7, the version it preinstalls
+    (7.7.1 in its 2026 runtime); widgets of ipywidgets 8 show only through its "custom widget
+    manager", which must be switched on in every session. The chapters' setup cell calls this
+    function: on Colab with ipywidgets 8 or later it switches the manager on; anywhere else
+    (Jupyter, VS Code, the book build) it does nothing. The package never upgrades ipywidgets
+    itself: it asks for ``ipywidgets>=7.7``, which Colab's version satisfies.
+
+    Returns:
+        ``True`` when it switched Colab's custom widget manager on, else ``False``.
+    """
+    if "google.colab" not in sys.modules:
+        return False
+    try:
+        import ipywidgets
+    except ImportError:  # no widgets installed: nothing to display
+        return False
+    if int(ipywidgets.__version__.split(".")[0]) < 8:
+        return False
+    from google.colab import output  # type: ignore[import-not-found]
+
+    output.enable_custom_widget_manager()
+    return True

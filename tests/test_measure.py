@@ -94,3 +94,33 @@ def test_compare_with_naive_and_median_seconds():
     assert 0.02 <= median_seconds(time.sleep, 0.02, repeats=3, warmup=0) < 2.0
     with pytest.raises(ValueError, match="repeats must be >= 1"):
         median_seconds(time.sleep, 0.0, repeats=0)
+
+
+def test_profiler_log_lines_stay_out_of_stderr_and_other_lines_pass():
+    """torch's profiler writes ``USDT:… profiler_start`` lines to descriptor 2 at every start;
+    the measuring functions keep them out (they would land in a chapter's output) and pass on
+    anything else written to stderr meanwhile. Run in a fresh process: pytest captures fd 2."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "from companion.measure import peak_memory_bytes, sdpa_backend\n"
+        "def noisy():\n"
+        "    os.write(2, b'a warning of our own\\n')\n"
+        "    return torch.randn(64, 64)\n"
+        "assert peak_memory_bytes(noisy) > 0\n"
+        "q = torch.randn(1, 2, 8, 4)\n"
+        "sdpa_backend(q, q, q)\n"
+        "from torch.profiler import profile\n"
+        "with profile():\n"  # the bare profiler does print them: the check can see them
+        "    torch.randn(3)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert "a warning of our own" in lines, f"stderr lost the function's own line: {lines}"
+    profiler_lines = [line for line in lines if "profiler_start" in line]
+    assert len(profiler_lines) == 1, (
+        f"expected exactly one profiler_start line (from the bare profiler), got {profiler_lines}"
+    )

@@ -52,6 +52,9 @@ def test_setup_cell_installs_from_the_configured_repository(path):
     assert f'REPO = "{url}"' in src, f"{path.name}: setup cell must define REPO = {url!r}"
     assert 'f"git+{REPO}"' in src and 'find_spec("companion")' in src
     assert "set_seed(" in src, f"{path.name}: setup cell must fix the seeds"
+    assert "enable_colab_widgets()" in src, (
+        f"{path.name}: setup cell must call enable_colab_widgets() so Colab shows the widgets"
+    )
 
 
 def test_package_knows_the_same_repository_url():
@@ -110,7 +113,7 @@ def test_chapter_structure(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_each_widget_has_a_static_figure(path):
     code = "\n".join(_source(c) for c in _cells(path) if c["cell_type"] == "code")
-    if "ipywidgets" in code:
+    if "import ipywidgets" in code:
         assert "plt.show()" in code or "savefig" in code, (
             f"{path.name}: pair each widget with a static figure"
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -72,3 +74,47 @@ def test_glue_returns_plain_python_numbers_and_rejects_bad_input():
         glue("many", torch.ones(2, 3))
     with pytest.raises(TypeError, match="bool"):
         glue("flag", True)
+
+
+# --- enable_colab_widgets ---------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_colab(monkeypatch):
+    """A stand-in for Colab's ``google.colab.output`` that records the manager being enabled."""
+    import types
+
+    calls = []
+    google = types.ModuleType("google")
+    colab = types.ModuleType("google.colab")
+    output = types.ModuleType("google.colab.output")
+    output.enable_custom_widget_manager = lambda: calls.append("enabled")
+    colab.output = output
+    google.colab = colab
+    monkeypatch.setitem(sys.modules, "google", google)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.setitem(sys.modules, "google.colab.output", output)
+    return calls
+
+
+@pytest.mark.parametrize(
+    ("version", "enabled"), [("7.7.1", False), ("8.1.9", True), ("9.0.0", True)]
+)
+def test_enable_colab_widgets_on_colab(fake_colab, monkeypatch, version, enabled):
+    import ipywidgets
+
+    from companion.utils import enable_colab_widgets
+
+    monkeypatch.setattr(ipywidgets, "__version__", version)
+    assert enable_colab_widgets() is enabled
+    assert fake_colab == (["enabled"] if enabled else []), (
+        f"ipywidgets {version} on Colab: the custom widget manager should "
+        f"{'' if enabled else 'not '}be switched on"
+    )
+
+
+def test_enable_colab_widgets_does_nothing_elsewhere(monkeypatch):
+    from companion.utils import enable_colab_widgets
+
+    monkeypatch.delitem(sys.modules, "google.colab", raising=False)
+    assert enable_colab_widgets() is False
