@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion import kernels
 from companion._validation import (
     check_bool,
     check_bool_mask,
@@ -47,8 +48,7 @@ from companion._validation import (
     shape_str,
 )
 from companion.cache import KeyValueCache
-from companion.dropout import dropout, dropout_factor
-from companion.masking import causal_mask, to_additive_mask
+from companion.dropout import dropout
 from companion.positional import RotaryEmbedding, alibi_bias, alibi_slopes
 
 __all__ = [
@@ -62,10 +62,6 @@ __all__ = [
 
 #: The position schemes :class:`MultiHeadAttention` applies itself (``positional=``).
 POSITIONAL: tuple[str, ...] = ("rope", "alibi")
-
-#: torch >= 2.5: ``F.scaled_dot_product_attention`` pairs query and key/value heads itself
-#: (``enable_gqa=True``); older versions get the key/value heads repeated explicitly.
-_SDPA_HAS_GQA = torch.torch_version.TorchVersion(torch.__version__) >= (2, 5)
 
 
 def scaled_dot_product_attention(
@@ -185,93 +181,6 @@ def _check_bias(bias: object, score_shape: tuple[int, ...], dtype: torch.dtype) 
             f"(..., q_len, k_len) {shape_str(score_shape)}; each dimension must be 1 or equal"
         )
     check_finite("bias", bias)
-
-
-def _attention_with_dropout(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    bias: Tensor | None = None,
-) -> Tensor:
-    """Training-mode attention on a CPU with dropout on the weights (no input checks).
-
-    torch's fused CPU kernel has no dropout, so with ``dropout_p > 0`` torch falls back to
-    its step-by-step path, whose dropout draws one random number per weight with
-    ``bernoulli_``. Written out here, the same arithmetic uses :func:`companion.dropout`'s
-    random lanes and runs as one autograd node (:class:`_DroppedAttention`); the mask becomes
-    a small broadcast bias (``-inf`` where blocked). ``mask`` has a key in every row; ``bias``
-    (ALiBi) is added to the scores. ``k`` and ``v`` have one head per query head.
-    """
-    if is_causal and mask is None:
-        mask = causal_mask(q.shape[-2], k.shape[-2], device=q.device)  # (q_len, k_len)
-    if mask is not None:
-        blocked = to_additive_mask(mask, q.dtype)  # mask's shape: 0 where a query may look, -inf
-        bias = blocked if bias is None else bias + blocked  # broadcastable to the scores
-    return _DroppedAttention.apply(q, k, v, bias, dropout_p)  # (batch, heads, q_len, head_dim)
-
-
-class _DroppedAttention(torch.autograd.Function):
-    r"""``dropout(softmax(q kᵀ / √d_k + bias), p) v`` as one autograd node (CPU, eager).
-
-    Written with separate torch operators, attention with dropout keeps three tensors of the
-    size of the scores for the backward pass (weights, dropout factor, dropped weights) and
-    reads them back in several passes. Here the backward pass is written out and needs only
-    the weights ``w`` and the dropped weights ``d = f ⊙ w`` (``f`` the dropout factor, 0 or
-    ``1/(1-p)``; ``g_o`` the gradient of the output ``d v``):
-
-    * ``∂L/∂v = dᵀ g_o`` and ``∂L/∂w = f ⊙ g`` with ``g = g_o vᵀ``;
-    * the softmax backward ``∂L/∂scores = w ⊙ ∂L/∂w - w ⊙ rowsum(w ⊙ ∂L/∂w)`` with
-      ``w ⊙ ∂L/∂w = g ⊙ d =: t`` (as ``w ⊙ f = d``): ``∂L/∂scores = t - w ⊙ rowsum(t)``;
-    * ``∂L/∂q = ∂L/∂scores k / √d_k`` and ``∂L/∂k = ∂L/∂scoresᵀ q / √d_k``.
-
-    Shapes: ``q (batch, heads, q_len, d)``, ``k, v (batch, heads, k_len, d)``; ``bias``
-    ``None`` or broadcastable to ``(batch, heads, q_len, k_len)``; every row has a key.
-    """
-
-    @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, p: float) -> Tensor:
-        batch, heads, q_len, head_dim = q.shape
-        k_len, rows = k.shape[-2], batch * heads
-        scaled_q = torch.mul(q, head_dim**-0.5, out=q.new_empty(q.shape))  # contiguous
-        q3 = scaled_q.view(rows, q_len, head_dim)  # (rows, q_len, d), rows = batch·heads
-        k3 = k.reshape(rows, k_len, head_dim)  # (rows, k_len, d)
-        v3 = v.reshape(rows, k_len, v.shape[-1])  # (rows, k_len, d_v)
-        if bias is None:
-            scores = torch.bmm(q3, k3.mT)  # (rows, q_len, k_len)
-        else:
-            scores = q.new_empty(batch, heads, q_len, k_len)
-            scores.copy_(bias.expand(scores.shape))  # the bias, then the products added to it
-            scores = scores.view(rows, q_len, k_len)  # (rows, q_len, k_len)
-            torch.baddbmm(scores, q3, k3.mT, out=scores)  # (rows, q_len, k_len) bias + q kᵀ
-        weights = torch.softmax(scores, dim=-1, out=scores)  # (rows, q_len, k_len) in place
-        dropped = dropout_factor(weights, p).mul_(weights)  # (rows, q_len, k_len) d = f ⊙ w
-        ctx.save_for_backward(q3, k3, v3, weights, dropped)
-        ctx.shapes = (q.shape, k.shape, v.shape, None if bias is None else bias.shape)
-        output = torch.bmm(dropped, v3)  # (rows, q_len, d_v)
-        return output.view(batch, heads, q_len, v.shape[-1])  # (batch, heads, q_len, d_v)
-
-    @staticmethod
-    def backward(ctx, grad_output: Tensor) -> tuple[Tensor | None, ...]:
-        q3, k3, v3, weights, dropped = ctx.saved_tensors
-        q_shape, k_shape, v_shape, bias_shape = ctx.shapes
-        grad_q = grad_k = grad_v = grad_bias = None
-        go = grad_output.reshape(v3.shape[0], q3.shape[1], v3.shape[2])  # (rows, q_len, d_v)
-        if ctx.needs_input_grad[2]:
-            grad_v = torch.bmm(dropped.mT, go).view(v_shape)  # (batch, heads, k_len, d_v)
-        grad_scores = torch.bmm(go, v3.mT).mul_(dropped)  # (rows, q_len, k_len) t = g ⊙ d
-        row_sums = grad_scores.sum(dim=-1, keepdim=True)  # (rows, q_len, 1)
-        grad_scores.addcmul_(weights, row_sums, value=-1.0)  # (rows, q_len, k_len) t - w ⊙ rowsum
-        if ctx.needs_input_grad[0]:
-            grad_q = torch.bmm(grad_scores, k3).mul_(q_shape[-1] ** -0.5).view(q_shape)
-        if ctx.needs_input_grad[1]:
-            grad_k = torch.bmm(grad_scores.mT, q3).view(k_shape)  # q3 carries the 1/√d
-        if ctx.needs_input_grad[3]:
-            full = grad_scores.view(*q_shape[:-1], k_shape[-2])  # (batch, heads, q_len, k_len)
-            grad_bias = full.sum_to_size(bias_shape)  # summed over the broadcast dimensions
-        return grad_q, grad_k, grad_v, grad_bias, None
 
 
 class MultiHeadAttention(nn.Module):
@@ -444,17 +353,16 @@ class MultiHeadAttention(nn.Module):
         """
         q, k, v = self.project(query, key, value, cache)  # (batch, heads or kv_heads, len, hd)
         bias = self.position_bias(q, k, is_causal)  # ALiBi (heads, q_len, k_len) or None
-        mask, kernel_causal = _causal(mask, is_causal, q, k, need_weights or bias is not None)
+        explicit = need_weights or bias is not None  # else the kernel may apply is_causal itself
+        mask, kernel_causal = kernels.causal_or_mask(
+            mask, is_causal, q.shape[-2], k.shape[-2], q.device, explicit
+        )  # mask broadcastable to (batch, heads, q_len, k_len) or None
         per_head, weights = self.attend(
             q, k, v, mask, need_weights=need_weights, is_causal=kernel_causal, bias=bias
         )  # (batch, heads, q_len, head_dim), (batch, heads, q_len, k_len) or None
         output = self.out_proj(self.merge_heads(per_head))  # (batch, q_len, d_model)
-        if mask is not None and not _every_row_has_a_key(mask):
-            # a query no head lets attend anywhere: zeros, not out_proj's bias
-            output = output.masked_fill(~_rows_with_a_key(mask), 0.0)  # (batch, q_len, d_model)
-        elif k.shape[-2] == 0:  # no keys at all (k_len = 0): every query gets zeros, as above
-            output = output * 0.0  # (batch, q_len, d_model)
-        return output, weights
+        # a query no head lets attend anywhere (or no key at all): zeros, not out_proj's bias
+        return kernels.zero_queries_without_keys(output, mask, k.shape[-2]), weights
 
     def attend(
         self,
@@ -485,21 +393,11 @@ class MultiHeadAttention(nn.Module):
             or ``None``. A query with no key gets zero weights and a zero vector.
         """
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
+        if need_weights:  # the formula written out (chapter 2), weights kept for plots
             k, v = repeat_kv_heads(k, self.num_heads), repeat_kv_heads(v, self.num_heads)
             return scaled_dot_product_attention(q, k, v, mask, dropout_p, bias=bias)
-        has_key = None  # rows without a key attend everywhere (no 0/0 = NaN), then zeroed
-        if mask is not None and not _every_row_has_a_key(mask):
-            has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1)
-            mask = mask | ~has_key  # broadcastable to (batch, heads, q_len, k_len)
-        if dropout_p > 0 and q.device.type == "cpu" and not torch.compiler.is_compiling():
-            k, v = repeat_kv_heads(k, self.num_heads), repeat_kv_heads(v, self.num_heads)
-            per_head = _attention_with_dropout(q, k, v, mask, dropout_p, is_causal, bias)
-        else:
-            per_head = _fused_attention(q, k, v, mask, dropout_p, is_causal, bias)
-        if has_key is not None:
-            per_head = per_head.masked_fill(~has_key, 0.0)  # (batch, heads, q_len, head_dim)
-        return per_head, None
+        per_head = kernels.attention(q, k, v, mask, dropout_p, is_causal, bias)  # fused kernels
+        return per_head, None  # (batch, heads, q_len, head_dim)
 
     def project(
         self, query: Tensor, key: Tensor, value: Tensor, cache: KeyValueCache | None = None
@@ -776,65 +674,6 @@ def repeat_kv_heads(x: Tensor, num_heads: int) -> Tensor:
     if group == 1:
         return x
     return x.repeat_interleave(group, dim=1)  # (batch, num_heads, len, head_dim)
-
-
-def _fused_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    bias: Tensor | None,
-) -> Tensor:
-    """``torch.nn.functional.scaled_dot_product_attention`` with fewer key/value heads and an
-    additive bias (no input checks). ``q (batch, heads, q_len, hd)``, ``k, v (batch, kv_heads,
-    k_len, hd)``; ``mask`` has a key in every row. Returns ``(batch, heads, q_len, hd)``."""
-    attn_mask = mask
-    if bias is not None:  # one float mask: the bias where a query may look, -inf elsewhere
-        attn_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
-    grouped = {}
-    if k.shape[1] != q.shape[1]:
-        if _SDPA_HAS_GQA:  # the kernel pairs query head h with key/value head h // group
-            grouped = {"enable_gqa": True}
-        else:  # torch < 2.5: repeat the key/value heads explicitly
-            k, v = repeat_kv_heads(k, q.shape[1]), repeat_kv_heads(v, q.shape[1])
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **grouped
-    )  # (batch, heads, q_len, head_dim)
-
-
-def _causal(
-    mask: Tensor | None, is_causal: bool, q: Tensor, k: Tensor, explicit: bool
-) -> tuple[Tensor | None, bool]:
-    """Turn ``is_causal`` into what :meth:`MultiHeadAttention.attend` takes: the fused kernel's
-    own causal flag when it can apply it (square, no other mask, no weights wanted and no
-    bias: ``explicit=False``), else a causal mask combined with ``mask``. One query (a
-    decoding step) may see every key."""
-    q_len, k_len = q.shape[-2], k.shape[-2]
-    if not is_causal or q_len == 1:
-        return mask, False
-    if mask is None and q_len == k_len and not explicit:
-        return None, True
-    causal = causal_mask(q_len, k_len, device=q.device)  # (q_len, k_len)
-    return (causal if mask is None else mask & causal), False  # broadcastable to the scores
-
-
-def _every_row_has_a_key(mask: Tensor) -> bool:
-    """Whether every query of ``mask`` may attend to some key - asked only where the answer is
-    cheap: on a CPU outside ``torch.compile`` (a host read, no graph break). Elsewhere it
-    answers ``False`` and the caller zeroes the rows without a key, which changes nothing when
-    there are none."""
-    if mask.device.type != "cpu" or torch.compiler.is_compiling():
-        return False
-    return bool(mask.any(dim=-1).all())
-
-
-def _rows_with_a_key(mask: Tensor) -> Tensor:
-    """``(batch or 1, q_len or 1, 1)``: ``True`` where a query may attend to a key in some head."""
-    has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1), up to 4-D
-    has_key = has_key.reshape((1,) * (4 - has_key.dim()) + tuple(has_key.shape))  # 4-D
-    return has_key.any(dim=1)  # (batch or 1, q_len or 1, 1)
 
 
 def fused_linear(x: Tensor, projections: Sequence[nn.Linear]) -> Tensor:

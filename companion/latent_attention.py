@@ -49,6 +49,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from companion import kernels
 from companion._validation import (
     check_bool,
     check_bool_mask,
@@ -218,7 +219,9 @@ class MultiHeadLatentAttention(nn.Module):
         per_head, weights = attend(q, latents, mask)  # (batch, heads, q_len, head_dim), weights
         output = self.out_proj(_merge_heads(per_head))  # (batch, q_len, d_model)
         if mask is not None:  # a query that may attend nowhere: zeros, not out_proj's bias
-            output = output.masked_fill(~_rows_with_a_key(mask), 0.0)  # (batch, q_len, d_model)
+            output = output.masked_fill(
+                ~kernels.rows_with_a_key(mask), 0.0
+            )  # (batch, q_len, d_model)
         return output, weights
 
     def latents(self, x: Tensor, cache: LatentCache | None = None) -> Tensor:
@@ -352,13 +355,6 @@ def _with_causal(
         return mask
     causal = causal_mask(q_len, k_len, device=device)  # (q_len, k_len)
     return causal if mask is None else mask & causal  # broadcastable to the scores
-
-
-def _rows_with_a_key(mask: Tensor) -> Tensor:
-    """``(batch or 1, q_len or 1, 1)``: ``True`` where a query may attend to a key in some head."""
-    has_key = mask.any(dim=-1, keepdim=True)  # (..., q_len or 1, 1), up to 4-D
-    has_key = has_key.reshape((1,) * (4 - has_key.dim()) + tuple(has_key.shape))  # 4-D
-    return has_key.any(dim=1)  # (batch or 1, q_len or 1, 1)
 
 
 def _split_heads(x: Tensor, heads: int) -> Tensor:

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion import kernels
 from companion._validation import (
     check_bool,
     check_bool_mask,
@@ -53,7 +54,7 @@ from companion._validation import (
 )
 from companion.attention import MultiHeadAttention
 from companion.cache import DecoderLayerCache, KeyValueCache
-from companion.dropout import Dropout, keep_mask, survivor_scale
+from companion.dropout import Dropout
 
 __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "ACTIVATIONS", "NORMS", "make_norm"]
 
@@ -103,8 +104,9 @@ class FeedForward(nn.Module):
     paper); it widens each vector to ``d_ff`` (usually ``4·d_model``) and back.
 
     Training with ReLU and dropout on a CPU (eager) computes the same function in fewer passes
-    over the wide hidden tensor (:meth:`_kept_relu_output`): the ``dropout`` module's ``p``
-    and random decisions are used, but not its ``forward``, so hooks on it do not run there.
+    over the wide hidden tensor (:func:`companion.kernels.kept_relu_linear`): the ``dropout``
+    module's ``p`` and random decisions are used, but not its ``forward``, so hooks on it do
+    not run there.
 
     Args:
         d_model: size of the input and output vectors.
@@ -139,36 +141,12 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., d_model)`` → ``(..., d_model)``."""
         hidden = self.hidden_proj(x)  # (..., d_ff)
-        if self._relu_dropout_in_one_pass(hidden):
-            return self._kept_relu_output(hidden)  # (..., d_model)
+        if kernels.relu_dropout_applies(self.dropout, self.activation_name, hidden):
+            return kernels.kept_relu_linear(
+                hidden, self.dropout.p, self.output_proj
+            )  # fewer passes
         hidden = self.activation(hidden)  # (..., d_ff)
         return self.output_proj(self.dropout(hidden))  # (..., d_model)
-
-    def _relu_dropout_in_one_pass(self, hidden: Tensor) -> bool:
-        """Training with ReLU and dropout on a CPU, eager: the case :meth:`_kept_relu_output`
-        computes in fewer passes (elsewhere torch's fused kernels or the compiler do)."""
-        drop = self.dropout
-        return (
-            drop.training
-            and drop.p > 0
-            and not drop.inplace
-            and type(drop) is Dropout
-            and self.activation_name == "relu"
-            and hidden.device.type == "cpu"
-            and not torch.compiler.is_compiling()
-        )
-
-    def _kept_relu_output(self, hidden: Tensor) -> Tensor:
-        """``output_proj(dropout(relu(hidden)))`` with the same random decisions as
-        :class:`~companion.dropout.Dropout`, in fewer passes over the ``d_ff``-wide tensor:
-        ReLU and the 0/1 keep mask in one autograd node (:class:`_KeptReLU`), and the
-        survivors' scale ``1/(1-p)`` on ``output_proj``'s weight instead of the activations
-        (``(m ⊙ relu(h)) (s W)ᵀ = (s m ⊙ relu(h)) Wᵀ``). ``hidden (..., d_ff)`` →
-        ``(..., d_model)``."""
-        p = self.dropout.p
-        hidden = _KeptReLU.apply(hidden, p)  # (..., d_ff) relu(h) or 0
-        weight = self.output_proj.weight * survivor_scale(p)  # (d_model, d_ff)
-        return F.linear(hidden, weight, self.output_proj.bias)  # (..., d_model)
 
     def check_inputs(self, x: Tensor) -> None:
         """Raise a clear error unless ``x`` is a float tensor ``(..., d_model)``."""
@@ -176,28 +154,6 @@ class FeedForward(nn.Module):
         check_min_ndim("x", x, 1, f"(..., {self.d_model})")
         check_size("x", x, -1, self.d_model, f"(..., {self.d_model})")
         check_module_dtype("x", x, self)
-
-
-class _KeptReLU(torch.autograd.Function):
-    """``relu(h) ⊙ m`` with ``m`` a 0/1 keep mask drawn for ``p`` (no scale), one autograd node.
-
-    Its output is positive exactly where ``h > 0`` and the element is kept, so the backward
-    pass is one masked copy of the gradient - where separate ReLU and dropout nodes multiply
-    by the saved mask and then apply ReLU's own backward, two passes over the ``d_ff``-wide
-    tensor, with two saved tensors instead of one.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden: Tensor, p: float) -> Tensor:
-        kept = keep_mask(hidden.shape, p, hidden.device, dtype=hidden.dtype)  # (..., d_ff) 0/1
-        output = hidden.clamp_min(0.0).mul_(kept)  # (..., d_ff) relu(h) ⊙ m
-        ctx.save_for_backward(output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_output: Tensor) -> tuple[Tensor, None]:
-        (output,) = ctx.saved_tensors
-        return torch.ops.aten.threshold_backward(grad_output, output, 0.0), None  # 0 where ≤ 0
 
 
 def _probability_or(name: str, value: float | None, default: float) -> float:

@@ -299,7 +299,7 @@ def test_training_path_with_dropout_is_attention_when_nothing_is_dropped(kind, m
     """On a CPU, training-mode attention with dropout > 0 takes a path of its own (with
     companion.dropout's random lanes and a backward pass of its own); with dropout made the
     identity it must equal eval-mode attention."""
-    import companion.attention as attention_module
+    import companion.kernels as kernels_module
 
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, 4, dropout=0.3)
@@ -315,7 +315,7 @@ def test_training_path_with_dropout_is_attention_when_nothing_is_dropped(kind, m
         mask[1, :, 2] = False  # query 2 of sequence 1 has no key: zero output
     expected, _ = mha.eval().attend(q, k, v, mask, is_causal=is_causal)
     monkeypatch.setattr(  # every factor 1: dropout made the identity
-        attention_module, "dropout_factor", lambda weights, p: torch.ones_like(weights)
+        kernels_module, "dropout_factor", lambda weights, p: torch.ones_like(weights)
     )
     got, _ = mha.train().attend(q, k, v, mask, is_causal=is_causal)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
@@ -328,10 +328,10 @@ def test_training_path_with_dropout_is_attention_when_nothing_is_dropped(kind, m
 
 def _fixed_factor(monkeypatch, shape: tuple[int, ...], p: float) -> Tensor:
     """Make the written-out CPU attention's dropout decisions a fixed tensor (float64)."""
-    import companion.attention as attention_module
+    import companion.kernels as kernels_module
 
     factor = (torch.rand(shape, dtype=torch.float64) >= p).double() / (1 - p)
-    monkeypatch.setattr(attention_module, "dropout_factor", lambda weights, p: factor.clone())
+    monkeypatch.setattr(kernels_module, "dropout_factor", lambda weights, p: factor.clone())
     return factor
 
 
@@ -339,7 +339,7 @@ def _fixed_factor(monkeypatch, shape: tuple[int, ...], p: float) -> Tensor:
 def test_written_out_dropout_attention_backward_passes_gradcheck(with_bias, monkeypatch):
     """The CPU attention with dropout writes its backward pass by hand (one autograd node);
     finite differences check it, for q, k, v and a bias that needs a gradient too."""
-    import companion.attention as attention_module
+    import companion.kernels as kernels_module
 
     torch.manual_seed(0)
 
@@ -352,26 +352,26 @@ def test_written_out_dropout_attention_backward_passes_gradcheck(with_bias, monk
     _fixed_factor(monkeypatch, (6, 5, 6), 0.3)  # (batch·heads, q_len, k_len)
 
     def attention(*inputs: Tensor) -> Tensor:
-        return attention_module._DroppedAttention.apply(*inputs, bias, 0.3)
+        return kernels_module.DroppedAttention.apply(*inputs, bias, 0.3)
 
     assert torch.autograd.gradcheck(attention, (q, k, v))
     if with_bias:
         assert torch.autograd.gradcheck(
-            lambda b: attention_module._DroppedAttention.apply(q, k, v, b, 0.3), (bias,)
+            lambda b: kernels_module.DroppedAttention.apply(q, k, v, b, 0.3), (bias,)
         )
 
 
 def test_written_out_dropout_attention_matches_autograd_with_a_mask(monkeypatch):
     """Output and gradients equal the same arithmetic through torch's autograd: padding and
     causal mask, the same dropout decisions (float64)."""
-    import companion.attention as attention_module
+    import companion.kernels as kernels_module
 
     torch.manual_seed(1)
     q, k, v = (torch.randn(3, 4, 6, 8, dtype=torch.float64, requires_grad=True) for _ in "qkv")
     mask = (torch.rand(3, 1, 1, 6) > 0.3) & causal_mask(6)  # (batch, 1, q_len, k_len)
     mask[..., 0] = True  # every query has a key
     factor = _fixed_factor(monkeypatch, (12, 6, 6), 0.2).view(3, 4, 6, 6)
-    got = attention_module._attention_with_dropout(q, k, v, mask, 0.2, False)
+    got = kernels_module.attention_with_dropout(q, k, v, mask, 0.2, False)
     scores = (q @ k.mT / math.sqrt(8)).masked_fill(~mask, float("-inf"))
     expected = (torch.softmax(scores, dim=-1) * factor) @ v  # (batch, heads, q_len, d)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-import companion.attention as attention_module
+import companion.kernels as kernels_module
 import companion.train as train_module
 from companion.attention import MultiHeadAttention
 from companion.checkpoint import model_checkpoint, model_from_checkpoint, save_checkpoint
@@ -145,10 +145,10 @@ def test_cpu_config_drops_out_where_the_paper_does():
 def test_without_attention_dropout_training_uses_the_fused_kernel(monkeypatch):
     """The written-out CPU attention exists only for dropout on the weights."""
     calls = []
-    original = attention_module._attention_with_dropout
+    original = kernels_module.attention_with_dropout
     monkeypatch.setattr(
-        attention_module,
-        "_attention_with_dropout",
+        kernels_module,
+        "attention_with_dropout",
         lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs),
     )
     src, tgt = torch.randint(1, 11, (2, 6)), torch.randint(1, 13, (2, 5))

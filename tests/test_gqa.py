@@ -143,7 +143,7 @@ def test_fully_masked_rows_are_zero_not_nan():
 def test_cpu_dropout_path_is_attention_when_nothing_is_dropped(kind, monkeypatch):
     """The CPU training path with dropout repeats the key/value heads itself; with dropout
     made the identity it equals eval-mode attention, with real dropout it differs."""
-    import companion.attention as attention_module
+    import companion.kernels as kernels_module
 
     attention = grouped(2, torch.float32, dropout=0.3)
     q = torch.randn(3, HEADS, 5, 4)  # (batch, heads, len, head_dim)
@@ -151,7 +151,7 @@ def test_cpu_dropout_path_is_attention_when_nothing_is_dropped(kind, monkeypatch
     mask, is_causal = (padding(3, 5), False) if kind == "padding" else (None, True)
     expected, _ = attention.eval().attend(q, k, v, mask, is_causal=is_causal)
     monkeypatch.setattr(  # every factor 1: dropout made the identity
-        attention_module, "dropout_factor", lambda weights, p: torch.ones_like(weights)
+        kernels_module, "dropout_factor", lambda weights, p: torch.ones_like(weights)
     )
     got, _ = attention.train().attend(q, k, v, mask, is_causal=is_causal)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-import companion.layers as layers_module
+import companion.kernels as kernels_module
 from companion.dropout import dropout
 from companion.interop import (
     from_torch,
@@ -509,9 +509,9 @@ def test_feed_forward_takes_the_one_node_path_only_for_relu_dropout_in_training(
     activation, training, p, taken, monkeypatch
 ):
     calls = []
-    original = layers_module._KeptReLU.apply
+    original = kernels_module.KeptReLU.apply
     monkeypatch.setattr(
-        layers_module._KeptReLU, "apply", lambda *args: calls.append(1) or original(*args)
+        kernels_module.KeptReLU, "apply", lambda *args: calls.append(1) or original(*args)
     )
     ff = FeedForward(8, 16, dropout=p, activation=activation).train(training)
     ff(torch.randn(2, 3, 8))
@@ -521,7 +521,7 @@ def test_feed_forward_takes_the_one_node_path_only_for_relu_dropout_in_training(
 def test_kept_relu_of_minus_infinity_is_zero_not_nan():
     """relu(-inf) = 0 whether the element is kept or dropped (0 · -inf would be NaN)."""
     hidden = torch.full((1000,), float("-inf"), requires_grad=True)
-    out = layers_module._KeptReLU.apply(hidden, 0.5)
+    out = kernels_module.KeptReLU.apply(hidden, 0.5)
     assert torch.equal(out, torch.zeros(1000))
     out.sum().backward()
     assert torch.equal(hidden.grad, torch.zeros(1000))

@@ -260,13 +260,13 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients(positional):
 
 @pytest.mark.parametrize("positional", ["rope", "alibi"])
 def test_cpu_dropout_path_is_attention_when_nothing_is_dropped(positional, monkeypatch):
-    import companion.attention as attention_module
+    import companion.kernels as kernels_module
 
     module, x = attention(positional, 2, dropout=0.3), inputs()
     mask = padding()
     expected, _ = module.eval()(x, x, x, mask, is_causal=True)
     monkeypatch.setattr(  # every factor 1: dropout made the identity
-        attention_module, "dropout_factor", lambda weights, p: torch.ones_like(weights)
+        kernels_module, "dropout_factor", lambda weights, p: torch.ones_like(weights)
     )
     got, _ = module.train()(x, x, x, mask, is_causal=True)
     assert max_abs_diff(got, expected) <= 1e-12

@@ -52,7 +52,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m(
         "attention_backward_without_the_softmax_row_term",
         "hand-written softmax backward keeps t = g ⊙ d but forgets - w ⊙ rowsum(t)",
-        "attention.py",
+        "kernels.py",
         [
             (
                 "grad_scores.addcmul_(weights, row_sums, value=-1.0)",
@@ -262,7 +262,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m(
         "kept_relu_without_relu",
         "the CPU training path of the feed-forward network drops out but forgets the ReLU",
-        "layers.py",
+        "kernels.py",
         [
             (
                 "output = hidden.clamp_min(0.0).mul_(kept)  # (..., d_ff) relu(h) ⊙ m",
