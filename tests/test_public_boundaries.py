@@ -303,3 +303,22 @@ def test_decoder_only_cache_entries_must_be_key_value_caches():
     cache.layers[0] = LatentCache()
     with pytest.raises(TypeError, match=r"cache.layers\[0\] must be a KeyValueCache"):
         model(tokens(2, 1), cache=cache)
+
+
+# ------------------------------------------------------------------ the clinic's patient
+
+
+def test_patient_greedy_decode_refuses_more_tokens_than_positions():
+    """The patient feeds the whole prefix back: max_len tokens read positions 0..max_len-1,
+    so max_len = the table's max_len is the most (one more failed in a broadcast, unnamed)."""
+    from companion import clinic
+
+    torch.manual_seed(0)
+    model = clinic.Transformer(max_len=8).eval()
+    src = torch.randint(4, clinic.VOCAB_SIZE, (2, 5))
+    with torch.no_grad():
+        assert clinic.greedy_decode(model, src, 8).shape == (2, 8)
+        with pytest.raises(ValueError, match=r"max_len must be <= the model's max_len=8, got 9"):
+            clinic.greedy_decode(model, src, 9)
+        with pytest.raises(ValueError, match=r"x has 9 positions, the table max_len=8"):
+            model.encode(torch.randint(4, clinic.VOCAB_SIZE, (2, 9)))

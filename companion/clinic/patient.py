@@ -78,6 +78,8 @@ class PositionalEncoding(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """``x (batch, seq_len, d_model)`` → the same shape, positions added."""
         seq_len = x.size(1)
+        if seq_len > self.table.size(1):  # a shorter slice would fail to broadcast, unnamed
+            raise ValueError(f"x has {seq_len} positions, the table max_len={self.table.size(1)}")
         return x + self.table[:, :seq_len]  # (batch, seq_len, d_model)
 
 
@@ -375,6 +377,10 @@ def greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
         ``(batch, max_len)`` ids, without the leading ``<bos>``.
     """
     check_positive_int("max_len", max_len)
+    if max_len > model.sizes["max_len"]:  # the last prefix fed back reads positions 0..max_len-1
+        raise ValueError(
+            f"max_len must be <= the model's max_len={model.sizes['max_len']}, got {max_len}"
+        )
     src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len)
     memory = model.encode(src, src_mask)  # (batch, src_len, d_model)
     ys = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long)  # (batch, 1)

@@ -655,8 +655,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "decode.py",
         [
             (
-                "return torch.softmax(logits / temperature, dim=-1)",
-                "return torch.softmax(logits * temperature, dim=-1)",
+                "return torch.softmax((logits - best) / temperature, dim=-1)",
+                "return torch.softmax((logits - best) * temperature, dim=-1)",
             )
         ],
         "tests/test_decode.py::test_first_token_frequencies_follow_the_tempered_distribution",
@@ -740,5 +740,58 @@ MUTANTS: tuple[Mutant, ...] = (
             )
         ],
         "tests/test_dropout.py::test_dropout_is_unbiased_and_scales_the_survivors",
+    ),
+    # ------------------------------------------------------------------ public boundaries
+    _m(
+        "cache_head_size_unchecked",
+        "a key/value cache is checked for its batch and kv heads but not its head size: a "
+        "cache of another model reaches torch.cat",
+        "attention.py",
+        [
+            (
+                "if not (fits and tensor.shape[3] == self.head_dim):",
+                "if not fits:",
+            )
+        ],
+        "tests/test_public_boundaries.py::test_a_cache_with_another_head_size_is_refused",
+    ),
+    _m(
+        "generate_positions_off_by_one",
+        "learned positions counted for the last generated token too, which is never fed back: "
+        "a prompt of max_len tokens may generate nothing",
+        "families.py",
+        [
+            (
+                "fed, max_len = prompt.shape[1] + max_new_tokens - 1, self.config.max_len",
+                "fed, max_len = prompt.shape[1] + max_new_tokens, self.config.max_len",
+            )
+        ],
+        "tests/test_public_boundaries.py::test_generate_with_learned_positions_may_fill_max_len_plus_one",
+    ),
+    _m(
+        "checkpoint_dtype_lost_on_load",
+        "from_checkpoint builds a float32 model and copies the saved float64 weights into it, "
+        "rounded",
+        "checkpoint.py",
+        [
+            (
+                '_take_saved_dtypes(model, checkpoint["model"])',
+                "None",
+            )
+        ],
+        "tests/test_public_boundaries.py::test_a_float64_model_comes_back_float64_and_exact",
+    ),
+    _m(
+        "tiny_temperature_overflows",
+        "logits divided by the temperature before they are shifted: at temperature 1e-40 the "
+        "best one overflows to inf and the softmax gives NaN",
+        "decode.py",
+        [
+            (
+                "torch.softmax((logits - best) / temperature, dim=-1)",
+                "torch.softmax(logits / temperature, dim=-1)",
+            )
+        ],
+        "tests/test_public_boundaries.py::test_a_tiny_temperature_samples_the_greedy_token",
     ),
 )
