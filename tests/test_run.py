@@ -1,6 +1,6 @@
 """companion.run: whole runs (the toy task, the Multi30k pipeline end to end), the model of
-a configuration and the command line (``python -m companion.run`` and
-``python -m companion.train``)."""
+a configuration and the command line (``python -m companion.run``; ``python -m
+companion.train`` only points to it)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,21 @@ def test_multi30k_pipeline_end_to_end(tmp_path):
 # ------------------------------------------------------------------------- command line
 
 
-@pytest.mark.parametrize("module", ["companion.run", "companion.train"])
+def test_train_module_points_to_the_command_line():
+    """``companion.train`` sits below ``companion.run`` and imports nothing above it (no cycle):
+    ``python -m companion.train`` names the command instead of running it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "companion.train", "--config", "cpu"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "python -m companion.run --config cpu --out runs/cpu" in done.stderr
+
+
+@pytest.mark.parametrize("module", ["companion.run"])
 def test_cli_help(module):
     done = subprocess.run(
         [sys.executable, "-m", module, "--help"],
