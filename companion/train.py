@@ -293,11 +293,10 @@ def train_step(
     )
 
 
-if __name__ == "__main__":  # the command line lives in companion.run, which imports this module
-    import sys
+if __name__ == "__main__":
+    # ``python -m companion.train`` is the same command line as ``python -m companion.run``. It
+    # is run, not imported: this module sits below companion.run, which imports it, and importing
+    # companion.train never loads anything above it (tests/test_architecture.py).
+    import runpy
 
-    sys.exit(
-        "python -m companion.train: the command line is python -m companion.run (same "
-        "arguments), e.g. python -m companion.run --config cpu --out runs/cpu; this module is "
-        "the training step it imports, and imports nothing above it"
-    )
+    runpy.run_module("companion.run", run_name="__main__", alter_sys=True)
