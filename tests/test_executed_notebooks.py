@@ -123,3 +123,29 @@ def test_tracebacks_are_found_outside_raises_exception_cells_only():
         "cell 1: ValueError: q has 3 dims",
         "cell 2: a traceback printed to stderr",
     ]
+
+
+# --- per-cell timeouts: the build's and nbval's are the same, and bounded -----------------
+
+
+def _book_conftest():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("book_conftest", ROOT / "book" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nbval_cells_get_the_timeout_the_build_gives_their_chapter():
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    default = config["execute"]["timeout"]
+    assert default <= 300, f"the build's per-cell timeout should stay a few minutes, is {default} s"
+    conftest = _book_conftest()
+    for chapter in CHAPTERS:
+        own = json.loads(chapter.read_text())["metadata"].get("mystnb", {}).get("execution_timeout")
+        expected = own if own is not None else default
+        assert conftest.chapter_timeout(chapter) == expected, chapter.name
+        assert 60 <= expected <= 900, f"{chapter.name}: a per-cell timeout of {expected} s"
