@@ -6,7 +6,8 @@
 * :class:`MultiHeadAttention` - ``num_heads`` attentions in parallel on learned projections,
   batch-first, weight-compatible with ``torch.nn.MultiheadAttention``.
 * :func:`fused_linear` - several linear layers applied to one input as a single matrix product
-  (the q, k and v projections of self-attention).
+  (the q, k and v projections of self-attention); it lives with the other fast paths in
+  :mod:`companion.kernels` and is importable from here too.
 
 Mask convention for the whole package: a boolean mask is ``True`` where a query **may attend**
 to a key, ``False`` where it is blocked (the convention of
@@ -20,18 +21,23 @@ all-zero output vector - never NaN.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion import kernels
+from companion._attention_checks import (
+    check_attention_inputs,
+    check_bias,
+    check_kv_heads,
+    check_positional,
+    check_query_positions,
+    checked_cache_length,
+)
 from companion._validation import (
     check_bool,
     check_bool_mask,
     check_divisible,
-    check_finite,
     check_floating,
     check_min_ndim,
     check_ndim,
@@ -39,8 +45,6 @@ from companion._validation import (
     check_positive_int,
     check_probability,
     check_qkv,
-    check_same_device,
-    check_same_dtype,
     check_size,
     check_tensor,
     checked,
@@ -49,6 +53,7 @@ from companion._validation import (
 )
 from companion.cache import KeyValueCache
 from companion.dropout import dropout
+from companion.kernels import fused_linear
 from companion.positional import RotaryEmbedding, alibi_bias, alibi_slopes
 
 __all__ = [
@@ -104,7 +109,7 @@ def scaled_dot_product_attention(
     if mask is not None:
         check_bool_mask("mask", mask, score_shape, "the scores (..., q_len, k_len)")
     if bias is not None and checks_enabled():  # not when a checked module calls it
-        _check_bias(bias, score_shape, q.dtype)
+        check_bias(bias, score_shape, q.dtype)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
 
@@ -168,19 +173,6 @@ class AdditiveScore(nn.Module):
         hq = self.query_proj(q).unsqueeze(-2)  # (..., q_len, 1, d_hidden)
         hk = self.key_proj(k).unsqueeze(-3)  # (..., 1, k_len, d_hidden)
         return self.score_proj(torch.tanh(hq + hk)).squeeze(-1)  # (..., q_len, k_len)
-
-
-def _check_bias(bias: object, score_shape: tuple[int, ...], dtype: torch.dtype) -> None:
-    """A finite float ``bias`` of ``dtype`` broadcasting to ``score_shape`` without growing it."""
-    check_floating("bias", bias)
-    check_same_dtype("bias", bias, dtype, "q")
-    padded = (1,) * (len(score_shape) - bias.dim()) + tuple(bias.shape)
-    if bias.dim() > len(score_shape) or any(b not in (1, t) for b, t in zip(padded, score_shape)):
-        raise ValueError(
-            f"bias of shape {shape_str(bias.shape)} does not broadcast to the scores "
-            f"(..., q_len, k_len) {shape_str(score_shape)}; each dimension must be 1 or equal"
-        )
-    check_finite("bias", bias)
 
 
 class MultiHeadAttention(nn.Module):
@@ -270,8 +262,8 @@ class MultiHeadAttention(nn.Module):
         self.d_model = d_model
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
-        self.num_kv_heads = _check_kv_heads(num_kv_heads, num_heads)
-        self.positional = _check_positional(positional, self.head_dim)
+        self.num_kv_heads = check_kv_heads(num_kv_heads, num_heads)
+        self.positional = check_positional(positional, self.head_dim, POSITIONAL)
         self.dropout = check_probability("dropout", dropout)
         self.bias = check_bool("bias", bias)
         kv_dim = self.num_kv_heads * self.head_dim
@@ -522,126 +514,21 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         cache: KeyValueCache | None = None,
     ) -> None:
-        """Raise a clear error for anything :meth:`forward` cannot take (same arguments)."""
-        d, dtype, owner = self.d_model, self.out_proj.weight.dtype, "the module's parameters"
-        for name, tensor, length in (
-            ("query", query, "q_len"),
-            ("key", key, "k_len"),
-            ("value", value, "k_len"),
-        ):
-            check_floating(name, tensor)
-            check_ndim(name, tensor, 3, f"(batch, {length}, {d})")
-            check_size(name, tensor, 2, d, f"(batch, {length}, {d})")
-            if not torch.is_autocast_enabled(tensor.device.type):  # autocast mixes dtypes
-                check_same_dtype(name, tensor, dtype, owner)
-        if key.shape[:2] != value.shape[:2]:
-            raise ValueError(
-                "key and value must have the same batch size and length (batch, k_len), "
-                f"got key {shape_str(key.shape)} and value {shape_str(value.shape)}"
-            )
-        if key.shape[0] != query.shape[0]:
-            raise ValueError(
-                "query and key must have the same batch size - nothing is broadcast: "
-                f"got query {shape_str(query.shape)} and key {shape_str(key.shape)}"
-            )
-        check_finite("query", query)
-        if key is not query:
-            check_finite("key", key)
-        if value is not key and value is not query:
-            check_finite("value", value)
-        check_bool("need_weights", need_weights)
-        check_bool("is_causal", is_causal)
-        batch, q_len, _ = query.shape
-        k_len = key.shape[1] if cache is None else self.cached_length(cache, batch, key.shape[1])
-        if mask is not None:
-            score_shape = (batch, self.num_heads, q_len, k_len)
-            check_bool_mask("mask", mask, score_shape, "(batch, heads, q_len, k_len)")
-        if is_causal and k_len < q_len:
-            raise ValueError(
-                f"k_len must be >= q_len with is_causal (the queries are the last q_len "
-                f"positions), "
-                f"got q_len={q_len} and k_len={k_len}"
-            )
-        if self.positional is not None:
-            self.check_positions(q_len, k_len, cache)
+        """Raise a clear error for anything :meth:`forward` cannot take (same arguments); the
+        checks are :mod:`companion._attention_checks`'s."""
+        check_attention_inputs(self, query, key, value, mask, need_weights, is_causal, cache)
 
     def check_positions(self, q_len: int, k_len: int, cache: KeyValueCache | None) -> None:
         """With ``positional`` set, the queries are the last ``q_len`` of the ``k_len`` key
         positions, continued by a growing cache (self-attention); raise a clear error otherwise."""
-        if cache is not None and not cache.growing:
-            raise ValueError(
-                f"cache must be a growing KeyValueCache (self-attention) for a module with "
-                f"positional={self.positional!r}; cross-attention takes no positions, got "
-                "KeyValueCache(growing=False)"
-            )
-        if k_len < q_len:
-            raise ValueError(
-                f"k_len must be >= q_len with positional={self.positional!r} (the queries "
-                f"are the last q_len of the key positions), got q_len={q_len} and k_len={k_len}"
-            )
+        check_query_positions(self, q_len, k_len, cache)
 
     def cached_length(self, cache: object, batch: int, new_len: int, name: str = "cache") -> int:
         """Check ``cache`` (called ``name`` in the messages) for a call with ``batch`` rows and
-        ``new_len`` new positions; the number of keys the call attends to (cached + new).
-
-        The cached keys and values must be ``(batch, num_kv_heads, len, head_dim)`` of this
-        module (a cache filled by another model or module fails here, not in ``torch.cat``),
-        on its device, and of its dtype unless autocast is on (which mixes dtypes)."""
-        if not isinstance(cache, KeyValueCache):
-            raise TypeError(f"{name} must be a KeyValueCache, got {type(cache).__name__}")
-        if cache.keys is None and cache.values is None:
-            return new_len
-        layout = f"({batch}, {self.num_kv_heads}, len, {self.head_dim})"
-        what = "(batch, kv_heads, len, head_dim) for this call and module"
-        for part in ("keys", "values"):
-            tensor = getattr(cache, part)
-            check_floating(f"{name}.{part}", tensor)
-            fits = tensor.dim() == 4 and tensor.shape[0] == batch
-            fits = fits and tensor.shape[1] == self.num_kv_heads
-            if not (fits and tensor.shape[3] == self.head_dim):
-                raise ValueError(
-                    f"{name} must hold {part} of shape {layout} {what}, got "
-                    f"{shape_str(tensor.shape)}; a cache is made by the model that fills it"
-                )
-            check_same_device(f"{name}.{part}", tensor, self.out_proj.weight)
-            if not torch.is_autocast_enabled(tensor.device.type):  # autocast mixes dtypes
-                check_same_dtype(
-                    f"{name}.{part}", tensor, self.out_proj.weight.dtype, "the module's parameters"
-                )
-        if cache.values.shape != cache.keys.shape:
-            raise ValueError(
-                f"{name}.values must have the shape of {name}.keys "
-                f"{shape_str(cache.keys.shape)}, got {shape_str(cache.values.shape)}"
-            )
-        return cache.length + new_len if cache.growing else cache.length
-
-
-def _check_kv_heads(num_kv_heads: object, num_heads: int) -> int:
-    """``num_kv_heads`` (``None`` = ``num_heads``): a positive int dividing ``num_heads``."""
-    if num_kv_heads is None:
-        return num_heads
-    check_positive_int("num_kv_heads", num_kv_heads)
-    if num_heads % num_kv_heads != 0:
-        raise ValueError(
-            f"num_kv_heads must divide num_heads (each key/value head serves a group of "
-            f"num_heads / num_kv_heads query heads): got num_heads={num_heads} and "
-            f"num_kv_heads={num_kv_heads}"
-        )
-    return num_kv_heads
-
-
-def _check_positional(positional: object, head_dim: int) -> str | None:
-    """``positional``: ``None``, ``"rope"`` (needs an even ``head_dim``) or ``"alibi"``."""
-    if positional is None:
-        return None
-    if positional not in POSITIONAL:
-        raise ValueError(f"positional must be None, 'rope' or 'alibi', got {positional!r}")
-    if positional == "rope" and head_dim % 2:
-        raise ValueError(
-            "positional='rope' needs an even head_dim = d_model / num_heads (RoPE rotates "
-            f"pairs of dimensions), got head_dim={head_dim}"
-        )
-    return positional
+        ``new_len`` new positions; the number of keys the call attends to (cached + new): the
+        cached keys and values must be ``(batch, num_kv_heads, len, head_dim)`` of this module,
+        on its device, of its dtype (unless autocast is on)."""
+        return checked_cache_length(self, cache, batch, new_len, name)
 
 
 def repeat_kv_heads(x: Tensor, num_heads: int) -> Tensor:
@@ -674,52 +561,3 @@ def repeat_kv_heads(x: Tensor, num_heads: int) -> Tensor:
     if group == 1:
         return x
     return x.repeat_interleave(group, dim=1)  # (batch, num_heads, len, head_dim)
-
-
-def fused_linear(x: Tensor, projections: Sequence[nn.Linear]) -> Tensor:
-    """Apply several linear layers to the same input with one matrix product.
-
-    The weights ``(out_i, d_in)`` are stacked into one ``(out_1 + out_2 + ..., d_in)`` matrix,
-    so one product computes every layer's output, side by side: the same numbers as calling
-    the layers one by one and concatenating, with one call instead of several.
-
-    Args:
-        x: input of shape ``(..., d_in)``.
-        projections: one or more ``nn.Linear(d_in, out_i)``, all with biases or all without.
-
-    Returns:
-        Tensor of shape ``(..., out_1 + out_2 + ...)``:
-        ``[projections[0](x) | projections[1](x) | ...]``.
-    """
-    if checks_enabled():  # not when called from inside a checked module
-        projections = _check_projections(x, projections)
-    weight = torch.cat([p.weight for p in projections])  # (out_1 + out_2 + ..., d_in)
-    return F.linear(x, weight, _concat_bias(projections))  # (..., out_1 + out_2 + ...)
-
-
-def _check_projections(x: object, projections: object) -> tuple[nn.Linear, ...]:
-    """Validate the arguments of :func:`fused_linear`; return the layers as a tuple."""
-    if not isinstance(projections, (Sequence, nn.ModuleList)) or len(projections) == 0:
-        raise TypeError(
-            f"projections must be a non-empty sequence of nn.Linear, got {projections!r:.80}"
-        )
-    for i, layer in enumerate(projections):
-        if not isinstance(layer, nn.Linear):
-            raise TypeError(f"projections[{i}] must be an nn.Linear, got {type(layer).__name__}")
-    d_in = projections[0].in_features
-    if any(p.in_features != d_in for p in projections):
-        sizes = [p.in_features for p in projections]
-        raise ValueError(f"projections must share one input size in_features, got {sizes}")
-    if len({p.bias is None for p in projections}) > 1:
-        raise ValueError("projections must all have biases or all have none")
-    if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() and x.shape[-1] == d_in):
-        check_floating("x", x)  # these raise the clear error
-        check_min_ndim("x", x, 1, f"(..., {d_in})")
-        check_size("x", x, -1, d_in, f"(..., {d_in})")
-    return tuple(projections)
-
-
-def _concat_bias(projections: tuple[nn.Linear, ...]) -> Tensor | None:
-    if projections[0].bias is None:
-        return None
-    return torch.cat([p.bias for p in projections])  # (out_1 + out_2 + ...,)

@@ -15,19 +15,26 @@ from two entry points, and holds the kernels behind them:
 * :func:`relu_dropout_applies` and :func:`kept_relu_linear` - the feed-forward network's
   ReLU + dropout + output projection in fewer passes over the ``d_ff``-wide tensor
   (:class:`KeptReLU`), for training with ReLU and dropout on a CPU, eager.
+* :func:`fused_linear` - several linear layers on one input as one matrix product (the q, k
+  and v projections of :meth:`companion.attention.MultiHeadAttention.project`, which chapter
+  3 prints; importable from :mod:`companion.attention` too).
 
 Each kernel computes what the written-out formula computes (``tests/test_attention.py``,
 ``tests/test_layers.py``, ``tests/test_parity_gradients.py``); ``benchmarks/README.md``
-records what each one bought. Nothing here checks its inputs: the public modules that call
-it have checked them.
+records what each one bought. Nothing here checks its inputs - the public modules that call
+it have checked them - except the public :func:`fused_linear` when a user calls it directly
+(:func:`companion._validation.checks_enabled`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from companion._validation import check_floating, check_min_ndim, check_size, checks_enabled
 from companion.dropout import Dropout, dropout_factor, keep_mask, survivor_scale
 from companion.masking import causal_mask, to_additive_mask
 
@@ -43,6 +50,7 @@ __all__ = [
     "relu_dropout_applies",
     "kept_relu_linear",
     "KeptReLU",
+    "fused_linear",
     "SDPA_HAS_GQA",
 ]
 
@@ -311,3 +319,55 @@ class KeptReLU(torch.autograd.Function):
     def backward(ctx, grad_output: Tensor) -> tuple[Tensor, None]:
         (output,) = ctx.saved_tensors
         return torch.ops.aten.threshold_backward(grad_output, output, 0.0), None  # 0 where ≤ 0
+
+
+# ------------------------------------------------------------------------ projections
+
+
+def fused_linear(x: Tensor, projections: Sequence[nn.Linear]) -> Tensor:
+    """Apply several linear layers to the same input with one matrix product.
+
+    The weights ``(out_i, d_in)`` are stacked into one ``(out_1 + out_2 + ..., d_in)`` matrix,
+    so one product computes every layer's output, side by side: the same numbers as calling
+    the layers one by one and concatenating, with one call instead of several.
+
+    Args:
+        x: input of shape ``(..., d_in)``.
+        projections: one or more ``nn.Linear(d_in, out_i)``, all with biases or all without.
+
+    Returns:
+        Tensor of shape ``(..., out_1 + out_2 + ...)``:
+        ``[projections[0](x) | projections[1](x) | ...]``.
+    """
+    if checks_enabled():  # not when called from inside a checked module
+        projections = _check_projections(x, projections)
+    weight = torch.cat([p.weight for p in projections])  # (out_1 + out_2 + ..., d_in)
+    return F.linear(x, weight, _concat_bias(projections))  # (..., out_1 + out_2 + ...)
+
+
+def _check_projections(x: object, projections: object) -> tuple[nn.Linear, ...]:
+    """Validate the arguments of :func:`fused_linear`; return the layers as a tuple."""
+    if not isinstance(projections, (Sequence, nn.ModuleList)) or len(projections) == 0:
+        raise TypeError(
+            f"projections must be a non-empty sequence of nn.Linear, got {projections!r:.80}"
+        )
+    for i, layer in enumerate(projections):
+        if not isinstance(layer, nn.Linear):
+            raise TypeError(f"projections[{i}] must be an nn.Linear, got {type(layer).__name__}")
+    d_in = projections[0].in_features
+    if any(p.in_features != d_in for p in projections):
+        sizes = [p.in_features for p in projections]
+        raise ValueError(f"projections must share one input size in_features, got {sizes}")
+    if len({p.bias is None for p in projections}) > 1:
+        raise ValueError("projections must all have biases or all have none")
+    if not (isinstance(x, Tensor) and x.is_floating_point() and x.dim() and x.shape[-1] == d_in):
+        check_floating("x", x)  # these raise the clear error
+        check_min_ndim("x", x, 1, f"(..., {d_in})")
+        check_size("x", x, -1, d_in, f"(..., {d_in})")
+    return tuple(projections)
+
+
+def _concat_bias(projections: tuple[nn.Linear, ...]) -> Tensor | None:
+    if projections[0].bias is None:
+        return None
+    return torch.cat([p.bias for p in projections])  # (out_1 + out_2 + ...,)

@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "companion.data.vocab": 1,
     "companion.exercises._checker": 1,
     "companion.kernels": 2,
+    "companion._attention_checks": 2,
     "companion.attention": 3,
     "companion.efficient_attention": 3,
     "companion.data.toy": 3,

@@ -746,10 +746,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "cache_head_size_unchecked",
         "a key/value cache is checked for its batch and kv heads but not its head size: a "
         "cache of another model reaches torch.cat",
-        "attention.py",
+        "_attention_checks.py",
         [
             (
-                "if not (fits and tensor.shape[3] == self.head_dim):",
+                "if not (fits and tensor.shape[3] == attention.head_dim):",
                 "if not fits:",
             )
         ],
