@@ -3,16 +3,20 @@ duplicated output blocks, foreign stderr and per-chapter times.
 
     .venv/bin/python benchmarks/execute_chapters.py --runs 5            # all chapters
     .venv/bin/python benchmarks/execute_chapters.py --runs 3 --chapters 04 09
+    .venv/bin/python benchmarks/execute_chapters.py --runs 10 --chapters 04 --unpatched
 
 Each chapter runs in a fresh kernel through ``nbclient`` (the library myst-nb and nbval use),
-from ``book/`` as working directory, with a per-cell timeout (``--cell-timeout``, the build's
-300 s by default; chapter 8's training cell is given ``--long-timeout``). A cell that times out
-is a **stall**: the script records which cell, interrupts the kernel and goes on. A chapter is
-also flagged when its time is more than twice its median over the runs. The checks on the
-executed outputs are those of ``tests/test_executed_notebooks.py`` (``tests/executed_outputs.py``).
+from ``book/`` as working directory, with the per-cell timeout the build gives it (its own
+``mystnb.execution_timeout``, else ``--cell-timeout``, 300 s like ``_config.yml``); its stream
+blocks are then merged as myst-nb's renderer merges them for the page. The build's two fixes
+(``book/_ext/kernel_reply_poll.py``, ``book/_ext/merged_streams.py``) are applied unless
+``--unpatched``. A chapter **stalled** when a cell timed out or when no cell ran for more than
+30 s (before the first cell, between two cells or after the last: where a lost kernel reply
+shows); a chapter more than twice its median time over the runs is flagged too. The checks
+on the outputs are those of ``tests/test_executed_notebooks.py`` (``tests/executed_outputs.py``).
 
-Writes a JSON record (``--out``, default ``_build/execute_chapters.json``) and prints a table.
-Nothing here runs in CI.
+Writes a JSON record (``--out``, default ``_build/execute_chapters.json``), optionally every
+executed notebook (``--save-dir``), and prints a table. Nothing here runs in CI.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 import kernel_reply_poll  # noqa: E402
+import merged_streams  # noqa: E402
 from executed_outputs import (  # noqa: E402
     foreign_stderr,
     repeated_stream_blocks,
@@ -75,6 +80,13 @@ def execute(path: Path, timeout: int, save_as: Path | None = None) -> dict:
         record["status"] = "error"
         record["error"] = str(error).strip().splitlines()[-1][:200]
     record["seconds"] = round(time.perf_counter() - start, 1)
+    # what myst-nb's renderer then does for the page (nb_merge_streams: true): merge each cell's
+    # stream blocks (with the build's fix, copies of them; unpatched, the notebook's own)
+    from myst_nb.core import render
+
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.get("outputs"):
+            render.coalesce_streams(cell.outputs)
     if save_as is not None:
         nbformat.write(nb, save_as)
     nb_dict = json.loads(nbformat.writes(nb))
@@ -139,11 +151,13 @@ def main() -> int:
     parser.add_argument(
         "--unpatched",
         action="store_true",
-        help="leave nbclient's reply wait as released (to reproduce nbclient#312's stall)",
+        help="leave nbclient's reply wait and myst-nb's stream merge as released (to reproduce "
+        "nbclient#312's stall and the repeated output blocks)",
     )
     args = parser.parse_args()
-    if not args.unpatched:
-        kernel_reply_poll.patch()  # as the book build does (_config.yml)
+    # as the book build does (_config.yml); False where this jupyter_client has no such channel
+    sliced = False if args.unpatched else kernel_reply_poll.patch()
+    merged_copies = False if args.unpatched else merged_streams.patch()
 
     chapters = sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb"))
     if args.chapters:
@@ -156,7 +170,8 @@ def main() -> int:
         for name in ("ipykernel", "jupyter_client", "nbclient", "pyzmq", "tornado")
     } | {
         "python": platform.python_version(),
-        "reply poll": "as released" if args.unpatched else "sliced",
+        "reply poll": "sliced" if sliced else "as released",
+        "stream merge": "copies" if merged_copies else "as released",
     }
     print("versions:", env, flush=True)
     records: list[dict] = []

@@ -119,3 +119,10 @@ def test_a_real_kernel_answers_through_the_patched_channel(monkeypatch):
     reply = asyncio.run(ask())
     assert reply["msg_type"] == "kernel_info_reply"
     assert reply["content"]["language_info"]["name"] == "python"
+
+
+def test_an_older_jupyter_client_is_left_alone(monkeypatch):
+    import jupyter_client.channels
+
+    monkeypatch.delattr(jupyter_client.channels, "AsyncZMQSocketChannel")
+    assert _load().patch() is False

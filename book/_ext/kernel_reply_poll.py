@@ -8,9 +8,10 @@ ZeroMQ tells asyncio about new messages through an edge-triggered descriptor, an
 can consume the edge that announced the reply: the reply then sits in the socket unseen until
 the poll times out, ``T`` seconds later, when it is read and execution goes on as if nothing
 happened. This is jupyter/nbclient#312 (open, no release fixes it). Measured here with
-``benchmarks/execute_chapters.py``: chapter 4 (a two-slider ``interact``) lost exactly the cell
-timeout in about one execution in four (299 s of 300, 40 s of 40, 600 s of 600 in CI's build),
-under ipykernel 6 and 7 alike; chapters without widgets never did.
+``benchmarks/execute_chapters.py``: chapter 4 (a two-slider ``interact``) sat idle for the
+whole cell timeout between two cells in 3 of 10 executions on a busy machine (39 s of a 40-s
+timeout; 299 s of 300 in single runs, under ipykernel 6.17 and 7.4 alike; the 2026-11-26 book
+build spent 609 s on it with its 600-s timeout), and in 0 of 10 with this fix.
 
 **The fix.** :func:`patch` makes ``get_msg`` of jupyter_client's asyncio channels poll in
 slices of at most :data:`SLICE` seconds until the caller's timeout: a new poll looks at the
@@ -31,8 +32,12 @@ SLICE = 1.0
 
 def patch() -> bool:
     """Make ``AsyncZMQSocketChannel.get_msg`` poll in slices; return ``False`` if it already
-    does (calling twice is harmless)."""
-    from jupyter_client.channels import AsyncZMQSocketChannel
+    does (calling twice is harmless) or if this jupyter_client has no such channel (before 8.0,
+    e.g. Colab's 7.4.9, whose channels differ: nothing is changed there)."""
+    try:
+        from jupyter_client.channels import AsyncZMQSocketChannel
+    except ImportError:
+        return False
 
     original = AsyncZMQSocketChannel.get_msg
     if getattr(original, "_sliced", False):
