@@ -41,3 +41,15 @@ needs_multi30k = pytest.mark.skipif(
     not SHARED_MULTI30K.is_dir(),
     reason=f"the shared Multi30k copy is not at {SHARED_MULTI30K} (tests never download it)",
 )
+
+
+def load_book_module(relative_path: str):
+    """A fresh copy of a module of the book's own code that is not on ``sys.path`` (a Sphinx
+    extension in ``book/_ext``, ``book/conftest.py``), loaded from its file."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

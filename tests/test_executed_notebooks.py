@@ -21,6 +21,7 @@ from executed_outputs import (
     repeated_stream_blocks,
     unexpected_tracebacks,
 )
+from helpers import load_book_module
 
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTED = ROOT / "_build" / "jupyter_execute" / "book"
@@ -129,12 +130,7 @@ def test_tracebacks_are_found_outside_raises_exception_cells_only():
 
 
 def _book_conftest():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("book_conftest", ROOT / "book" / "conftest.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_book_module("book/conftest.py")
 
 
 def test_nbval_cells_get_the_timeout_the_build_gives_their_chapter():

@@ -4,24 +4,16 @@ the cell timeout (nbclient#312), and every caller still gets its message or ``Em
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import time
-from pathlib import Path
 from queue import Empty
 
 import pytest
+from helpers import load_book_module
 from jupyter_client.channels import AsyncZMQSocketChannel
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location(
-        "kernel_reply_poll", ROOT / "book" / "_ext" / "kernel_reply_poll.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_book_module("book/_ext/kernel_reply_poll.py")
 
 
 class _SilentSocket:

@@ -5,23 +5,15 @@ which duplicated the tail of a print that arrived in two messages)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-from pathlib import Path
 
+from helpers import load_book_module
 from myst_nb.core import render
 from myst_nb.core.utils import coalesce_streams
 from nbformat import NotebookNode
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location(
-        "merged_streams", ROOT / "book" / "_ext" / "merged_streams.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_book_module("book/_ext/merged_streams.py")
 
 
 def _outputs() -> list[NotebookNode]:
