@@ -46,6 +46,7 @@ from companion.model import TransformerConfig
 
 __all__ = [
     "TASKS",
+    "PRECISIONS",
     "CPU_MODEL",
     "MODEL_FIELDS",
     "TrainConfig",
@@ -57,6 +58,10 @@ __all__ = [
 
 #: What a run can train on: Multi30k German→English, or one of the two toy tasks.
 TASKS: tuple[str, ...] = ("multi30k", "copy", "reverse")
+#: The arithmetic of a training step (:func:`companion.train.autocast_dtype`): float32, bf16 or
+#: fp16 autocast, or ``"auto"`` (bf16 on a CUDA GPU that has it, fp16 with a gradient scaler
+#: on one without, e.g. a Colab T4; float32 on a CPU).
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
 
 
 #: The model of the ``cpu`` configuration: 3 + 3 Pre-LN layers of width 256, tied output
@@ -127,6 +132,9 @@ class TrainConfig:
         label_smoothing: ε of the training loss.
         warmup_steps, lr_factor: learning rate
             ``lr_factor · d_model^-0.5 · min(step^-0.5, step · warmup_steps^-1.5)``.
+        warmup: ``False`` removes the linear ramp and nothing else: the rate starts at its
+            peak (that of step ``warmup_steps``) and decays from there as with the ramp
+            (:func:`companion.train.inverse_sqrt_warmup`, ``ramp``).
         adam_beta1, adam_beta2, adam_eps: Adam's settings (the paper: 0.9, 0.98, 1e-9).
         clip_norm: gradient clipping threshold (``None``: no clipping).
 
@@ -149,6 +157,12 @@ class TrainConfig:
             kept 0.6 on the third (2026-11-25, ``benchmarks/README.md``). It costs one beam
             search over the 1,014 validation sentences per value (about 9 s each on 2 cores).
         seed: seeds the model's initialisation, dropout and the batch shuffles.
+        precision: ``"fp32"``, ``"bf16"``, ``"fp16"`` or ``"auto"`` (:data:`PRECISIONS`): the
+            forward pass of each step under ``torch.autocast`` in that type (the loss, the
+            gradients' updates and the weights stay float32); ``"fp16"`` adds a gradient
+            scaler. ``"auto"`` is bf16 on a CUDA GPU that supports it, fp16 on an older one
+            (a Colab T4) and float32 elsewhere; the ``gpu`` configuration uses it, the ``cpu``
+            one float32 (bf16 arithmetic is slower than float32 on most CPUs).
         compile: train the model through :func:`companion.train.compile_model`
             (``torch.compile(model, fullgraph=True)``; the model compiles without a graph
             break). The compilation counts against ``time_budget``. On by default only in the
@@ -178,6 +192,7 @@ class TrainConfig:
     # optimisation
     label_smoothing: float = 0.1
     warmup_steps: int = 300
+    warmup: bool = True
     lr_factor: float = 0.5
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
@@ -192,11 +207,13 @@ class TrainConfig:
     length_penalty: float = 0.6
     length_penalty_grid: tuple[float, ...] = ()
     seed: int = 0
+    precision: str = "fp32"
     compile: bool = False
 
     def __post_init__(self) -> None:
         check_instance("name", self.name, str)
         check_choice("task", self.task, TASKS)
+        check_choice("precision", self.precision, PRECISIONS)
         check_instance("model", self.model, TransformerConfig)
         for name in ("min_freq", "max_tokens"):
             check_positive_int(name, getattr(self, name))
@@ -206,6 +223,7 @@ class TrainConfig:
         check_probability("label_smoothing", self.label_smoothing)
         check_bool("lowercase", self.lowercase)
         check_bool("compile", self.compile)
+        check_bool("warmup", self.warmup)
         for name in ("lr_factor", "adam_eps"):
             _check_optional_positive(name, getattr(self, name), float)
         for name in ("adam_beta1", "adam_beta2"):
@@ -278,6 +296,7 @@ CONFIGS: dict[str, TrainConfig] = {
         lr_factor=1.0,
         time_budget=1800.0,
         max_epochs=60,
+        precision="auto",  # bf16 autocast on an A100/H100/L4, fp16 + gradient scaler on a T4
         compile=True,  # pays back after about 7 minutes on an H100 (see `compile`)
     ),
     "toy": TrainConfig(

@@ -52,6 +52,7 @@ from companion.model import Transformer
 __all__ = [
     "greedy_decode",
     "beam_search",
+    "best_hypotheses",
     "BeamStep",
     "length_penalty",
     "sampling_distribution",
@@ -262,6 +263,7 @@ def beam_search(
     eos_id: int = EOS_ID,
     pad_id: int = PAD_ID,
     history: list[BeamStep] | None = None,
+    hypotheses: list[list[tuple[float, int, list[int]]]] | None = None,
 ) -> Tensor:
     """Batched beam search with the GNMT length penalty; the decoder uses the key/value cache.
 
@@ -285,6 +287,11 @@ def beam_search(
         length_penalty_alpha: α of :func:`length_penalty` (0 = no length normalisation).
         src_mask, bos_id, eos_id, pad_id: as in :func:`greedy_decode`.
         history: a list to which one :class:`BeamStep` per step is appended (for plots).
+        hypotheses: a list that receives, for each sentence, its finished hypotheses as
+            ``(log_prob, length, ids)``. The search never looks at α (it ranks partial
+            translations by log-probability), so :func:`best_hypotheses` with another α gives
+            exactly what a search with that α returns: several α for the price of one search
+            (:func:`companion.metrics.length_penalty_sweep`).
 
     Returns:
         ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
@@ -295,6 +302,8 @@ def beam_search(
     check_positive_int("beam_size", beam_size)
     if history is not None:
         check_instance("history", history, list, "a list (or None)")
+    if hypotheses is not None:
+        check_instance("hypotheses", hypotheses, list, "a list (or None)")
     limits = _max_lengths(max_len, src.shape[0], src.device)  # (batch,)
     length_penalty(1, length_penalty_alpha)  # checks alpha
     _check_ids(bos_id=bos_id, eos_id=eos_id, pad_id=pad_id)
@@ -313,7 +322,8 @@ def beam_search(
         # only beam 0 is alive at the start, so the first step does not pick k copies of one token
         scores = torch.full((batch, k), -math.inf, device=device)  # (batch, k)
         scores[:, 0] = 0.0
-        finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(batch)]
+        # per sentence: (log_prob, length, ids) of each finished hypothesis
+        finished: list[list[tuple[float, int, list[int]]]] = [[] for _ in range(batch)]
         done = torch.zeros(batch, dtype=torch.bool, device=device)  # (batch,)
         row_offset = torch.arange(batch, device=device).unsqueeze(1) * k  # (batch, 1)
         limits = limits.to(device)  # (batch,)
@@ -338,7 +348,7 @@ def beam_search(
                 row = b * k + int(top_beam[b, j])
                 hypothesis = tokens[row, 1:].tolist() + [eos_id]
                 log_prob = float(top_scores[b, j])
-                finished[b].append((log_prob / penalty, hypothesis))
+                finished[b].append((log_prob, step + 1, hypothesis))
                 ended.append((b, int(top_beam[b, j]), log_prob, log_prob / penalty))
                 if len(finished[b]) >= k:
                     done[b] = True
@@ -365,17 +375,42 @@ def beam_search(
                 for j in range(k):
                     if math.isfinite(float(scores[b, j])):
                         hypothesis = tokens[b * k + j, 1:].tolist()
-                        finished[b].append((float(scores[b, j]) / penalty, hypothesis))
+                        finished[b].append((float(scores[b, j]), step + 1, hypothesis))
                 done[b] = True
             if bool(done.all()):
                 break
 
-    best = [max(hyps, key=lambda item: item[0])[1] if hyps else [] for hyps in finished]
+    if hypotheses is not None:
+        hypotheses.extend(finished)
+    return best_hypotheses(finished, length_penalty_alpha, pad_id=pad_id, device=device)
+
+
+def best_hypotheses(
+    hypotheses: Sequence[Sequence[tuple[float, int, Sequence[int]]]],
+    alpha: float,
+    *,
+    pad_id: int = PAD_ID,
+    device: torch.device | str | None = None,
+) -> Tensor:
+    """Each sentence's best finished hypothesis under the length penalty α, padded into
+    ``(batch, out_len)`` ids as :func:`beam_search` returns them.
+
+    Args:
+        hypotheses: per sentence, ``(log_prob, length, ids)`` of its finished hypotheses (what
+            :func:`beam_search` puts into its ``hypotheses`` list); the best has the highest
+            ``log_prob / length_penalty(length, alpha)``, the first of equals.
+        alpha: α of :func:`length_penalty`.
+        pad_id: fills the rows after each hypothesis; ``device``: where the output goes.
+    """
+    best = [
+        max(hyps, key=lambda h: h[0] / length_penalty(h[1], alpha))[2] if hyps else []
+        for hyps in hypotheses
+    ]
     out_len = max((len(hypothesis) for hypothesis in best), default=0)
-    output = torch.full((batch, out_len), pad_id, dtype=torch.long, device=device)
+    output = torch.full((len(best), out_len), pad_id, dtype=torch.long, device=device)
     # output: (batch, out_len)
     for b, hypothesis in enumerate(best):
-        output[b, : len(hypothesis)] = torch.tensor(hypothesis, dtype=torch.long)  # (len,)
+        output[b, : len(hypothesis)] = torch.tensor(list(hypothesis), dtype=torch.long)  # (len,)
     return output
 
 

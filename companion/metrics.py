@@ -61,7 +61,7 @@ from companion.data import (
     WordTokenizer,
     collate_batch,
 )
-from companion.decode import beam_search, greedy_decode
+from companion.decode import beam_search, best_hypotheses, greedy_decode
 from companion.model import Transformer
 
 __all__ = [
@@ -414,8 +414,15 @@ class Translator:
         Sentences are sorted by length and decoded ``batch_size`` at a time; the result is in
         the input order. An empty source gives an empty output.
         """
+        return self._translate_ids(sources, [self.length_penalty])[0]
+
+    def _translate_ids(
+        self, sources: Sequence[Sequence[int]], alphas: Sequence[float]
+    ) -> list[list[list[int]]]:
+        """:meth:`translate_ids` under each length penalty of ``alphas`` (one list each), from
+        one beam search per batch (:func:`~companion.decode.best_hypotheses`)."""
         pad_id = PAD_ID if self.model.config.src_pad_id is None else self.model.config.src_pad_id
-        outputs: list[list[int]] = [[] for _ in sources]
+        outputs: list[list[list[int]]] = [[[] for _ in sources] for _ in alphas]
         order = sorted((i for i, s in enumerate(sources) if len(s)), key=lambda i: len(sources[i]))
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
@@ -427,26 +434,47 @@ class Translator:
             max_len = [math.ceil(self.max_len_a * len(sources[i])) + self.max_len_b for i in chunk]
             if self.beam_size == 1:
                 ids = greedy_decode(self.model, src, max_len=max_len)  # (batch, out_len)
+                per_alpha = [ids] * len(alphas)
             else:
+                finished: list = []  # each sentence's finished hypotheses
                 ids = beam_search(
                     self.model,
                     src,
                     beam_size=self.beam_size,
                     max_len=max_len,
-                    length_penalty_alpha=self.length_penalty,
+                    length_penalty_alpha=alphas[0],
+                    hypotheses=finished,
                 )  # (batch, out_len)
-            for row, index in enumerate(chunk):
-                outputs[index] = _strip_special(ids[row].tolist())
+                per_alpha = [ids] + [best_hypotheses(finished, a) for a in alphas[1:]]
+            for output, chosen in zip(outputs, per_alpha):
+                for row, index in enumerate(chunk):
+                    output[index] = _strip_special(chosen[row].tolist())
         return outputs
 
     def translate(self, sentences: Sequence[str]) -> list[str]:
         """Raw source sentences → detokenized translations (same order, same number)."""
+        return self.translate_with_penalties(sentences, [self.length_penalty])[self.length_penalty]
+
+    def translate_with_penalties(
+        self, sentences: Sequence[str], alphas: Sequence[float]
+    ) -> dict[float, list[str]]:
+        """:meth:`translate` under each length penalty α of ``alphas`` (beam search), for the
+        price of one search: ``{α: translations}``. The search never looks at α, only the
+        choice among its finished hypotheses does, so each list is exactly what a
+        translator with ``length_penalty=α`` returns."""
         sentences = _check_sentences("sentences", sentences)
+        if isinstance(alphas, (str, bytes)) or not isinstance(alphas, Sequence) or not alphas:
+            raise ValueError(f"alphas must be a non-empty list of numbers >= 0, got {alphas!r:.80}")
+        alphas = [check_nonnegative_float(f"alphas[{i}]", a) for i, a in enumerate(alphas)]
         sources = [self.src_vocab.encode(self.tokenizer.tokenize(s)) for s in sentences]
-        outputs = self.translate_ids(sources)
-        if not self.keep_unk:
-            outputs = [[i for i in ids if i != UNK_ID] for ids in outputs]
-        return [self.tokenizer.detokenize(self.tgt_vocab.decode(ids)) for ids in outputs]
+        translations = {}
+        for alpha, outputs in zip(alphas, self._translate_ids(sources, alphas)):
+            if not self.keep_unk:
+                outputs = [[i for i in ids if i != UNK_ID] for ids in outputs]
+            translations[alpha] = [
+                self.tokenizer.detokenize(self.tgt_vocab.decode(ids)) for ids in outputs
+            ]
+        return translations
 
     __call__ = translate
 
@@ -509,8 +537,9 @@ def length_penalty_sweep(
     """Corpus BLEU (:func:`corpus_bleu`) of ``pairs`` translated with beam search under each
     length penalty ``α`` of ``alphas``: ``{α: BLEU}``, in the order given.
 
-    Choose α on a validation set, never on the test set it will be reported on.
-    ``translator`` is left as it was (its ``length_penalty`` is restored).
+    Choose α on a validation set, never on the test set it will be reported on. The sources
+    are searched once (:meth:`Translator.translate_with_penalties`); ``translator`` is not
+    changed.
 
     Raises:
         ValueError: ``translator.beam_size`` is 1 (greedy decoding has no length penalty),
@@ -526,12 +555,5 @@ def length_penalty_sweep(
         raise ValueError("pairs must be a non-empty list of (source, reference)")
     sources = [pair[0] for pair in pairs]
     references = [pair[1] for pair in pairs]
-    kept = translator.length_penalty
-    try:
-        scores = {}
-        for alpha in alphas:
-            translator.length_penalty = alpha
-            scores[alpha] = corpus_bleu(translator.translate(sources), references)
-    finally:
-        translator.length_penalty = kept
-    return scores
+    by_alpha = translator.translate_with_penalties(sources, alphas)  # one beam search
+    return {alpha: corpus_bleu(by_alpha[alpha], references) for alpha in alphas}

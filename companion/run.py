@@ -33,14 +33,16 @@ import torch.distributed as dist
 from torch.utils.data import Dataset
 
 from companion._files import OutputFolderError, atomic_write, check_output_folder
+from companion._validation import check_positive_int
 from companion.checkpoint import write_json
-from companion.configs import CONFIG_NAMES, MODEL_FIELDS, TrainConfig, get_config
+from companion.configs import CONFIG_NAMES, MODEL_FIELDS, PRECISIONS, TrainConfig, get_config
 from companion.data import (
     PAD_ID,
     CopyReverseDataset,
     Tokenizer,
     Vocab,
     WordTokenizer,
+    collate_batch,
     prepare_multi30k,
 )
 from companion.distributed import init_distributed, rank_and_world
@@ -49,6 +51,7 @@ from companion.metrics import Translator, length_penalty_sweep, sequence_accurac
 from companion.model import Transformer, TransformerConfig
 from companion.train import allow_tf32
 from companion.trainer import Trainer
+from companion.utils import set_threads
 
 __all__ = [
     "OutputFolderError",
@@ -56,6 +59,8 @@ __all__ = [
     "prepare_data",
     "build_model",
     "TrainResult",
+    "TimeEstimate",
+    "estimate_training_time",
     "train",
     "build_parser",
     "main",
@@ -158,6 +163,82 @@ class TrainResult:
     @property
     def history(self) -> History:
         return self.trainer.history
+
+
+@dataclass(frozen=True)
+class TimeEstimate:
+    """What :func:`estimate_training_time` measured and expects, in seconds."""
+
+    steps: int  #: optimiser steps of the run
+    seconds_per_step: float  #: the median of the timed steps
+    validations: int  #: validation passes the run will make (after each epoch and at the end)
+    seconds_per_validation: float  #: one pass over the validation set
+
+    @property
+    def total_seconds(self) -> float:
+        """Training and validation, the progress bar's whole run."""
+        return self.steps * self.seconds_per_step + self.validations * self.seconds_per_validation
+
+    def __str__(self) -> str:
+        return (
+            f"about {self.total_seconds / 60:.1f} min: {self.steps:,} steps × "
+            f"{self.seconds_per_step:.2f} s + {self.validations} validation passes × "
+            f"{self.seconds_per_validation:.1f} s"
+        )
+
+
+def estimate_training_time(
+    config: TrainConfig,
+    data: RunData,
+    steps: int | None = None,
+    *,
+    probe_steps: int = 5,
+    device: str | torch.device | None = None,
+) -> TimeEstimate:
+    """How long :func:`train` will take here: time ``probe_steps`` steps (after one untimed
+    step) and one validation pass of a throwaway copy of ``config``'s model, on the first
+    batches the run itself will see, and scale to ``steps`` (default ``config.max_steps``).
+
+    The random state is left as it was, so the run that follows is the same with or without
+    the estimate. Compilation (``config.compile``) is not timed: the copy runs eagerly.
+    """
+    if not isinstance(config, TrainConfig):
+        raise TypeError(f"config must be a TrainConfig, got {type(config).__name__}")
+    if not isinstance(data, RunData):
+        raise TypeError(
+            f"data must be the RunData of prepare_data(config), got {type(data).__name__}"
+        )
+    steps = config.max_steps if steps is None else steps
+    if steps is None:
+        raise ValueError("steps must be given when the config has no max_steps, got None")
+    check_positive_int("steps", steps)
+    check_positive_int("probe_steps", probe_steps)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(config.seed)
+        model = build_model(config, len(data.src_vocab), len(data.tgt_vocab))
+        trainer = Trainer(model, config.replace(compile=False), data.train, data.val,
+                          device=device, progress=False)  # fmt: skip
+        batches = trainer.epoch_batches(0)
+        times = []
+        for indices in batches[: probe_steps + 1]:
+            src, tgt = collate_batch([data.train[i] for i in indices])  # (batch, len) each
+            start = time.perf_counter()
+            trainer.train_step(src.to(device), tgt.to(device))
+            if cuda:
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        trainer.evaluate()
+        validation = time.perf_counter() - start
+    per_step = float(np.median(times[1:] or times))  # the first step allocates: not counted
+    return TimeEstimate(
+        steps=steps,
+        seconds_per_step=per_step,
+        validations=steps // len(batches) + 1,
+        seconds_per_validation=validation,
+    )
 
 
 def _final_evaluation(trainer: Trainer, data: RunData, out_dir: Path | None) -> dict[str, Any]:
@@ -407,7 +488,16 @@ def build_parser(prog: str = "python -m companion.run") -> argparse.ArgumentPars
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument(
-        "--threads", type=_positive_int, help="torch CPU threads (default: torch's choice)"
+        "--threads",
+        type=_positive_int,
+        help="torch CPU threads (default: the cores other work leaves free, at least 1: "
+        "companion.utils.set_threads)",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="fp32, bf16 or fp16 autocast, or auto (bf16 on a GPU that has it, fp16 + "
+        "gradient scaler on one without, float32 on a CPU; default: the configuration's)",
     )
     parser.add_argument("--beam-size", type=_positive_int, help="beam width for the test BLEU")
     parser.add_argument("--max-tokens", type=_positive_int, help="tokens per (global) batch")
@@ -449,8 +539,12 @@ def main(
             changes[name] = value
     if args.compile is not None:
         changes["compile"] = args.compile
+    if args.precision is not None:
+        changes["precision"] = args.precision
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    else:
+        print(set_threads(), file=sys.stderr, flush=True)  # what the thread policy chose
     try:
         config = get_config(args.config, **changes)
     except (TypeError, ValueError) as error:

@@ -10,7 +10,8 @@ book prints them with ``inspect.getsource``):
 - :func:`inverse_sqrt_warmup` is the learning-rate schedule of "Attention Is All You Need";
 - :func:`adam` is the optimiser, with its update fused into one kernel where torch has one;
 - :func:`compile_model` wraps a model in ``torch.compile`` the way a training run uses it,
-  and :func:`allow_tf32` sets the GPU matrix-product precision a training run uses;
+  :func:`allow_tf32` sets the GPU matrix-product precision a training run uses, and
+  :func:`autocast_dtype` turns a configuration's ``precision`` into the type of mixed precision;
 - :func:`train_step` does one forward + backward + clipped optimiser step and returns its
   :class:`StepStats`.
 
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion._validation import (
+    check_choice,
     check_floating,
     check_index_range,
     check_integer,
@@ -48,7 +50,9 @@ __all__ = [
     "StepStats",
     "adam",
     "allow_tf32",
+    "autocast_dtype",
     "compile_model",
+    "grad_scaler",
     "inverse_sqrt_warmup",
     "sequence_loss",
     "shift_targets",
@@ -151,7 +155,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
 
 def inverse_sqrt_warmup(
-    d_model: int, warmup_steps: int, factor: float = 1.0
+    d_model: int, warmup_steps: int, factor: float = 1.0, *, ramp: bool = True
 ) -> Callable[[int], float]:
     r"""The paper's schedule as a function of the step (for ``torch.optim.lr_scheduler.LambdaLR``
     with a base learning rate of 1):
@@ -160,15 +164,20 @@ def inverse_sqrt_warmup(
               \cdot \min(s^{-1/2},\; s \cdot \text{warmup}^{-3/2}),
 
     a linear warm-up for ``warmup_steps`` steps, then decay as :math:`1/\sqrt{s}`. Step ``0``
-    (before the first update) is treated as step 1.
+    (before the first update) is treated as step 1. ``ramp=False`` removes the warm-up and
+    nothing else: the rate holds its peak, ``lr(warmup_steps)``, from the first step, then
+    decays exactly as with the ramp.
     """
     check_positive_int("d_model", d_model)
     check_positive_int("warmup_steps", warmup_steps)
     if not (isinstance(factor, (int, float)) and factor > 0 and math.isfinite(factor)):
         raise ValueError(f"factor must be a positive finite number, got {factor!r}")
+    if not isinstance(ramp, bool):
+        raise TypeError(f"ramp must be a bool, got {type(ramp).__name__}")
+    first = 1 if ramp else warmup_steps  # without the ramp, earlier steps get the peak
 
     def lr_at(step: int) -> float:
-        step = max(step, 1)
+        step = max(step, first)
         return factor * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
     return lr_at
@@ -241,6 +250,38 @@ def allow_tf32(device: torch.device | str) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def autocast_dtype(precision: str, device: torch.device | str) -> torch.dtype | None:
+    """The ``torch.autocast`` type of a training step for a configuration's ``precision``
+    (:data:`companion.configs.PRECISIONS`) on ``device``; ``None`` means plain float32.
+
+    ``"bf16"`` → ``torch.bfloat16``, ``"fp16"`` → ``torch.float16`` (train it with a
+    ``torch.amp.GradScaler``), ``"fp32"`` → ``None``. ``"auto"``: on a CUDA GPU bf16 where it
+    supports bf16 (A100, H100, L4) and fp16 where not (T4, V100); on a CPU ``None``.
+    """
+    check_choice("precision", precision, ("fp32", "bf16", "fp16", "auto"))
+    device = torch.device(device)
+    if precision == "auto":
+        if device.type != "cuda":
+            return None
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def grad_scaler(
+    dtype: torch.dtype | None, device: torch.device | str
+) -> torch.amp.GradScaler | None:
+    """A gradient scaler for fp16 training on ``device`` (``None`` for float32 and bf16, whose
+    range needs none)."""
+    if dtype != torch.float16:
+        return None
+    device_type = torch.device(device).type
+    if hasattr(torch.amp, "GradScaler"):  # torch >= 2.3
+        return torch.amp.GradScaler(device_type)
+    if device_type != "cuda":
+        raise ValueError(f"fp16 training on {device_type} needs torch >= 2.3 (a GradScaler there)")
+    return torch.cuda.amp.GradScaler()
+
+
 def train_step(
     model: nn.Module,
     src: Tensor,
@@ -251,6 +292,8 @@ def train_step(
     pad_id: int | None = None,
     label_smoothing: float = 0.0,
     clip_norm: float | None = 1.0,
+    amp_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
     whole_batch: Callable[[Tensor, Tensor | int], tuple[Tensor, Tensor, Tensor]] | None = None,
 ) -> StepStats:
     """One step of teacher-forced training of an encoder-decoder.
@@ -265,14 +308,26 @@ def train_step(
         pad_id: target padding id, ignored by the loss.
         label_smoothing: see :func:`sequence_loss`.
         clip_norm: maximum gradient norm, or ``None`` for no clipping.
+        amp_dtype: run the forward pass under ``torch.autocast`` in this type
+            (``torch.bfloat16`` or ``torch.float16``, :func:`autocast_dtype`); ``None``: as is.
+        scaler: a ``torch.amp.GradScaler`` (fp16): the loss is scaled before the backward
+            pass, the gradients unscaled before clipping, and a step whose gradients
+            overflowed is skipped.
         whole_batch: only when several processes share each batch (``DistributedDataParallel``):
             maps this process's mean loss and target tokens to the loss to back-propagate and
             the whole batch's mean loss and target tokens
             (:func:`companion.distributed.whole_batch_loss`).
     """
+    if amp_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(
+            f"amp_dtype must be None, torch.bfloat16 or torch.float16, got {amp_dtype}"
+        )
     model.train()
     decoder_input, labels = shift_targets(tgt)  # (batch, tgt_len - 1) each
-    logits = model(src, decoder_input)  # (batch, tgt_len - 1, vocab)
+    with torch.autocast(src.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        logits = model(src, decoder_input)  # (batch, tgt_len - 1, vocab)
+    if amp_dtype is not None:
+        logits = logits.float()  # (batch, tgt_len - 1, vocab) the loss in float32
     loss = sequence_loss(logits, labels, pad_id=pad_id, label_smoothing=label_smoothing)
     tokens = labels.numel() if pad_id is None else (labels != pad_id).sum()
     batch_loss, batch_tokens = loss.detach(), tokens  # what the step reports
@@ -282,10 +337,18 @@ def train_step(
         raise FloatingPointError(f"the loss is {batch_loss.item()}: training diverged")
     lr = optimizer.param_groups[0]["lr"]
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    if scaler is None:
+        loss.backward()
+    else:  # fp16: scaled so that small gradients do not flush to zero
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)  # the true gradients, for clipping
     max_norm = float("inf") if clip_norm is None else clip_norm
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    optimizer.step()
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)  # skipped if a gradient overflowed
+        scaler.update()
     if scheduler is not None:
         scheduler.step()
     return StepStats(

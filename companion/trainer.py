@@ -44,7 +44,9 @@ from companion.model import Transformer, TransformerConfig
 from companion.train import (
     StepStats,
     adam,
+    autocast_dtype,
     compile_model,
+    grad_scaler,
     inverse_sqrt_warmup,
     sequence_loss,
     shift_targets,
@@ -153,7 +155,12 @@ class Trainer:
             betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps,
         )
-        schedule = inverse_sqrt_warmup(config.model.d_model, config.warmup_steps, config.lr_factor)
+        #: mixed precision (``config.precision``): the autocast type and, for fp16, a scaler
+        self.amp_dtype = autocast_dtype(config.precision, self.device)
+        self.scaler = grad_scaler(self.amp_dtype, self.device)
+        schedule = inverse_sqrt_warmup(
+            config.model.d_model, config.warmup_steps, config.lr_factor, ramp=config.warmup
+        )
         # LambdaLR counts from 0; update number n (1, 2, …) gets the paper's lr(n)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda done: schedule(done + 1)
@@ -218,6 +225,8 @@ class Trainer:
             pad_id=self.pad_id,
             label_smoothing=self.config.label_smoothing,
             clip_norm=self.config.clip_norm,
+            amp_dtype=self.amp_dtype,
+            scaler=self.scaler,
             whole_batch=None if self.ddp is None else whole_batch_loss,
         )
 
@@ -251,6 +260,16 @@ class Trainer:
         return float(total[0] / total[1])
 
     # ------------------------------------------------------------------ the loop
+
+    def _steps_planned(self, max_steps: int | None, max_epochs: int | None) -> int | None:
+        """The step at which the run will stop, for the progress bar's ETA: ``max_steps`` or
+        the end of epoch ``max_epochs`` (this epoch's batch count for every epoch left),
+        whichever is first; ``None`` when only a time budget limits the run."""
+        planned = [] if max_steps is None else [max_steps]
+        if max_epochs is not None:
+            per_epoch = len(self.epoch_batches(self.epoch))
+            planned.append(self.step - self.batch_index + per_epoch * (max_epochs - self.epoch))
+        return min(planned) if planned else None
 
     def _stop_reason(
         self,
@@ -310,6 +329,15 @@ class Trainer:
         def elapsed() -> float:
             return already + time.perf_counter() - start
 
+        bar = tqdm(
+            total=self._steps_planned(max_steps, max_epochs),  # None: a time budget only
+            initial=self.step,
+            desc="training",
+            disable=not self.progress,
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.5,
+        )
         reason = None
         while reason is None:
             reason = self._stop_reason(
@@ -321,15 +349,6 @@ class Trainer:
             if reason is not None:
                 break
             batches = self.epoch_batches(self.epoch)
-            bar = tqdm(
-                total=len(batches),
-                initial=self.batch_index,
-                desc=f"epoch {self.epoch + 1}",
-                disable=not self.progress,
-                unit="batch",
-                dynamic_ncols=True,
-                mininterval=0.5,
-            )
             epoch_start, epoch_tokens, smoothed = time.perf_counter(), 0, None
             while self.batch_index < len(batches):
                 reason = self._stop_reason(
@@ -345,14 +364,16 @@ class Trainer:
                 epoch_tokens += stats.tokens
                 smoothed = stats.loss if smoothed is None else 0.9 * smoothed + 0.1 * stats.loss
                 rate = epoch_tokens / max(time.perf_counter() - epoch_start, 1e-9)
+                postfix = {
+                    "epoch": f"{self.epoch + self.batch_index / len(batches):.2f}",
+                    "loss": f"{smoothed:.3f}",
+                    "tok_s": f"{rate:,.0f}",
+                    "lr": f"{stats.lr:.2e}",
+                }
+                if time_budget is not None:
+                    postfix["left"] = f"{max(time_budget - elapsed(), 0):.0f}s"
+                bar.set_postfix(postfix, refresh=False)
                 bar.update(1)
-                bar.set_postfix(
-                    loss=f"{smoothed:.3f}",
-                    tok_s=f"{rate:,.0f}",
-                    lr=f"{stats.lr:.2e}",
-                    refresh=False,
-                )
-            bar.close()
             if reason is not None:
                 break
             self.epoch += 1
@@ -366,6 +387,7 @@ class Trainer:
             not self.history.val_step or self.history.val_step[-1] != self.step
         ):
             self.history.record_validation(self.step, self.epochs_done, self.evaluate())
+        bar.close()
         self.elapsed = elapsed()
         self.stop_reason = reason
         if self.out_dir is not None:
@@ -390,6 +412,7 @@ class Trainer:
             "model_config": asdict(self.model.config),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            **({} if self.scaler is None else {"scaler": self.scaler.state_dict()}),
             "progress": {
                 "step": self.step,
                 "epoch": self.epoch,
@@ -421,6 +444,8 @@ class Trainer:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
         progress = state["progress"]
         self.step, self.epoch = int(progress["step"]), int(progress["epoch"])
         self.batch_index, self.elapsed = int(progress["batch_index"]), float(progress["elapsed"])

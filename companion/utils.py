@@ -1,12 +1,17 @@
-"""Small helpers used throughout the book: reproducible seeds, d2l-style shape checks,
-parameter counts, and a trace of the shapes every sub-module sees (chapter 7)."""
+"""Small helpers used throughout the book: reproducible seeds, the thread policy every chapter
+and the command line use, d2l-style shape checks, parameter counts, and a trace of the shapes
+every sub-module sees (chapter 7)."""
 
 from __future__ import annotations
 
+import math
+import os
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,6 +21,9 @@ from companion._validation import check_callable, check_instance, check_tensor, 
 
 __all__ = [
     "set_seed",
+    "ThreadChoice",
+    "busy_cores",
+    "set_threads",
     "check_shape",
     "count_parameters",
     "ShapeRecord",
@@ -30,6 +38,118 @@ def set_seed(seed: int = 0) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+#: torch's own choice of intra-op threads when ``companion.utils`` was first imported (one per
+#: core this process may use, or ``OMP_NUM_THREADS``): the most :func:`set_threads` uses.
+TORCH_DEFAULT_THREADS: int = torch.get_num_threads()
+
+
+def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]] | None:
+    """``{cpu: (busy ticks, all ticks)}`` from Linux's ``/proc/stat`` for ``cpus``; ``None``
+    where there is no such file (macOS, Windows)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    times = {}
+    for line in lines:
+        name, *ticks = line.split()
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
+            continue
+        user, nice, system, idle, iowait, irq, softirq, steal = (int(t) for t in ticks[:8])
+        busy = user + nice + system + irq + softirq + steal
+        times[int(name[3:])] = (busy, busy + idle + iowait)
+    return times or None
+
+
+def busy_cores(interval: float = 0.3) -> float | None:
+    """How many of this process's cores other work kept busy during the next ``interval``
+    seconds (this process sleeps meanwhile), e.g. ``1.0`` beside one CPU-bound process;
+    ``None`` where it cannot be measured (no ``/proc/stat``: macOS, Windows)."""
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
+        raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    before = _cpu_times(cpus)
+    if before is None:
+        return None
+    time.sleep(interval)
+    after = _cpu_times(cpus) or {}
+    busy = 0.0
+    for cpu, (busy_then, total_then) in before.items():
+        busy_now, total_now = after.get(cpu, (busy_then, total_then))
+        if total_now > total_then:
+            busy += (busy_now - busy_then) / (total_now - total_then)
+    return busy
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """What :func:`set_threads` decided.
+
+    Attributes:
+        threads: the intra-op threads torch uses from now on.
+        cores: the most it would use (:data:`TORCH_DEFAULT_THREADS`).
+        busy: cores kept busy by other work when it looked (``None``: not measured).
+        reason: the rule that decided, in words.
+    """
+
+    threads: int
+    cores: int
+    busy: float | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"torch uses {self.threads} of {self.cores} threads: {self.reason}"
+
+
+def set_threads(limit: int | None = None, *, interval: float = 0.3) -> ThreadChoice:
+    """The course's one thread policy: give torch the cores that are free now, at least one.
+
+    torch's default is one thread per core. Its threads wait for each other at the end of every
+    operation, so when another program takes one of the cores, a two-thread training step waits
+    for the slower thread again and again: on the course's 2-core machine, beside one busy
+    process, a ``cpu`` step took 3.2 times as long with 2 threads and 1.16 times with 1
+    (``benchmarks/README.md``). So this counts the cores other work keeps busy (for
+    ``interval`` seconds, from ``/proc/stat``) and uses the rest: on a quiet 2-core machine
+    2 threads, beside one busy process 1. The count is taken once; work that starts later
+    is not seen.
+
+    Args:
+        limit: use at most this many threads (the chapters with tiny tensors pass 1: there
+            a second thread costs more in waiting than it gains).
+        interval: how long to watch the other work, in seconds.
+
+    The environment variable ``COMPANION_THREADS`` (a positive integer) overrides the rule.
+    Where the load cannot be measured (macOS, Windows), torch's default is kept (within
+    ``limit``).
+
+    Returns:
+        a :class:`ThreadChoice`; ``print`` it to say what was chosen.
+    """
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive int or None, got {limit!r}")
+    cores = TORCH_DEFAULT_THREADS
+    forced = os.environ.get("COMPANION_THREADS")
+    if forced is not None:
+        if not forced.strip().isdigit() or int(forced) < 1:
+            raise ValueError(f"COMPANION_THREADS must be a positive integer, got {forced!r}")
+        threads, busy, reason = int(forced), None, "COMPANION_THREADS is set"
+    elif limit is not None and limit <= 1:
+        threads, busy, reason = 1, None, "one is enough for this chapter's small tensors"
+    else:
+        busy = busy_cores(interval)
+        if busy is None:
+            threads, reason = cores, "torch's default (the load cannot be measured here)"
+        else:
+            free = len(os.sched_getaffinity(0)) - busy
+            threads = max(1, min(cores, math.floor(free + 0.3)))
+            reason = f"{busy:.1f} of the cores busy with other work"
+        if limit is not None and threads > limit:
+            threads, reason = limit, f"{reason}; at most {limit}"
+    torch.set_num_threads(threads)
+    return ThreadChoice(threads=threads, cores=cores, busy=busy, reason=reason)
 
 
 def check_shape(tensor: Tensor, shape: Sequence[int | None], name: str = "tensor") -> Tensor:

@@ -232,7 +232,8 @@ def test_unknown_words_are_left_out_of_the_text_unless_asked_for():
     ids = [[3, 6, 3, 7, 8]]  # <unk> a <unk> dog .
     dropped, kept = small_translator(), small_translator(keep_unk=True)
     for translator in (dropped, kept):
-        translator.translate_ids = lambda sources: [list(i) for i in ids]
+        # the decoder's output ids, for every length penalty asked for
+        translator._translate_ids = lambda sources, alphas: [[list(i) for i in ids] for _ in alphas]
     assert dropped.translate(["ein hund ."]) == ["a dog."]
     assert kept.translate(["ein hund ."]) == ["<unk> a <unk> dog."]
     stats = bleu_statistics(kept.translate(["x"]), ["a dog."])
