@@ -4,7 +4,8 @@ the way. One script for three records of issue #32:
 1. the **warm-up ablation** (Pre-LN with and without the 300-step ramp, and the peak learning
    rate), decided by **validation** BLEU at the chapter's step budget, three seeds or more;
 2. the chapter's **reference table**: validation loss and test BLEU (greedy, beam 4) after
-   each of ``--checkpoints`` steps, for the seeds of ``--full-eval-seeds``;
+   each of ``--checkpoints`` steps, for the seeds of ``--full-eval-seeds`` (every seed is
+   scored in full after its last step);
 3. the **seed table** (mean ± sd over the seeds) that the chapter shows beside its bootstrap
    interval.
 
@@ -30,7 +31,9 @@ seed's scores after ``--steps`` steps. Nothing here runs in CI.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
+import os
 import platform
 import statistics
 import sys
@@ -51,11 +54,11 @@ from companion.utils import set_threads  # noqa: E402
 
 #: name → changes to the ``cpu`` configuration (peak rate = lr_factor · 256^-0.5 · 300^-0.5)
 VARIANTS: dict[str, dict] = {
-    "warmup": {},  # the cpu configuration: a 300-step ramp to 1.8e-3, then 1/sqrt(step)
+    "warmup": {"warmup": True},  # a 300-step ramp to 1.8e-3, then 1/sqrt(step)
     "no-warmup": {"warmup": False},  # the same schedule without the ramp: 1.8e-3 from step 1
     "no-warmup-half": {"warmup": False, "lr_factor": 0.25},  # 0.9e-3 from step 1
     "no-warmup-double": {"warmup": False, "lr_factor": 1.0},  # 3.6e-3 from step 1
-    "warmup-double": {"lr_factor": 1.0},  # a ramp to 3.6e-3
+    "warmup-double": {"warmup": True, "lr_factor": 1.0},  # a ramp to 3.6e-3
 }
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "translator_runs.json"
 REFERENCE = ROOT / "companion" / "results" / "translator.json"
@@ -74,25 +77,35 @@ def machine() -> dict:
 
 
 def score(trainer: Trainer, data, full: bool) -> dict:
-    """Validation loss and greedy validation BLEU; with ``full``, test BLEU greedy and beam 4
-    (α = the configuration's 0.6) and their length ratios."""
-    model = trainer.model
+    """Validation loss and greedy validation BLEU; with ``full`` also test BLEU, greedy and
+    beam 4, the beam's length penalty α chosen on validation from the configuration's grid
+    as ``python -m companion.run`` chooses it (each α's BLEU recorded), and length ratios."""
+    model, config = trainer.model, trainer.config
     record = {"step": trainer.step, "train_seconds": round(trainer.elapsed, 1)}
     start = time.perf_counter()
     record["val_loss"] = trainer.evaluate()
+    val_sources, val_refs = [s for s, _ in data.val.pairs], [r for _, r in data.val.pairs]
     greedy = Translator(model, data.tokenizer, data.src_vocab, data.tgt_vocab, beam_size=1)
-    val_sources = [s for s, _ in data.val.pairs]
-    val_refs = [r for _, r in data.val.pairs]
     record["val_bleu_greedy"] = corpus_bleu(greedy.translate(val_sources), val_refs)
     if full:
-        test_sources = [s for s, _ in data.test_pairs]
-        test_refs = [r for _, r in data.test_pairs]
-        for name, beam in (("greedy", 1), ("beam4", 4)):
-            translator = Translator(model, data.tokenizer, data.src_vocab, data.tgt_vocab,
-                                    beam_size=beam, length_penalty=trainer.config.length_penalty)  # fmt: skip
-            outputs = translator.translate(test_sources)
-            record[f"test_bleu_{name}"] = corpus_bleu(outputs, test_refs)
-            record[f"test_length_ratio_{name}"] = length_ratio(outputs, test_refs)
+        test_sources, test_refs = [s for s, _ in data.test_pairs], [r for _, r in data.test_pairs]
+        outputs = greedy.translate(test_sources)
+        record["test_bleu_greedy"] = corpus_bleu(outputs, test_refs)
+        record["test_length_ratio_greedy"] = length_ratio(outputs, test_refs)
+        beam = Translator(model, data.tokenizer, data.src_vocab, data.tgt_vocab, beam_size=4)
+        grid = list(config.length_penalty_grid)
+        by_alpha = {a: corpus_bleu(t, val_refs)
+                    for a, t in beam.translate_with_penalties(val_sources, grid).items()}  # fmt: skip
+        alpha = max(by_alpha, key=by_alpha.__getitem__)  # the first best, as companion.run
+        record["val_bleu_beam4_by_alpha"] = {str(a): b for a, b in by_alpha.items()}
+        record["alpha"] = alpha
+        record["val_bleu_beam4"] = by_alpha[alpha]
+        test_by_alpha = beam.translate_with_penalties(test_sources, grid)
+        record["test_bleu_beam4"] = corpus_bleu(test_by_alpha[alpha], test_refs)
+        record["test_length_ratio_beam4"] = length_ratio(test_by_alpha[alpha], test_refs)
+        record["test_bleu_beam4_by_alpha"] = {
+            str(a): corpus_bleu(t, test_refs) for a, t in test_by_alpha.items()
+        }  # for the record only: α is never chosen on test
     record["score_seconds"] = round(time.perf_counter() - start, 1)
     return record
 
@@ -108,7 +121,7 @@ def run(variant: str, seed: int, steps: int, checkpoints: list[int], full: bool,
         if checkpoint > steps:
             break
         trainer.fit(max_steps=checkpoint)
-        points.append(score(trainer, data, full))
+        points.append(score(trainer, data, full or checkpoint == steps))  # every seed's last
         print(f"  {variant} seed {seed} step {checkpoint}: "
               + ", ".join(f"{k} {v:.3f}" for k, v in points[-1].items() if isinstance(v, float)),
               flush=True)  # fmt: skip
@@ -163,7 +176,7 @@ def write_reference(path: Path, variant: str, steps: int) -> None:
     if len(same) < 3:
         raise SystemExit(f"the seed table needs 3 seeds or more, {variant} has {len(same)}")
     scores = [k for k, v in main_run["checkpoints"][0].items()
-              if isinstance(v, float) and k not in ("train_seconds", "score_seconds")]  # fmt: skip
+              if isinstance(v, float) and k != "score_seconds"]  # fmt: skip
     finals = {k: [r["checkpoints"][-1][k] for r in sorted(same, key=lambda r: r["seed"])]
               for k in scores if all(k in r["checkpoints"][-1] for r in same)}  # fmt: skip
     entry = {
@@ -178,6 +191,38 @@ def write_reference(path: Path, variant: str, steps: int) -> None:
         "date": main_run["date"],
         "source": f"benchmarks/translator_runs.py --write-reference {variant} --steps {steps}",
     }
+    all_records = json.loads(path.read_text()).values()
+    ablation = {}  # every variant with 3 seeds or more at this budget: the warm-up question
+    for name in VARIANTS:
+        runs = sorted((r for r in all_records if r["variant"] == name and r["steps"] == steps),
+                      key=lambda r: r["seed"])  # fmt: skip
+        if len(runs) >= 3:
+            last = [r["checkpoints"][-1] for r in runs]
+            steps_seen = [c["step"] for c in runs[0]["checkpoints"]]
+            ablation[name] = {
+                "changes": VARIANTS[name],
+                "seeds": [r["seed"] for r in runs],
+                "curve_steps": steps_seen,  # the validation loss on the way, mean of the seeds
+                "val_loss_curve": [
+                    round(
+                        statistics.mean(
+                            c["val_loss"]
+                            for r in runs
+                            for c in r["checkpoints"]
+                            if c["step"] == step
+                        ),
+                        4,
+                    )
+                    for step in steps_seen
+                ],  # fmt: skip
+                "threads": sorted({r["threads"] for r in runs}),
+                **{
+                    k: [round(c[k], 4) for c in last]
+                    for k in ("val_loss", "val_bleu_greedy", "val_bleu_beam4")
+                    if all(k in c for c in last)
+                },  # fmt: skip
+            }
+    entry["ablation"] = ablation
     reference = json.loads(REFERENCE.read_text()) if REFERENCE.exists() else {}
     reference["cpu"] = entry
     REFERENCE.parent.mkdir(parents=True, exist_ok=True)
@@ -223,11 +268,13 @@ def main() -> None:
             print(f"=== {key}", flush=True)
             record = run(variant, seed, args.steps, args.checkpoints,
                          seed in args.full_eval_seeds, data)  # fmt: skip
-            records = json.loads(args.out.read_text()) if args.out.exists() else {}
-            records[key] = record
-            tmp = args.out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(records, indent=1) + "\n")
-            tmp.replace(args.out)
+            with open(args.out.with_suffix(".lock"), "w") as lock:  # runs in parallel share it
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                records = json.loads(args.out.read_text()) if args.out.exists() else {}
+                records[key] = record
+                tmp = args.out.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(records, indent=1) + "\n")
+                tmp.replace(args.out)
     summarise(args.out)
 
 

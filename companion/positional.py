@@ -17,6 +17,9 @@ needs to be told where each token is:
   dimensions by an angle proportional to its position, so a query-key score depends only on
   the *offset* between them. :class:`companion.attention.MultiHeadAttention` applies it to
   its queries and keys with ``positional="rope"``.
+* :func:`rope_rotate_half` / :func:`rope_layout_permutation` - RoPE's other layout (GPT-NeoX,
+  Hugging Face), pairs ``(x_m, x_{m + head_dim/2})`` instead of ``(x_{2m}, x_{2m+1})``, and
+  the reordering of the query/key features that converts a checkpoint between the two.
 * :func:`alibi_slopes` / :func:`alibi_bias` - ALiBi (Press et al., 2022): no position vector
   at all, but a penalty ``-slope_h · distance`` added to the attention scores of head ``h``
   (``positional="alibi"`` in :class:`companion.attention.MultiHeadAttention`).
@@ -56,6 +59,8 @@ __all__ = [
     "SinusoidalPositionalEncoding",
     "LearnedPositionalEmbedding",
     "RotaryEmbedding",
+    "rope_rotate_half",
+    "rope_layout_permutation",
     "NoPositionalEncoding",
     "alibi_slopes",
     "alibi_bias",
@@ -416,6 +421,82 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Same as :meth:`apply`."""
         return self.apply(q, k, positions, offset)
+
+
+def rope_rotate_half(x: Tensor, *, offset: int = 0, base: float = 10000.0) -> Tensor:
+    """RoPE in the *rotate-half* layout of GPT-NeoX and Hugging Face Transformers.
+
+    :class:`RotaryEmbedding` pairs the features ``(2m, 2m+1)`` of a head vector (the
+    *interleaved* layout of RoFormer and Meta's original LLaMA code). This function pairs
+    feature ``m`` with feature ``m + head_dim/2``: with ``x = [x1 | x2]`` cut into halves, the
+    vector at position ``p`` becomes ``x · cos + [-x2 | x1] · sin`` (the ``rotate_half`` trick),
+    i.e. ``(x1_m, x2_m) -> (x1_m cos(p θ_m) - x2_m sin(p θ_m), x2_m cos(p θ_m) + x1_m sin(p θ_m))``
+    with the same frequencies ``θ_m = base^(-2m/head_dim)``. The two layouts differ by a
+    reordering of the features only (:func:`rope_layout_permutation`).
+
+    Args:
+        x: queries or keys, float, shape ``(..., seq_len, head_dim)`` with ``head_dim`` even,
+            e.g. ``(batch, heads, seq_len, head_dim)``.
+        offset: position of the first row (positions ``offset .. offset + seq_len - 1``).
+        base: ``10000`` as in the paper.
+
+    Returns:
+        Tensor of the same shape and dtype as ``x``.
+    """
+    check_floating("x", x)
+    check_min_ndim("x", x, 2, "(..., seq_len, head_dim)")
+    head_dim = x.shape[-1]
+    if head_dim == 0 or head_dim % 2 != 0:
+        raise ValueError(
+            "x must have shape (..., seq_len, head_dim) with head_dim even and non-zero "
+            f"(features come in pairs), got shape {shape_str(x.shape)}"
+        )
+    check_finite("x", x)
+    _check_offset(offset)
+    base = _check_base(base)
+    seq_len = x.shape[-2]
+    positions = torch.arange(offset, offset + seq_len, dtype=torch.float64)[:, None]  # (seq_len, 1)
+    angles = positions * sinusoidal_frequencies(head_dim, base=base)  # (seq_len, head_dim/2)
+    cos = torch.cos(angles).to(x.device, x.dtype)  # (seq_len, head_dim/2)
+    sin = torch.sin(angles).to(x.device, x.dtype)  # (seq_len, head_dim/2)
+    x1, x2 = x[..., : head_dim // 2], x[..., head_dim // 2 :]  # (..., seq_len, head_dim/2) each
+    rotated_1 = x1 * cos - x2 * sin  # (..., seq_len, head_dim/2)
+    rotated_2 = x2 * cos + x1 * sin  # (..., seq_len, head_dim/2)
+    return torch.cat([rotated_1, rotated_2], dim=-1)  # (..., seq_len, head_dim)
+
+
+def rope_layout_permutation(head_dim: int, *, num_heads: int = 1) -> Tensor:
+    """The reordering of features that takes RoPE's interleaved layout to the rotate-half one.
+
+    Pair ``m`` of a head vector is the features ``(2m, 2m+1)`` in the interleaved layout
+    (:class:`RotaryEmbedding`) and ``(m, m + head_dim/2)`` in the rotate-half layout
+    (:func:`rope_rotate_half`); both turn it by ``p · θ_m``. Within each head the order
+    returned is ``0, 2, 4, ..., head_dim - 2, 1, 3, ..., head_dim - 1``, so for a head
+    vector ``x`` and ``perm = rope_layout_permutation(head_dim)``
+
+        ``rope_rotate_half(x[..., perm]) == RotaryEmbedding(head_dim).rotate(x)[..., perm]``.
+
+    A score is a dot product of a rotated query and a rotated key, and reordering both alike
+    leaves it unchanged. So a checkpoint trained with interleaved RoPE runs with rotate-half
+    RoPE once the rows (output features) of its query and key projections are reordered,
+    ``weight[perm]`` and ``bias[perm]`` with ``perm = rope_layout_permutation(head_dim,
+    num_heads=...)``; values and the output projection stay as they are. The other direction,
+    rotate-half to interleaved, is ``torch.argsort(perm)``.
+
+    Args:
+        head_dim: features per head; even.
+        num_heads: number of heads stacked head after head along the features: ``num_heads``
+            for ``W_Q``, the number of key/value heads for ``W_K`` under grouped-query attention.
+
+    Returns:
+        int64 tensor of shape ``(num_heads * head_dim,)``; entry ``h * head_dim + r`` is the
+        interleaved feature that lands at feature ``r`` of head ``h`` in the rotate-half layout.
+    """
+    _check_even("head_dim", check_positive_int("head_dim", head_dim))
+    check_positive_int("num_heads", num_heads)
+    within = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])  # (head_dim,)
+    head_starts = torch.arange(num_heads)[:, None] * head_dim  # (num_heads, 1)
+    return (head_starts + within).flatten()  # (num_heads * head_dim,)
 
 
 class NoPositionalEncoding(nn.Module):

@@ -383,11 +383,11 @@ class Trainer:
             self.elapsed = elapsed()
             if self.out_dir is not None:
                 self.save_checkpoint()
+        bar.close()
         if self.val_data is not None and (
             not self.history.val_step or self.history.val_step[-1] != self.step
         ):
             self.history.record_validation(self.step, self.epochs_done, self.evaluate())
-        bar.close()
         self.elapsed = elapsed()
         self.stop_reason = reason
         if self.out_dir is not None:

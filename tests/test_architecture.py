@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "companion.positional": 1,
     "companion.cache": 1,
     "companion.utils": 1,
+    "companion.reference_runs": 1,
     "companion.viz": 1,
     "companion.data.vocab": 1,
     "companion.exercises._checker": 1,

@@ -55,6 +55,25 @@ def test_setup_cell_installs_from_the_configured_repository(path):
     assert "enable_colab_widgets()" in src, (
         f"{path.name}: setup cell must call enable_colab_widgets() so Colab shows the widgets"
     )
+    assert "set_threads(" in src, (
+        f"{path.name}: setup cell must choose torch's threads with companion.utils.set_threads, "
+        "the course's one thread policy"
+    )
+    setup_rest = "".join(_source(c) for c in _cells(path)[:4] if c["cell_type"] == "code")
+    assert "torch.set_num_threads(" not in setup_rest, (
+        f"{path.name}: the setup cells set threads only through set_threads"
+    )
+
+
+def test_the_translator_knows_its_own_cell_limit():
+    """Chapter 8 warns up front when its training run would not fit the build's cell timeout:
+    the limit it quotes must be the one its metadata gives the build and nbval."""
+    path = BOOK / "08_translator.ipynb"
+    timeout = json.loads(path.read_text(encoding="utf-8"))["metadata"]["mystnb"][
+        "execution_timeout"
+    ]
+    code = "".join(_source(c) for c in _cells(path) if c["cell_type"] == "code")
+    assert f"CELL_LIMIT = {timeout} " in code, f"chapter 8 should set CELL_LIMIT = {timeout}"
 
 
 def test_package_knows_the_same_repository_url():

@@ -309,3 +309,22 @@ def test_the_length_penalty_sweep_searches_once_and_equals_separate_translators(
         translator.translate_with_penalties(sentences, [])
     with pytest.raises(ValueError, match=r"alphas\[1\] must be"):
         translator.translate_with_penalties(sentences, [0.6, -1.0])
+
+
+def test_the_command_line_takes_a_precision_and_says_what_threads_it_uses(
+    tmp_path, capsys, restore_threads, monkeypatch
+):
+    import json
+
+    from companion.run import main
+
+    monkeypatch.delenv("COMPANION_THREADS", raising=False)
+    results = main(
+        ["--config", "toy", "--out", str(tmp_path), "--max-steps", "2", "--no-progress",
+         "--set", "toy_examples=200", "--precision", "bf16"]
+    )  # fmt: skip
+    assert results["steps"] == 2
+    assert json.loads((tmp_path / "config.json").read_text())["precision"] == "bf16"
+    assert "torch uses" in capsys.readouterr().err  # the thread policy's choice, on stderr
+    with pytest.raises(SystemExit):
+        main(["--config", "toy", "--out", str(tmp_path), "--precision", "fp8"])
