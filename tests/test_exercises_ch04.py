@@ -569,3 +569,330 @@ def test_equivariance_test_accepts_correct():
 )
 def test_equivariance_test_rejects_wrong(wrong):
     assert not ch04.check_is_permutation_equivariant(wrong, verbose=False)
+
+
+def equivariant_tolerance(atol):
+    def test(fn, x):
+        perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
+        return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=atol)
+
+    test.__name__ = f"equivariant_atol_{atol:g}"
+    return test
+
+
+def equivariant_one_cyclic_shift(fn, x):
+    perm = torch.roll(torch.arange(x.shape[1]), 1)  # one special permutation: a cyclic shift
+    return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=1e-5)
+
+
+def equivariant_shapes_only(fn, x):
+    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
+    return fn(x[:, perm]).shape == fn(x)[:, perm].shape  # cannot fail
+
+
+@pytest.mark.parametrize("atol", [1e-6, 1e-4, 1e-3])
+def test_equivariance_test_accepts_a_tolerance_at_float32_rounding(atol):
+    assert ch04.check_is_permutation_equivariant(equivariant_tolerance(atol), verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        equivariant_tolerance(1.0),  # passes every broken variant whose change is below 1
+        equivariant_tolerance(0.1),  # misses the learned position table
+        equivariant_tolerance(1e-2),  # misses the faint one
+        equivariant_one_cyclic_shift,  # misses the offsets taken modulo n
+        equivariant_shapes_only,
+    ],
+    ids=lambda fn: fn.__name__,
+)
+def test_equivariance_test_rejects_loose_or_special_tests(wrong):
+    assert not ch04.check_is_permutation_equivariant(wrong, verbose=False)
+
+
+def test_equivariance_cases_include_small_and_cyclic_differences():
+    """The broken variants the loose tests miss are really broken, by the amounts said."""
+    cases = {case["fn"].__name__: case for case in ch04._equivariance_cases()}
+    perm = torch.randperm(12, generator=torch.Generator().manual_seed(1))
+    shift = torch.roll(torch.arange(12), 1)
+
+    def change(name, order):
+        fn, x = cases[name]["fn"], cases[name]["x"]
+        with torch.no_grad():
+            return (fn(x[:, order]) - fn(x)[:, order]).abs().max().item()
+
+    assert 0.1 < change("attention_with_learned_positions", perm) < 1.0
+    assert 1e-3 < change("attention_with_faint_positions", perm) < 1e-2
+    assert change("attention_with_wrapped_offsets", perm) > 0.1
+    assert change("attention_with_wrapped_offsets", shift) < 1e-5  # a cyclic shift misses it
+    assert 0 < change("attention", perm) < 1e-5  # float32 rounding: not exactly equal
+
+
+# --------------------------------------------------------------------------------------------
+# porting a rotate-half checkpoint to the interleaved layout
+# --------------------------------------------------------------------------------------------
+
+
+def _head_dim(state, num_heads):
+    return state["o_proj.weight"].shape[0] // num_heads
+
+
+def _interleaving_rows(head_dim, heads):
+    """Rows of the interleaved layout, read from a rotate-half projection: 0, hd/2, 1, ..."""
+    half = head_dim // 2
+    within = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).flatten()
+    return torch.cat([h * head_dim + within for h in range(heads)])
+
+
+def _reorder(state, rows_q, rows_k, names=("q_proj", "k_proj"), kinds=("weight", "bias")):
+    out = dict(state)
+    for name, rows in zip(names, (rows_q, rows_k)):
+        for kind in kinds:
+            out[f"{name}.{kind}"] = state[f"{name}.{kind}"][rows]
+    return out
+
+
+def port_correct(state, num_heads, num_kv_heads):
+    hd = _head_dim(state, num_heads)
+    return _reorder(state, _interleaving_rows(hd, num_heads), _interleaving_rows(hd, num_kv_heads))
+
+
+def port_with_argsort(state, num_heads, num_kv_heads):
+    """Correct: the inverse of companion's interleaved → rotate-half order."""
+    from companion.positional import rope_layout_permutation
+
+    hd = _head_dim(state, num_heads)
+    rows_q = torch.argsort(rope_layout_permutation(hd, num_heads=num_heads))
+    rows_k = torch.argsort(rope_layout_permutation(hd, num_heads=num_kv_heads))
+    return _reorder(state, rows_q, rows_k)
+
+
+def port_values_and_output_consistently(state, num_heads, num_kv_heads):
+    """Correct too: reordering the value features is harmless when W_O's columns follow."""
+    out = port_correct(state, num_heads, num_kv_heads)
+    hd = _head_dim(state, num_heads)
+    group = num_heads // num_kv_heads
+    v_rows = _interleaving_rows(hd, num_kv_heads)
+    o_cols = _interleaving_rows(hd, num_heads)  # each query head reads its group's value head
+    assert group >= 1
+    out["v_proj.weight"], out["v_proj.bias"] = (
+        state["v_proj.weight"][v_rows],
+        state["v_proj.bias"][v_rows],
+    )
+    out["o_proj.weight"] = state["o_proj.weight"][:, o_cols]
+    return out
+
+
+def port_as_stored(state, num_heads, num_kv_heads):
+    return dict(state)  # no conversion at all
+
+
+def port_wrong_direction(state, num_heads, num_kv_heads):
+    from companion.positional import rope_layout_permutation
+
+    hd = _head_dim(state, num_heads)  # interleaved → rotate-half, not back
+    return _reorder(
+        state,
+        rope_layout_permutation(hd, num_heads=num_heads),
+        rope_layout_permutation(hd, num_heads=num_kv_heads),
+    )
+
+
+def port_whole_width(state, num_heads, num_kv_heads):
+    hd = _head_dim(state, num_heads)  # one "head" as wide as the projection
+    return _reorder(
+        state, _interleaving_rows(num_heads * hd, 1), _interleaving_rows(num_kv_heads * hd, 1)
+    )
+
+
+def port_weights_only(state, num_heads, num_kv_heads):
+    hd = _head_dim(state, num_heads)  # forgets the biases
+    rows_q, rows_k = _interleaving_rows(hd, num_heads), _interleaving_rows(hd, num_kv_heads)
+    return _reorder(state, rows_q, rows_k, kinds=("weight",))
+
+
+def port_queries_only(state, num_heads, num_kv_heads):
+    hd = _head_dim(state, num_heads)  # forgets W_K
+    return _reorder(state, _interleaving_rows(hd, num_heads), None, names=("q_proj",))
+
+
+def port_values_too(state, num_heads, num_kv_heads):
+    out = port_correct(state, num_heads, num_kv_heads)
+    rows = _interleaving_rows(_head_dim(state, num_heads), num_kv_heads)
+    out["v_proj.weight"], out["v_proj.bias"] = (
+        state["v_proj.weight"][rows],
+        state["v_proj.bias"][rows],
+    )
+    return out  # values are never rotated, and W_O was not told
+
+
+def port_columns(state, num_heads, num_kv_heads):
+    out = dict(state)
+    d_model = state["o_proj.weight"].shape[0]
+    columns = _interleaving_rows(_head_dim(state, num_heads), num_heads)[:d_model]
+    for name in ("q_proj", "k_proj"):
+        out[f"{name}.weight"] = state[f"{name}.weight"][:, columns]  # input features, not output
+    return out
+
+
+def port_kv_with_num_heads(state, num_heads, num_kv_heads):
+    hd = _head_dim(state, num_heads)  # W_K has num_kv_heads heads, not num_heads
+    return _reorder(state, _interleaving_rows(hd, num_heads), _interleaving_rows(hd, num_heads))
+
+
+@pytest.mark.parametrize(
+    "correct", [ch04.reference_half_to_interleaved, port_correct, port_with_argsort,
+                port_values_and_output_consistently],
+    ids=lambda fn: fn.__name__,
+)  # fmt: skip
+def test_half_to_interleaved_accepts_correct(correct):
+    assert ch04.check_half_to_interleaved(correct, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        port_as_stored,
+        port_wrong_direction,
+        port_whole_width,
+        port_weights_only,
+        port_queries_only,
+        port_values_too,
+        port_columns,
+        port_kv_with_num_heads,
+    ],
+    ids=lambda fn: fn.__name__,
+)
+def test_half_to_interleaved_rejects_wrong(wrong):
+    assert not ch04.check_half_to_interleaved(wrong, verbose=False)
+
+
+def test_half_to_interleaved_explains_a_wrong_return_value(capsys):
+    assert not ch04.check_half_to_interleaved(lambda state, num_heads, num_kv_heads: None)
+    assert "must return a dict of tensors, got NoneType" in capsys.readouterr().out
+
+    def drops_biases(state, num_heads, num_kv_heads):
+        return {name: t for name, t in state.items() if not name.endswith("bias")}
+
+    assert not ch04.check_half_to_interleaved(drops_biases)
+    assert "lacks ['q_proj.bias', 'k_proj.bias', 'v_proj.bias']" in capsys.readouterr().out
+
+
+def test_port_references_match_companion():
+    """Interleaved reference = companion's RoPE attention (GQA, biases); rotate-half reference
+    = rope_rotate_half; the reference conversion = argsort(rope_layout_permutation)."""
+    from companion.positional import rope_layout_permutation, rope_rotate_half
+
+    case = ch04._port_cases()[1]  # d_model 32, 4 heads, 2 key/value heads
+    state, x = case["state"], case["x"]
+    heads, kv_heads = case["num_heads"], case["num_kv_heads"]
+    mha = MultiHeadAttention(32, heads, num_kv_heads=kv_heads, positional="rope").eval()
+    with torch.no_grad():
+        for ours, theirs in [
+            ("q_proj", "query_proj"),
+            ("k_proj", "key_proj"),
+            ("v_proj", "value_proj"),
+        ]:
+            getattr(mha, theirs).weight.copy_(state[f"{ours}.weight"])
+            getattr(mha, theirs).bias.copy_(state[f"{ours}.bias"])
+        mha.out_proj.weight.copy_(state["o_proj.weight"])
+        mha.out_proj.bias.zero_()
+        expected, _ = mha(x, x, x)
+    got = ch04.reference_rope_attention(state, x, heads, kv_heads, "interleaved")
+    assert torch.allclose(got.float(), expected, atol=1e-5), (got.float() - expected).abs().max()
+
+    head_vectors = torch.randn(2, 3, 7, 8, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(
+        ch04._rotate_half(head_vectors.double()).float(), rope_rotate_half(head_vectors), atol=1e-6
+    ), "the rotate-half reference is companion's rope_rotate_half"
+
+    converted = ch04.reference_half_to_interleaved(state, heads, kv_heads)
+    rows_q = torch.argsort(rope_layout_permutation(8, num_heads=heads))
+    rows_k = torch.argsort(rope_layout_permutation(8, num_heads=kv_heads))
+    assert torch.equal(converted["q_proj.weight"], state["q_proj.weight"][rows_q])
+    assert torch.equal(converted["k_proj.bias"], state["k_proj.bias"][rows_k])
+    assert torch.equal(converted["v_proj.weight"], state["v_proj.weight"]), "values untouched"
+
+
+# --------------------------------------------------------------------------------------------
+# RoFormer's long-term decay bound
+# --------------------------------------------------------------------------------------------
+
+
+def _omega(head_dim, two=2):
+    return 10000 ** (-two * torch.arange(head_dim // 2, dtype=torch.float64) / head_dim)
+
+
+def decay_loops(offsets, head_dim):
+    """Correct, one partial sum at a time, with cos and sin instead of complex numbers."""
+    out = []
+    for offset in offsets.tolist():
+        total, re, im = 0.0, 0.0, 0.0
+        for theta in _omega(head_dim).tolist():
+            re, im = re + math.cos(offset * theta), im + math.sin(offset * theta)
+            total += math.hypot(re, im)  # |S_j|
+        out.append(total / (head_dim // 2))
+    return torch.tensor(out)
+
+
+def _terms(offsets, head_dim, two=2):
+    angles = offsets.double()[:, None] * _omega(head_dim, two)  # (n, d/2)
+    return torch.polar(torch.ones_like(angles), angles)  # (n, d/2)
+
+
+def decay_full_sum_only(offsets, head_dim):
+    return _terms(offsets, head_dim).sum(-1).abs()  # |S_{d/2}| alone
+
+
+def decay_abs_of_terms(offsets, head_dim):
+    return _terms(offsets, head_dim).abs().cumsum(-1).mean(-1)  # |e^{iφ}| = 1: no decay
+
+
+def decay_not_averaged(offsets, head_dim):
+    return _terms(offsets, head_dim).cumsum(-1).abs().sum(-1)  # forgets 1 / (d/2)
+
+
+def decay_real_part(offsets, head_dim):
+    return _terms(offsets, head_dim).cumsum(-1).real.abs().mean(-1)  # |Σ cos| only
+
+
+def decay_exponent_without_two(offsets, head_dim):
+    return _terms(offsets, head_dim, two=1).cumsum(-1).abs().mean(-1)  # θ_m = 10000^(-m/d)
+
+
+@pytest.mark.parametrize("correct", [ch04.reference_rope_decay_bound, decay_loops])
+def test_rope_decay_bound_accepts_correct(correct):
+    assert ch04.check_rope_decay_bound(correct, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        decay_full_sum_only,
+        decay_abs_of_terms,
+        decay_not_averaged,
+        decay_real_part,
+        decay_exponent_without_two,
+    ],
+)
+def test_rope_decay_bound_rejects_wrong(wrong):
+    assert not ch04.check_rope_decay_bound(wrong, verbose=False)
+
+
+def test_rope_decay_bound_bounds_real_rope_scores():
+    """RoFormer's inequality: |score(Δ)| ≤ max_m |h_{m+1} - h_m| · (d/2) · bound(Δ), h_{d/2} = 0."""
+    head_dim, offsets = 32, torch.arange(0, 200, 7)
+    rope = RotaryEmbedding(head_dim)
+    g = torch.Generator().manual_seed(3)
+    bound = ch04.reference_rope_decay_bound(offsets, head_dim)  # (n,)
+    assert math.isclose(bound[0].item(), (head_dim // 2 + 1) / 2)
+    for _ in range(5):
+        q, k = torch.randn(2, head_dim, generator=g, dtype=torch.float64)
+        h = torch.complex(q[0::2], q[1::2]) * torch.complex(k[0::2], k[1::2]).conj()  # (d/2,)
+        h_steps = torch.diff(torch.cat([h, h.new_zeros(1)])).abs().max()
+        for offset, b in zip(offsets.tolist(), bound.tolist()):
+            score = (
+                rope.rotate(q.float()[None], positions=torch.tensor([0]))
+                @ rope.rotate(k.float()[None], positions=torch.tensor([offset])).T
+            )
+            assert abs(score.item()) <= h_steps.item() * (head_dim // 2) * b + 1e-4

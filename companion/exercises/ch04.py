@@ -12,6 +12,8 @@ exercise                                         check
 the sinusoidal table, by hand                    :func:`check_sinusoidal_table`
 the shift matrix ``T_Δ`` of the sin | cos layout  :func:`check_concat_shift_matrix`
 the similarity ``PE[p] · PE[p + k]``, in closed form  :func:`check_pe_similarity`
+porting a rotate-half checkpoint (GQA, biases)  :func:`check_half_to_interleaved`
+RoFormer's long-term decay bound, measured       :func:`check_rope_decay_bound`
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
 capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
 capstone: ``encode(tokens, ...)``                :func:`check_encode`
@@ -36,6 +38,8 @@ __all__ = [
     "check_sinusoidal_table",
     "check_concat_shift_matrix",
     "check_pe_similarity",
+    "check_half_to_interleaved",
+    "check_rope_decay_bound",
     "check_rope_rotate",
     "check_my_mha",
     "check_encode",
@@ -202,6 +206,272 @@ def check_pe_similarity(
 
 
 # --------------------------------------------------------------------------------------------
+# Porting a rotate-half checkpoint to the interleaved layout (GQA, biases)
+# --------------------------------------------------------------------------------------------
+
+#: Parameter names of a rotate-half attention checkpoint (Hugging Face's names, as in Qwen2:
+#: biases on the query, key and value projections, none on the output projection).
+PORT_PARAMETERS = (
+    "q_proj.weight",
+    "q_proj.bias",
+    "k_proj.weight",
+    "k_proj.bias",
+    "v_proj.weight",
+    "v_proj.bias",
+    "o_proj.weight",
+)
+
+
+def _rotate_interleaved(x: Tensor) -> Tensor:
+    """RoPE, pairs ``(2m, 2m+1)``: ``x (batch, heads, seq_len, head_dim)`` at positions 0, 1, ...
+
+    Float64 throughout; the rotation of :func:`reference_rope_rotate`.
+    """
+    return reference_rope_rotate(x, torch.arange(x.shape[-2]))  # (batch, heads, seq_len, hd)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    """RoPE, pairs ``(m, m + head_dim/2)``: ``x (batch, heads, seq_len, head_dim)`` at 0, 1, ...
+
+    ``x cos + [-x_2 | x_1] sin`` with the ``head_dim/2`` angles repeated over both halves.
+    """
+    positions = torch.arange(x.shape[-2], dtype=torch.float64)[:, None]  # (seq_len, 1)
+    angles = positions * _frequencies(x.shape[-1])  # (seq_len, head_dim/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (seq_len, head_dim)
+    first, second = x.chunk(2, dim=-1)  # (..., seq_len, head_dim/2) each
+    return x * angles.cos() + torch.cat([-second, first], dim=-1) * angles.sin()
+
+
+def reference_rope_attention(
+    state: dict[str, Tensor], x: Tensor, num_heads: int, num_kv_heads: int, layout: str
+) -> Tensor:
+    """Self-attention with RoPE and grouped-query heads, from a checkpoint, in float64.
+
+    Query head ``r`` reads key/value head ``r // (num_heads / num_kv_heads)``. Queries and
+    keys are rotated after the split into heads (positions ``0 .. seq_len-1``); values are not.
+
+    Args:
+        state: the tensors named in :data:`PORT_PARAMETERS`: ``q_proj.weight``
+            ``(num_heads · head_dim, d_model)``, ``k_proj.weight`` and ``v_proj.weight``
+            ``(num_kv_heads · head_dim, d_model)``, their biases, ``o_proj.weight``
+            ``(d_model, num_heads · head_dim)``.
+        x: shape ``(batch, seq_len, d_model)``.
+        num_heads: query heads ``h``; ``head_dim = d_model / h``.
+        num_kv_heads: key/value heads ``g`` (divides ``h``).
+        layout: ``"interleaved"`` (RoFormer, Meta's LLaMA) or ``"rotate_half"`` (GPT-NeoX,
+            Hugging Face).
+
+    Returns:
+        float64 tensor of shape ``(batch, seq_len, d_model)``.
+    """
+    if layout not in ("interleaved", "rotate_half"):
+        raise ValueError(f"layout must be 'interleaved' or 'rotate_half', got {layout!r}")
+    batch, seq_len, d_model = x.shape
+    head_dim = d_model // num_heads
+    x64 = x.double()  # (batch, seq_len, d_model)
+
+    def project(name: str, heads: int) -> Tensor:  # → (batch, heads, seq_len, head_dim)
+        weight, bias = state[f"{name}.weight"].double(), state[f"{name}.bias"].double()
+        y = x64 @ weight.T + bias  # (batch, seq_len, heads · head_dim)
+        return y.view(batch, seq_len, heads, head_dim).transpose(1, 2)
+
+    rotate = _rotate_interleaved if layout == "interleaved" else _rotate_half
+    q = rotate(project("q_proj", num_heads))  # (batch, h, seq_len, head_dim)
+    k = rotate(project("k_proj", num_kv_heads))  # (batch, g, seq_len, head_dim)
+    v = project("v_proj", num_kv_heads)  # (batch, g, seq_len, head_dim)
+    group = num_heads // num_kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (b, h, n, hd)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (batch, h, seq_len, seq_len)
+    heads = torch.softmax(scores, dim=-1) @ v  # (batch, h, seq_len, head_dim)
+    merged = heads.transpose(1, 2).reshape(batch, seq_len, num_heads * head_dim)
+    return merged @ state["o_proj.weight"].double().T  # (batch, seq_len, d_model)
+
+
+def reference_half_to_interleaved(
+    state: dict[str, Tensor], num_heads: int, num_kv_heads: int
+) -> dict[str, Tensor]:
+    """Convert a rotate-half checkpoint to the interleaved layout.
+
+    Interleaved feature ``2m`` of a head is rotate-half feature ``m`` and feature ``2m + 1`` is
+    feature ``m + head_dim/2``: the rows (output features) of ``W_Q`` and ``W_K`` and their
+    biases are reordered head by head; values and ``W_O`` stay as they are.
+
+    Args:
+        state: a rotate-half checkpoint, named as in :data:`PORT_PARAMETERS`.
+        num_heads: query heads; ``head_dim = d_model / num_heads``.
+        num_kv_heads: key/value heads (the heads of ``k_proj``).
+
+    Returns:
+        A new dict with the same names and shapes.
+    """
+    d_model = state["o_proj.weight"].shape[0]
+    head_dim = d_model // num_heads
+    within = torch.stack(
+        [torch.arange(head_dim // 2), torch.arange(head_dim // 2) + head_dim // 2], dim=-1
+    ).flatten()  # (head_dim,): 0, hd/2, 1, hd/2 + 1, ...
+
+    def rows(heads: int) -> Tensor:  # (heads · head_dim,)
+        return (torch.arange(heads)[:, None] * head_dim + within).flatten()
+
+    converted = {name: tensor.clone() for name, tensor in state.items()}
+    for name, heads in (("q_proj", num_heads), ("k_proj", num_kv_heads)):
+        for kind in ("weight", "bias"):
+            converted[f"{name}.{kind}"] = state[f"{name}.{kind}"][rows(heads)].clone()
+    return converted
+
+
+class StateDict(dict):
+    """A state dict whose repr lists names and shapes (a failed check prints its inputs)."""
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{name} {tuple(tensor.shape)}" for name, tensor in self.items())
+
+
+def _port_state(
+    d_model: int, num_heads: int, num_kv_heads: int, g: torch.Generator
+) -> dict[str, Tensor]:
+    head_dim = d_model // num_heads
+    q_out, kv_out = num_heads * head_dim, num_kv_heads * head_dim
+    std = 1 / math.sqrt(d_model)
+    shapes = {
+        "q_proj.weight": (q_out, d_model),
+        "q_proj.bias": (q_out,),
+        "k_proj.weight": (kv_out, d_model),
+        "k_proj.bias": (kv_out,),
+        "v_proj.weight": (kv_out, d_model),
+        "v_proj.bias": (kv_out,),
+        "o_proj.weight": (d_model, q_out),
+    }
+    state = StateDict()
+    for name, shape in shapes.items():
+        scale = 0.5 if name.endswith("bias") else (3 * std if name[0] in "qk" else std)
+        state[name] = scale * torch.randn(shape, generator=g)  # peaked scores, visible biases
+    return state
+
+
+def _port_cases() -> list[Case]:
+    g = seeded_generator(407)
+    cases: list[Case] = []
+    # (d_model, num_heads, num_kv_heads, seq_len); head_dim >= 8, where the two reorderings
+    # (interleaved → half and back) differ
+    for d_model, heads, kv_heads, seq_len in [
+        (32, 2, 2, 9),  # head_dim 16, multi-head
+        (32, 4, 2, 10),  # head_dim 8, grouped-query
+        (48, 4, 1, 8),  # head_dim 12, multi-query
+        (64, 8, 4, 12),  # head_dim 8
+        (24, 3, 3, 7),  # head_dim 8, an odd number of heads
+    ]:
+        cases.append(
+            {
+                "state": _port_state(d_model, heads, kv_heads, g),
+                "x": torch.randn(2, seq_len, d_model, generator=g),
+                "num_heads": heads,
+                "num_kv_heads": kv_heads,
+            }
+        )
+    return cases
+
+
+def check_half_to_interleaved(
+    half_to_interleaved: Callable[..., dict[str, Tensor]], verbose: bool = True
+) -> CheckResult:
+    """Check ``half_to_interleaved(state, num_heads, num_kv_heads) -> dict``.
+
+    ``state`` is a rotate-half checkpoint named as in :data:`PORT_PARAMETERS` (grouped-query
+    heads, biases on ``q``, ``k``, ``v``). The check loads the reader's converted dict into
+    interleaved RoPE attention and compares its outputs on random tokens with those of the
+    rotate-half attention loaded with the original: a correct conversion changes nothing
+    (to float64 rounding). Reordering in the wrong direction, over the whole width instead
+    of head by head, forgetting ``W_K`` or the biases, reordering columns, or reordering
+    the values without ``W_O`` all change the outputs.
+    """
+
+    def convert_and_run(
+        state: dict[str, Tensor], x: Tensor, num_heads: int, num_kv_heads: int
+    ) -> Tensor:
+        given = {name: tensor.clone() for name, tensor in state.items()}
+        converted = half_to_interleaved(state=given, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        if not isinstance(converted, dict):
+            raise TypeError(
+                f"half_to_interleaved must return a dict of tensors, got {type(converted).__name__}"
+            )
+        missing = [name for name in PORT_PARAMETERS if name not in converted]
+        if missing:
+            raise ValueError(f"the returned dict lacks {missing}; expected the keys of `state`")
+        for name in PORT_PARAMETERS:
+            if tuple(converted[name].shape) != tuple(state[name].shape):
+                raise ValueError(
+                    f"{name}: expected shape {tuple(state[name].shape)}, "
+                    f"got {tuple(converted[name].shape)}"
+                )
+        with torch.no_grad():
+            return reference_rope_attention(converted, x, num_heads, num_kv_heads, "interleaved")
+
+    def reference(state: dict[str, Tensor], x: Tensor, num_heads: int, num_kv_heads: int) -> Tensor:
+        return reference_rope_attention(state, x, num_heads, num_kv_heads, "rotate_half")
+
+    return run_check(
+        "half_to_interleaved",
+        convert_and_run,
+        reference,
+        _port_cases(),
+        atol=1e-8,
+        rtol=1e-8,
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# RoFormer's long-term decay bound, measured
+# --------------------------------------------------------------------------------------------
+
+
+def reference_rope_decay_bound(offsets: Tensor, head_dim: int) -> Tensor:
+    """RoFormer's relative upper bound ``(1 / (d/2)) Σ_{j=1}^{d/2} |S_j|`` at each offset.
+
+    ``S_j = Σ_{m=0}^{j-1} exp(i Δ θ_m)`` is a partial sum of unit complex numbers, with
+    ``θ_m = 10000^(-2m/head_dim)`` and ``Δ`` the offset (section 3.4.3 of Su et al., 2021:
+    the RoPE score at offset ``Δ`` is at most ``max_m |h_{m+1} - h_m|`` times this sum).
+
+    Args:
+        offsets: integer offsets ``Δ``, shape ``(n,)``.
+        head_dim: width ``d`` of a query or key (even).
+
+    Returns:
+        float64 tensor of shape ``(n,)``; ``(d/2 + 1) / 2`` at offset 0.
+    """
+    angles = offsets.double()[:, None] * _frequencies(head_dim)  # (n, head_dim/2)
+    terms = torch.polar(torch.ones_like(angles), angles)  # (n, head_dim/2): exp(i Δ θ_m)
+    partial_sums = terms.cumsum(dim=-1)  # (n, head_dim/2): S_1 .. S_{d/2}
+    return partial_sums.abs().mean(dim=-1)  # (n,)
+
+
+def _decay_cases() -> list[Case]:
+    g = seeded_generator(408)
+    return [
+        {"offsets": torch.arange(0, 12), "head_dim": 8},
+        {"offsets": torch.tensor([0, 1, -1, 7, -7, 250]), "head_dim": 64},
+        {"offsets": torch.randint(0, 1000, (16,), generator=g), "head_dim": 128},
+        {"offsets": torch.tensor([5]), "head_dim": 2},
+        {"offsets": torch.randint(-300, 300, (10,), generator=g), "head_dim": 32},
+    ]
+
+
+def check_rope_decay_bound(
+    rope_decay_bound: Callable[[Tensor, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``rope_decay_bound(offsets, head_dim) -> (n,)``, RoFormer's long-term decay bound."""
+    return run_check(
+        "rope_decay_bound",
+        rope_decay_bound,
+        reference_rope_decay_bound,
+        _decay_cases(),
+        atol=1e-4,
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
 # Exercise 4: rotary position embedding (RoPE)
 # --------------------------------------------------------------------------------------------
 
@@ -265,7 +535,11 @@ MHA_PARAMETERS = (
 
 
 def reference_mha_forward(
-    state: dict[str, Tensor], x: Tensor, num_heads: int, rope: bool
+    state: dict[str, Tensor],
+    x: Tensor,
+    num_heads: int,
+    rope: bool,
+    score_bias: Tensor | None = None,
 ) -> Tensor:
     """Multi-head self-attention from a state dict, with optional RoPE.
 
@@ -278,6 +552,8 @@ def reference_mha_forward(
         x: shape ``(batch, seq_len, d_model)``.
         num_heads: number of heads.
         rope: rotate queries and keys.
+        score_bias: added to every head's scaled scores, shape ``(seq_len, seq_len)``, or
+            ``None``.
 
     Returns:
         Shape ``(batch, seq_len, d_model)``.
@@ -294,6 +570,8 @@ def reference_mha_forward(
         positions = torch.arange(seq_len)  # (seq_len,)
         q, k = reference_rope_rotate(q, positions), reference_rope_rotate(k, positions)
     scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (batch, h, seq_len, seq_len)
+    if score_bias is not None:
+        scores = scores + score_bias  # (batch, h, seq_len, seq_len)
     heads = torch.softmax(scores, dim=-1) @ v  # (batch, h, seq_len, d_k)
     merged = heads.transpose(1, 2).reshape(batch, seq_len, d_model)  # (batch, seq_len, d_model)
     return merged @ state["out_proj.weight"].T + state["out_proj.bias"]  # (batch, seq_len, d)
@@ -505,6 +783,26 @@ def _equivariance_cases() -> list[Case]:
         marked[:, -1] += 1.0
         return attention(marked)
 
+    # The cases above change the outputs by 1 or more; the next three by much less, or only
+    # under some permutations. They reject a tolerance of 0.01 or looser, and a test that
+    # tries one special permutation (a cyclic shift, a reversal) instead of random ones.
+    extra = seeded_generator(409)
+    learned = 0.02 * torch.randn(12, d, generator=extra)  # (12, d): GPT-2's initial std
+
+    def attention_with_learned_positions(x: Tensor) -> Tensor:  # outputs move by about 0.3
+        return attention(x + learned[: x.shape[1]])
+
+    def attention_with_faint_positions(x: Tensor) -> Tensor:  # 100 times fainter: about 0.003
+        return attention(x + learned[: x.shape[1]] / 100)
+
+    wrapped_bias = torch.randn(12, generator=extra)  # (12,): one score bias per offset mod n
+
+    def attention_with_wrapped_offsets(x: Tensor) -> Tensor:
+        """A relative-position bias b[(j - i) mod n]: equivariant under cyclic shifts only."""
+        n = x.shape[1]
+        offsets = (torch.arange(n)[None, :] - torch.arange(n)[:, None]) % n  # (n, n)
+        return reference_mha_forward(state, x, 2, rope=False, score_bias=wrapped_bias[offsets])
+
     fns = [
         attention,
         attention_with_positions,
@@ -514,6 +812,9 @@ def _equivariance_cases() -> list[Case]:
         running_sum,
         last_row_marked,
         torch.tanh,  # row by row: equivariant
+        attention_with_learned_positions,
+        attention_with_faint_positions,
+        attention_with_wrapped_offsets,
     ]
     return [{"fn": fn, "x": torch.randn(2, 12, d, generator=g)} for fn in fns]
 
@@ -523,7 +824,17 @@ def check_is_permutation_equivariant(
     verbose: bool = True,
 ) -> CheckResult:
     """Check the reader's test ``is_permutation_equivariant(fn, x) -> bool`` on functions whose
-    answer is known (attention with and without positions, a reversal, a running sum, ...)."""
+    answer is known.
+
+    Equivariant: attention without positions, a mean broadcast to every row, ``tanh``; their
+    outputs under a permutation differ by float32 rounding (up to about ``1e-6``), so a test
+    with no tolerance at all fails them. Not equivariant: attention with added sinusoidal
+    codes, with a learned position table (GPT-2's initial standard deviation 0.02), with one
+    100 times fainter (outputs move by about ``3e-3``: a tolerance of ``1e-2`` or looser
+    misses it), with RoPE, with a relative bias on offsets taken modulo ``n`` (equivariant
+    under cyclic shifts, not under other permutations), a reversal, a running sum, and
+    attention that treats the last row apart.
+    """
 
     def as_bool(fn: Callable[..., object]) -> Callable[..., bool]:
         def run(**kwargs: object) -> bool:
