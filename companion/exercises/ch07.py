@@ -263,27 +263,27 @@ def reference_cached_attention_step(
 
     Args:
         q_new, k_new, v_new: the newest position's query, key and value, each
-            ``(batch, heads, 1, d_head)``.
-        past_keys, past_values: the cache, each ``(batch, heads, t, d_head)`` (``t`` may be 0).
+            ``(batch, heads, 1, head_dim)``.
+        past_keys, past_values: the cache, each ``(batch, heads, t, head_dim)`` (``t`` may be 0).
 
     Returns:
-        ``(output, keys, values)``: ``output (batch, heads, 1, d_head)`` is
-        ``softmax(q_new keysᵀ / √d_head) values``; ``keys, values (batch, heads, t + 1,
-        d_head)`` are the updated cache, the new position last.
+        ``(output, keys, values)``: ``output (batch, heads, 1, head_dim)`` is
+        ``softmax(q_new keysᵀ / √head_dim) values``; ``keys, values (batch, heads, t + 1,
+        head_dim)`` are the updated cache, the new position last.
     """
-    keys = torch.cat([past_keys, k_new], dim=-2)  # (batch, heads, t + 1, d_head)
-    values = torch.cat([past_values, v_new], dim=-2)  # (batch, heads, t + 1, d_head)
+    keys = torch.cat([past_keys, k_new], dim=-2)  # (batch, heads, t + 1, head_dim)
+    values = torch.cat([past_values, v_new], dim=-2)  # (batch, heads, t + 1, head_dim)
     d_head = q_new.shape[-1]
     scores = q_new @ keys.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, 1, t + 1)
     weights = torch.softmax(scores, dim=-1)  # (batch, heads, 1, t + 1)
-    output = weights @ values  # (batch, heads, 1, d_head)
+    output = weights @ values  # (batch, heads, 1, head_dim)
     return output, keys, values
 
 
 def _cache_cases() -> list[Case]:
     g = seeded_generator(713)
     shapes = [
-        # (batch, heads, t, d_head)
+        # (batch, heads, t, head_dim)
         (2, 3, 5, 4),  # all sizes different: a concatenation on the wrong axis cannot run
         (3, 2, 0, 8),  # empty cache: the first decoding step
         (1, 1, 1, 6),  # batch = heads = t = 1: cat on dim 0 or 1 runs, with a plausible shape
@@ -309,7 +309,7 @@ def check_cached_attention_step(
     cached_attention_step: Callable[..., tuple[Tensor, Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
     """Check ``cached_attention_step(q_new, k_new, v_new, past_keys, past_values)`` →
-    ``(output (batch, heads, 1, d_head), keys, values (batch, heads, t + 1, d_head))``."""
+    ``(output (batch, heads, 1, head_dim), keys, values (batch, heads, t + 1, head_dim))``."""
     return run_check(
         "cached_attention_step",
         cached_attention_step,

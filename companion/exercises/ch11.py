@@ -56,10 +56,10 @@ __all__ = [
 
 def reference_split_heads(x: Tensor, num_heads: int) -> Tensor:
     """``x (batch, seq, d_model)`` → ``(batch, num_heads, seq, d_model / num_heads)``: head
-    ``h`` holds features ``h·d_head … (h+1)·d_head − 1`` of every token."""
+    ``r`` holds features ``r·head_dim … (r+1)·head_dim − 1`` of every token."""
     batch, seq, d_model = x.shape
-    x = x.view(batch, seq, num_heads, d_model // num_heads)  # (batch, seq, heads, d_head)
-    return x.transpose(1, 2)  # (batch, heads, seq, d_head)
+    x = x.view(batch, seq, num_heads, d_model // num_heads)  # (batch, seq, heads, head_dim)
+    return x.transpose(1, 2)  # (batch, heads, seq, head_dim)
 
 
 def _split_cases() -> list[Case]:
@@ -86,7 +86,7 @@ def _equivariance_problem(split_heads: Callable[..., Tensor]) -> str | None:
 
 
 def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``split_heads(x, num_heads)`` → ``(batch, heads, seq, d_head)``, then use it in an
+    """Check ``split_heads(x, num_heads)`` → ``(batch, heads, seq, head_dim)``, then use it in an
     attention module that must be permutation-equivariant."""
     result = run_check(
         "split_heads", split_heads, reference_split_heads, _split_cases(), verbose=False
