@@ -341,6 +341,10 @@ class Translator:
             sacreBLEU's ``13a`` tokenizer even splits it into three wrong tokens (``< unk >``),
             so keeping it scores one unknown word as three errors. :meth:`translate_ids`
             always returns the raw ids, ``<unk>`` included.
+        unk_text: write each ``<unk>`` as this one word instead (letters and digits only, so
+            that BLEU's tokenizer keeps it one token, e.g. ``"UNK"``): the output keeps its
+            length, and an unknown word costs one wrong token, not three. Needs
+            ``keep_unk=False`` (the default); ``keep_unk=True`` writes the literal ``<unk>``.
 
     Example::
 
@@ -361,6 +365,7 @@ class Translator:
         max_len_b: int = 10,
         batch_size: int = 128,
         keep_unk: bool = False,
+        unk_text: str | None = None,
     ) -> None:
         check_instance("model", model, Transformer, "a companion.model.Transformer")
         check_instance(
@@ -383,6 +388,18 @@ class Translator:
         self.batch_size = check_positive_int("batch_size", batch_size)
         check_bool("keep_unk", keep_unk)
         self.keep_unk = keep_unk
+        if unk_text is not None:
+            if not isinstance(unk_text, str) or not unk_text.isascii() or not unk_text.isalnum():
+                raise ValueError(
+                    "unk_text must be one word of ASCII letters and digits (BLEU's tokenizer "
+                    f"would split anything else into several tokens), got {unk_text!r:.40}"
+                )
+            if keep_unk:
+                raise ValueError(
+                    "keep_unk=True writes the literal <unk>, unk_text writes a word in its place: "
+                    f"choose one, got keep_unk=True and unk_text={unk_text!r}"
+                )
+        self.unk_text = unk_text
 
     @classmethod
     def from_checkpoint(
@@ -469,12 +486,18 @@ class Translator:
         sources = [self.src_vocab.encode(self.tokenizer.tokenize(s)) for s in sentences]
         translations = {}
         for alpha, outputs in zip(alphas, self._translate_ids(sources, alphas)):
-            if not self.keep_unk:
+            if not self.keep_unk and self.unk_text is None:
                 outputs = [[i for i in ids if i != UNK_ID] for ids in outputs]
-            translations[alpha] = [
-                self.tokenizer.detokenize(self.tgt_vocab.decode(ids)) for ids in outputs
-            ]
+            translations[alpha] = [self._text(ids) for ids in outputs]
         return translations
+
+    def _text(self, ids: list[int]) -> str:
+        """Output ids (no specials) → detokenized text, ``<unk>`` written as ``unk_text``."""
+        tokens = self.tgt_vocab.decode(ids)
+        if self.unk_text is not None:
+            unk = self.tgt_vocab.decode([UNK_ID])[0]
+            tokens = [self.unk_text if token == unk else token for token in tokens]
+        return self.tokenizer.detokenize(tokens)
 
     __call__ = translate
 

@@ -75,7 +75,7 @@ def test_length_penalty_grid_round_trips_through_a_checkpoint_dict() -> None:
     # Catches: a grid stored as a list in config.json / a checkpoint coming back as a list
     # (unequal configs, an unhashable frozen dataclass) or losing its values.
     cpu = get_config("cpu")
-    assert cpu.length_penalty_grid == (0.6, 1.0, 1.5, 2.0)
+    assert cpu.length_penalty_grid == (0.0, 0.6, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
     state = cpu.to_dict()
     state["length_penalty_grid"] = list(state["length_penalty_grid"])  # as JSON gives it back
     assert TrainConfig.from_dict(state) == cpu

@@ -163,3 +163,22 @@ def test_stub_and_crash_are_reported_not_raised(module, name):
     assert not stubbed and "not attempted yet" in stubbed.message
     crashed = check(crashes, verbose=False)
     assert not crashed and "boom" in crashed.message
+
+
+def test_a_renamed_parameter_gets_a_message_not_a_bare_type_error():
+    """The checks pass arguments by name; a reader who renamed the stub's parameters is told
+    which names the check passes and what the function has, instead of a bare TypeError."""
+    from companion.exercises import ch08
+
+    def noam_lr(s, d_model, warmup):  # `step` renamed
+        return 0.0
+
+    result = ch08.check_noam_lr(noam_lr, verbose=False)
+    assert not result
+    assert "passes the arguments by name (step, d_model, warmup)" in result.message
+    assert "(s, d_model, warmup)" in result.message and "keep the parameter names" in result.message
+
+    def flexible(**kwargs):  # binds anything: judged on its values, as before
+        return 0.0
+
+    assert "is wrong" in ch08.check_noam_lr(flexible, verbose=False).message

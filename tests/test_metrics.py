@@ -242,6 +242,23 @@ def test_unknown_words_are_left_out_of_the_text_unless_asked_for():
         small_translator(keep_unk=1)
 
 
+def test_unknown_words_written_as_one_word_keep_the_length_and_cost_one_token():
+    """``unk_text="UNK"``: each ``<unk>`` becomes one token under 13a, so the output keeps the
+    kept version's length but one unknown word counts as one wrong token, not three."""
+    ids = [[3, 6, 3, 7, 8]]  # <unk> a <unk> dog .
+    word = small_translator(unk_text="UNK")
+    word._translate_ids = lambda sources, alphas: [[list(i) for i in ids] for _ in alphas]
+    assert word.translate(["ein hund ."]) == ["UNK a UNK dog."]
+    stats = bleu_statistics(word.translate(["x"]), ["a dog."])
+    assert stats[0, 0] == 5  # UNK, a, UNK, dog, .: one token per unknown word
+    assert stats[0, 2] == 3  # a, dog, . match; the two UNK do not
+    for bad in ("<unk>", "two words", "", "ünk"):
+        with pytest.raises(ValueError, match="unk_text must be one word of ASCII letters"):
+            small_translator(unk_text=bad)
+    with pytest.raises(ValueError, match="choose one"):
+        small_translator(keep_unk=True, unk_text="UNK")
+
+
 def test_length_ratio_reads_the_statistics():
     refs, worse, _ = _noisy_corpus(0)
     stats = bleu_statistics(worse, refs).sum(0)

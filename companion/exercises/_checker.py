@@ -8,6 +8,7 @@ notebook keeps running while the reader works.
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -119,12 +120,33 @@ def _inputs(kwargs: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}: {_describe(v)}" for k, v in kwargs.items())
 
 
+def _parameter_mismatch(user_fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Why ``user_fn(**kwargs)`` cannot bind, in the reader's terms, or ``None`` when it can
+    (or when the function has no signature to read, e.g. a builtin)."""
+    try:
+        signature = inspect.signature(user_fn)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(**kwargs)
+    except TypeError:
+        wanted = ", ".join(kwargs)
+        return (
+            f"the check passes the arguments by name ({wanted}), but your function's parameters "
+            f"are {signature}: keep the parameter names of the exercise's stub."
+        )
+    return None
+
+
 def call_reader(
     name: str, count: int, user_fn: Callable[..., Any], kwargs: Mapping[str, Any]
 ) -> tuple[Any, CheckResult | None]:
     """Call the reader's function on case ``count``: ``(value, None)``, or ``(None, result)``
     with a failed :class:`CheckResult` when it is not written yet or raises (the notebook
     never crashes on the reader's code)."""
+    mismatch = _parameter_mismatch(user_fn, kwargs)
+    if mismatch:
+        return None, CheckResult(name, False, count, f"❌ {name}: {mismatch}")
     try:
         return user_fn(**kwargs), None
     except NotImplementedError:
