@@ -896,3 +896,10 @@ def test_rope_decay_bound_bounds_real_rope_scores():
                 @ rope.rotate(k.float()[None], positions=torch.tensor([offset])).T
             )
             assert abs(score.item()) <= h_steps.item() * (head_dim // 2) * b + 1e-4
+
+
+def test_rope_decay_bound_decays_but_not_monotonically():
+    """What the solution says about the curve for head_dim 128, offsets 0 to 1000."""
+    bound = ch04.reference_rope_decay_bound(torch.arange(1001), 128)
+    assert bound[1000] < bound[0] / 4 and bound.argmax() == 0, "it decays overall"
+    assert (bound.diff() > 0).any(), "with ripples: some steps go up"
