@@ -57,7 +57,7 @@ def _frequencies(dim: int) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: the sinusoidal table
+# The sinusoidal table, by hand (tested, not in the notebook)
 # --------------------------------------------------------------------------------------------
 
 
@@ -102,7 +102,7 @@ def check_sinusoidal_table(
 
 
 # --------------------------------------------------------------------------------------------
-# The shift matrix T_Δ of the concatenated (sin | cos) layout
+# Exercise 1: the shift matrix T_Δ of the concatenated (sin | cos) layout
 # --------------------------------------------------------------------------------------------
 
 
@@ -159,7 +159,7 @@ def check_concat_shift_matrix(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: the similarity of two positions, in closed form
+# Exercise 2: the similarity of two positions, in closed form
 # --------------------------------------------------------------------------------------------
 
 
@@ -206,7 +206,7 @@ def check_pe_similarity(
 
 
 # --------------------------------------------------------------------------------------------
-# Porting a rotate-half checkpoint to the interleaved layout (GQA, biases)
+# Exercise 3: porting a rotate-half checkpoint to the interleaved layout (GQA, biases)
 # --------------------------------------------------------------------------------------------
 
 #: Parameter names of a rotate-half attention checkpoint (Hugging Face's names, as in Qwen2:
@@ -422,7 +422,7 @@ def check_half_to_interleaved(
 
 
 # --------------------------------------------------------------------------------------------
-# RoFormer's long-term decay bound, measured
+# Exercise 4: RoFormer's long-term decay bound, measured
 # --------------------------------------------------------------------------------------------
 
 
@@ -472,7 +472,7 @@ def check_rope_decay_bound(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: rotary position embedding (RoPE)
+# Capstone (a): rotary position embedding (RoPE)
 # --------------------------------------------------------------------------------------------
 
 
@@ -518,7 +518,7 @@ def check_rope_rotate(
 
 
 # --------------------------------------------------------------------------------------------
-# Capstone: MyMHA (optional RoPE), encode, and a permutation-equivariance test
+# Capstone (b)-(d): MyMHA (optional RoPE), encode, and a permutation-equivariance test
 # --------------------------------------------------------------------------------------------
 
 #: Parameter names a ``MyMHA`` must have, so that weights can be copied in by name.
