@@ -860,7 +860,17 @@ def decay_exponent_without_two(offsets, head_dim):
     return _terms(offsets, head_dim, two=1).cumsum(-1).abs().mean(-1)  # θ_m = 10000^(-m/d)
 
 
-@pytest.mark.parametrize("correct", [ch04.reference_rope_decay_bound, decay_loops])
+def decay_float32_exp_log(offsets, head_dim):
+    """Correct in float32, frequencies by exp/log as in the Annotated Transformer."""
+    two_m = torch.arange(0, head_dim, 2, dtype=torch.float32)
+    theta = torch.exp(-two_m * math.log(10000.0) / head_dim)  # (d/2,)
+    angles = offsets[:, None] * theta  # (n, d/2)
+    return torch.hypot(angles.cos().cumsum(-1), angles.sin().cumsum(-1)).mean(-1)
+
+
+@pytest.mark.parametrize(
+    "correct", [ch04.reference_rope_decay_bound, decay_loops, decay_float32_exp_log]
+)
 def test_rope_decay_bound_accepts_correct(correct):
     assert ch04.check_rope_decay_bound(correct, verbose=False)
 
