@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -307,87 +306,203 @@ def test_blockwise_rejects_wrong(wrong):
 
 
 # ---------------------------------------------------------------------------------------------
-# gradient_threshold (a measurement)
+# median_gradient_gap (a measurement at settings the chapter does not print)
 # ---------------------------------------------------------------------------------------------
 
 
-def _scan(n_keys, statistic="median", scaled=False, upstream=True, d_ks=range(64, 1040, 16)):
-    """The chapter's protocol; the first d_k whose statistic falls below 1e-3, else None.
-
-    Scores are drawn as ‖q‖ z with ‖q‖² ~ χ²(d_k), the distribution of q·k given q, which
-    keeps the scan fast."""
-    gen = torch.Generator().manual_seed(3)
-    rng = np.random.default_rng(3)
-    for d_k in d_ks:
-        norms = torch.from_numpy(rng.chisquare(d_k, size=(20_000, 1))).sqrt()
-        scores = norms * torch.randn(20_000, n_keys, generator=gen, dtype=torch.float64)
-        if scaled:
-            scores = scores / math.sqrt(d_k)
-        scores.requires_grad_()
-        t = torch.randn(20_000, n_keys, generator=gen, dtype=torch.float64)
-        probs = torch.softmax(scores, -1)
-        (probs * t if upstream else probs).sum().backward()
-        grad_norms = scores.grad.norm(dim=-1)
-        if getattr(grad_norms, statistic)() < 1e-3:
-            return d_k
-    return None
+def _brute_norms(d_k, n_keys, scale, n_queries, gen, at_query=True, upstream=True):
+    """‖∂L/∂q‖ (or ‖∂L/∂z‖ at the softmax input) per query by autograd, in chunks."""
+    norms = []
+    for _ in range(n_queries // 2000):
+        q = torch.randn(2000, 1, d_k, generator=gen, dtype=torch.float64).requires_grad_()
+        k = torch.randn(2000, n_keys, d_k, generator=gen, dtype=torch.float64)
+        t = torch.randn(2000, n_keys, generator=gen, dtype=torch.float64)
+        z = scale * (q @ k.transpose(-2, -1)).squeeze(-2)  # (2000, n_keys) softmax input
+        z.retain_grad()
+        p = torch.softmax(z, dim=-1)
+        (p * t if upstream else p).sum().backward()
+        grad = q.grad.squeeze(-2) if at_query else z.grad
+        norms.append(grad.norm(dim=-1))
+    return torch.cat(norms)
 
 
-def threshold_correct(n_keys):
-    return _scan(n_keys)
+def _gap(d_k, n_keys, statistic="median", at_query=True, upstream=True, root=True, n=10_000):
+    gen = torch.Generator().manual_seed(5)
+    factor = 1 / math.sqrt(d_k) if root else 1 / d_k
+    if at_query and upstream and statistic != "median":  # the shortcut, for speed
+        scaled = ch02.sampled_query_gradient_norms(d_k, n_keys, factor, n, gen)
+        unscaled = ch02.sampled_query_gradient_norms(d_k, n_keys, 1.0, n, gen)
+    else:
+        kwargs = {"at_query": at_query, "upstream": upstream}
+        scaled = _brute_norms(d_k, n_keys, factor, n, gen, **kwargs)
+        unscaled = _brute_norms(d_k, n_keys, 1.0, n, gen, **kwargs)
+    return (getattr(scaled, statistic)() / getattr(unscaled, statistic)()).item()
 
 
-def threshold_powers_of_two(n_keys):  # the chapter's grid: brackets the crossing only
-    return _scan(n_keys, d_ks=[4 * 2**i for i in range(9)])
+def gap_correct(d_k, n_keys):
+    return _gap(d_k, n_keys)
 
 
-def threshold_mean(n_keys):  # the mean is carried by rare near-ties: never below 1e-3 here
-    return _scan(n_keys, statistic="mean")
+def gap_at_softmax_input(d_k, n_keys):  # the chain rule's 1/√d_k left out
+    return _gap(d_k, n_keys, at_query=False, n=4000)
 
 
-def threshold_scaled(n_keys):  # scaled scores keep their gradient
-    return _scan(n_keys, scaled=True)
+def gap_of_means(d_k, n_keys):  # the mean is carried by the few queries that still learn
+    return _gap(d_k, n_keys, statistic="mean")
 
 
-def threshold_no_upstream(n_keys):  # L = Σ p = 1: the gradient is exactly 0 at once
-    return _scan(n_keys, upstream=False)
+def gap_inverted(d_k, n_keys):
+    return 1 / _gap(d_k, n_keys, n=4000)
 
 
-def threshold_ignores_n_keys(n_keys):
-    return _scan(16)
+def gap_divides_by_d_k(d_k, n_keys):
+    return _gap(d_k, n_keys, root=False, n=4000)
 
 
-def test_gradient_threshold_accepts_correct(capsys):
-    assert ch02.check_gradient_threshold(threshold_correct)
+def gap_no_upstream(d_k, n_keys):  # L = Σ p = 1 has no gradient: 0 / 0
+    return _gap(d_k, n_keys, upstream=False, n=2000)
+
+
+def gap_ignores_n_keys(d_k, n_keys):
+    return _gap(d_k, 16, n=4000)
+
+
+#: Chapter 2's table, 16 keys per query at d_k = 4, 8, ..., 1024 (median gap): a reader who
+#: reads the nearest row off the table instead of measuring.
+CHAPTER_TABLE = {64: 0.59, 128: 1.32, 256: 5.1, 512: 41.3, 1024: 900.0}
+
+
+def gap_read_off_the_table(d_k, n_keys):
+    nearest = min(CHAPTER_TABLE, key=lambda d: abs(math.log(d / d_k)))
+    return CHAPTER_TABLE[nearest]
+
+
+def gap_copied_number(d_k, n_keys):  # the chapter's headline number, whatever the setting
+    return 900.0
+
+
+def test_gradient_gap_accepts_a_measurement(capsys):
+    assert ch02.check_gradient_gap(gap_correct)
     assert "✅" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        threshold_powers_of_two,
-        threshold_mean,
-        threshold_scaled,
-        threshold_no_upstream,
-        threshold_ignores_n_keys,
-        lambda n_keys: "about 370",  # a string
+        gap_at_softmax_input,
+        gap_of_means,
+        gap_inverted,
+        gap_divides_by_d_k,
+        gap_no_upstream,
+        gap_ignores_n_keys,
+        gap_read_off_the_table,
+        gap_copied_number,
+        lambda d_k, n_keys: "about 6",  # a string
+        lambda d_k, n_keys: -1.0,
     ],
 )
-def test_gradient_threshold_rejects_wrong(wrong):
-    result = ch02.check_gradient_threshold(wrong, verbose=False)
+def test_gradient_gap_rejects_wrong(wrong):
+    result = ch02.check_gradient_gap(wrong, verbose=False)
     assert not result
     assert "❌" in result.message
-    assert str(ch02.GRADIENT_THRESHOLDS[n_keys_of(result)]) not in result.message  # no spoiler
+    d_k, n_keys = ch02.GAP_SETTINGS[result.cases_run - 1]
+    assert f"{ch02.reference_gradient_gap(d_k, n_keys):.3g}" not in result.message  # no spoiler
 
 
-def n_keys_of(result):
-    return {1: 16, 2: 8, 3: 32}[result.cases_run]
+def test_gradient_gap_settings_are_not_on_the_chapters_grid():
+    assert all(n_keys != 16 for _, n_keys in ch02.GAP_SETTINGS)  # the chapter uses 16 keys
+    # the table's nearest row misses at least one setting by more than the tolerance
+    assert not ch02.check_gradient_gap(gap_read_off_the_table, verbose=False)
 
 
-def test_gradient_thresholds_are_where_the_median_crosses():
-    """Each stored threshold is where an independent measurement crosses 1e-3."""
-    gen = torch.Generator().manual_seed(2)
-    for n_keys, threshold in ch02.GRADIENT_THRESHOLDS.items():
-        before = ch02.median_score_gradient(round(threshold * 0.95), n_keys, 200_000, gen)
-        after = ch02.median_score_gradient(round(threshold * 1.05), n_keys, 200_000, gen)
-        assert before > 1e-3 > after, (n_keys, before, after)
+def test_sampled_norms_follow_the_brute_force_distribution():
+    """The reference's shortcut has the distribution of the autograd measurement."""
+    for d_k, n_keys in [(24, 5), (200, 8)]:
+        for scale in (1 / math.sqrt(d_k), 1.0):
+            fast = ch02.sampled_query_gradient_norms(
+                d_k, n_keys, scale, 20_000, torch.Generator().manual_seed(1)
+            )
+            brute = _brute_norms(d_k, n_keys, scale, 20_000, torch.Generator().manual_seed(2))
+            for level in (0.25, 0.5, 0.75):
+                a, b = fast.quantile(level).item(), brute.quantile(level).item()
+                assert abs(math.log(a / b)) < 0.12, (d_k, n_keys, scale, level, a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention_backward (the chain rule by hand)
+# ---------------------------------------------------------------------------------------------
+
+
+def _forward(q, k, v, root=True):
+    scale = 1 / math.sqrt(q.shape[-1]) if root else 1.0
+    weights = torch.softmax(scale * q @ k.transpose(-2, -1), dim=-1)
+    return scale, weights
+
+
+def backward_correct(q, k, v, grad_output):
+    scale, weights = _forward(q, k, v)
+    grad_v = weights.transpose(-2, -1) @ grad_output
+    grad_weights = grad_output @ v.transpose(-2, -1)
+    grad_z = weights * (grad_weights - (grad_weights * weights).sum(-1, keepdim=True))
+    return scale * grad_z @ k, scale * grad_z.transpose(-2, -1) @ q, grad_v
+
+
+def backward_without_scale(q, k, v, grad_output):  # the chain rule's 1/√d_k forgotten
+    scale, weights = _forward(q, k, v)
+    grad_v = weights.transpose(-2, -1) @ grad_output
+    grad_weights = grad_output @ v.transpose(-2, -1)
+    grad_z = weights * (grad_weights - (grad_weights * weights).sum(-1, keepdim=True))
+    return grad_z @ k, grad_z.transpose(-2, -1) @ q, grad_v
+
+
+def backward_diagonal_jacobian(q, k, v, grad_output):  # p (1 - p), as if elementwise
+    scale, weights = _forward(q, k, v)
+    grad_v = weights.transpose(-2, -1) @ grad_output
+    grad_z = weights * (1 - weights) * (grad_output @ v.transpose(-2, -1))
+    return scale * grad_z @ k, scale * grad_z.transpose(-2, -1) @ q, grad_v
+
+
+def backward_grad_k_untransposed(q, k, v, grad_output):
+    grad_q, _, grad_v = backward_correct(q, k, v, grad_output)
+    scale, weights = _forward(q, k, v)
+    grad_weights = grad_output @ v.transpose(-2, -1)
+    grad_z = weights * (grad_weights - (grad_weights * weights).sum(-1, keepdim=True))
+    return grad_q, scale * (grad_z @ q.transpose(-2, -1)).transpose(-2, -1), grad_v
+
+
+def backward_grad_v_weights(q, k, v, grad_output):  # weights @ grad_output: wrong shape
+    grad_q, grad_k, _ = backward_correct(q, k, v, grad_output)
+    _, weights = _forward(q, k, v)
+    return grad_q, grad_k, weights[..., : v.shape[-2]] @ grad_output[..., : v.shape[-2], :]
+
+
+def backward_with_autograd(q, k, v, grad_output):  # correct, but the check forbids autograd
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    output, _ = scaled_dot_product_attention(*leaves)
+    return torch.autograd.grad(output, leaves, grad_output)
+
+
+def test_attention_backward_accepts_correct(capsys):
+    assert ch02.check_attention_backward(backward_correct)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        backward_without_scale,
+        backward_diagonal_jacobian,
+        backward_grad_k_untransposed,
+        backward_grad_v_weights,
+        backward_with_autograd,
+    ],
+)
+def test_attention_backward_rejects_wrong(wrong):
+    result = ch02.check_attention_backward(wrong, verbose=False)
+    assert not result
+    assert "❌" in result.message
+
+
+def test_attention_backward_explains_the_autograd_refusal():
+    result = ch02.check_attention_backward(backward_with_autograd, verbose=False)
+    assert "chain rule itself" in result.message
