@@ -12,7 +12,6 @@ import torch
 
 from companion.attention import MultiHeadAttention, scaled_dot_product_attention
 from companion.exercises import ch03
-from companion.utils import count_parameters
 
 # --------------------------------------------------------------------------------------------
 # split_fused_qkv (per-head layout)
@@ -287,121 +286,186 @@ def test_gqa_cases_tell_repeat_from_repeat_interleave():
 
 
 # --------------------------------------------------------------------------------------------
-# attention_parameter_count
+# permute_heads
 # --------------------------------------------------------------------------------------------
 
 
-def params_correct(d_model, num_heads, num_kv_heads, bias):
-    kv = num_kv_heads * d_model // num_heads
-    return 2 * d_model * d_model + 2 * d_model * kv + (2 * d_model + 2 * kv) * bias
+def permute_correct_loop(w_q, w_k, w_v, w_o, num_heads, order):
+    """Slice by slice: a different route to the reference's unflatten/index/flatten."""
+    d_k, d_v = w_q.shape[1] // num_heads, w_v.shape[1] // num_heads
+    cols_k = torch.cat([torch.arange(r * d_k, (r + 1) * d_k) for r in order])
+    cols_v = torch.cat([torch.arange(r * d_v, (r + 1) * d_v) for r in order])
+    return w_q[:, cols_k], w_k[:, cols_k], w_v[:, cols_v], w_o[cols_v]
 
 
-def params_ignores_kv_heads(d_model, num_heads, num_kv_heads, bias):
-    return 4 * d_model * d_model + 4 * d_model * bias
+def _blocks(num_heads, order, width):
+    return torch.cat([torch.arange(r * width, (r + 1) * width) for r in order])
 
 
-def params_kv_width_is_head_count(d_model, num_heads, num_kv_heads, bias):
-    # shrinks K and V by num_kv_heads / d_model instead of num_kv_heads / num_heads
-    kv = num_kv_heads
-    return 2 * d_model * d_model + 2 * d_model * kv + (2 * d_model + 2 * kv) * bias
+def permute_forgets_w_o(w_q, w_k, w_v, w_o, num_heads, order):
+    # the weights come out right, but W_O still expects the old order of the head outputs
+    q, k, v, _ = ch03.reference_permute_heads(w_q, w_k, w_v, w_o, num_heads, order)
+    return q, k, v, w_o
 
 
-def params_forgets_output_projection(d_model, num_heads, num_kv_heads, bias):
-    kv = num_kv_heads * d_model // num_heads
-    return d_model * d_model + 2 * d_model * kv + (d_model + 2 * kv) * bias
+def permute_w_o_columns(w_q, w_k, w_v, w_o, num_heads, order):
+    # the nn.Linear habit: in the math convention W_O's head blocks are rows, not columns
+    q, k, v, _ = ch03.reference_permute_heads(w_q, w_k, w_v, w_o, num_heads, order)
+    if w_o.shape[1] % num_heads:
+        return q, k, v, w_o
+    return q, k, v, w_o[:, _blocks(num_heads, order, w_o.shape[1] // num_heads)]
 
 
-def params_full_width_biases(d_model, num_heads, num_kv_heads, bias):
-    kv = num_kv_heads * d_model // num_heads
-    return 2 * d_model * d_model + 2 * d_model * kv + 4 * d_model * bias
+def permute_only_queries_and_keys(w_q, w_k, w_v, w_o, num_heads, order):
+    # the attention maps move, but each map now averages another head's values
+    q, k, _, _ = ch03.reference_permute_heads(w_q, w_k, w_v, w_o, num_heads, order)
+    return q, k, w_v, w_o
 
 
-def test_parameter_count_accepts_correct():
-    assert ch03.check_attention_parameter_count(params_correct, verbose=False)
+def permute_inverse(w_q, w_k, w_v, w_o, num_heads, order):
+    # a consistent reordering (the output is unchanged), but by the inverse permutation
+    inverse = torch.argsort(torch.tensor(order)).tolist()
+    return ch03.reference_permute_heads(w_q, w_k, w_v, w_o, num_heads, inverse)
+
+
+def permute_strided_blocks(w_q, w_k, w_v, w_o, num_heads, order):
+    # unflatten(1, (-1, num_heads)): treats features r, r + h, r + 2h, ... as head r, the
+    # strided layout, so the "heads" it moves are not the layer's heads
+    index = torch.tensor(order)
+
+    def columns(w):
+        return w.unflatten(1, (-1, num_heads))[:, :, index].flatten(1)
+
+    return (
+        columns(w_q),
+        columns(w_k),
+        columns(w_v),
+        w_o.unflatten(0, (-1, num_heads))[:, index].flatten(0, 1),
+    )
+
+
+def test_permute_heads_accepts_correct():
+    assert ch03.check_permute_heads(ch03.reference_permute_heads, verbose=False)
+    assert ch03.check_permute_heads(permute_correct_loop, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        params_ignores_kv_heads,
-        params_kv_width_is_head_count,
-        params_forgets_output_projection,
-        params_full_width_biases,
+        permute_forgets_w_o,
+        permute_w_o_columns,
+        permute_only_queries_and_keys,
+        permute_inverse,
+        permute_strided_blocks,
     ],
 )
-def test_parameter_count_rejects_wrong(wrong):
-    assert not ch03.check_attention_parameter_count(wrong, verbose=False)
+def test_permute_heads_rejects_wrong(wrong):
+    assert not ch03.check_permute_heads(wrong, verbose=False)
 
 
-def test_parameter_count_is_exact():
-    """Off by one parameter out of millions is still wrong."""
-    assert not ch03.check_attention_parameter_count(
-        lambda d_model, num_heads, num_kv_heads, bias: (
-            params_correct(d_model, num_heads, num_kv_heads, bias) + 1
-        ),
-        verbose=False,
+def test_permute_heads_explains_what_changed():
+    result = ch03.check_permute_heads(permute_forgets_w_o, verbose=False)
+    assert "must not change" in result.message
+    result = ch03.check_permute_heads(permute_inverse, verbose=False)
+    assert "order[r]" in result.message
+
+
+def test_permute_heads_reports_a_stub_and_a_wrong_return():
+    def stub(w_q, w_k, w_v, w_o, num_heads, order):
+        raise NotImplementedError
+
+    assert "not attempted yet" in ch03.check_permute_heads(stub, verbose=False).message
+    result = ch03.check_permute_heads(
+        lambda w_q, w_k, w_v, w_o, num_heads, order: w_q, verbose=False
     )
+    assert not result and "expected a tuple" in result.message
 
 
-@pytest.mark.parametrize(("d_model", "num_heads"), [(12, 1), (12, 3), (12, 4), (64, 8)])
-@pytest.mark.parametrize("bias", [True, False])
-def test_reference_parameter_count_matches_the_companion_module(d_model, num_heads, bias):
-    module = MultiHeadAttention(d_model, num_heads, bias=bias)
-    expected = ch03.reference_attention_parameter_count(d_model, num_heads, num_heads, bias)
-    assert count_parameters(module) == expected
-    assert expected == 4 * d_model**2 + 4 * d_model * bias
+def test_permuted_companion_module_computes_the_same_layer():
+    """The reference applied to a trained-looking companion module (nn.Linear stores W.T)."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(12, 3, bias=False)
+    x = torch.randn(2, 5, 12)
+    order = [2, 0, 1]
+    math_w = [
+        p.weight.T for p in (module.query_proj, module.key_proj, module.value_proj, module.out_proj)
+    ]
+    permuted = ch03.reference_permute_heads(*math_w, num_heads=3, order=order)
+    other = MultiHeadAttention(12, 3, bias=False)
+    with torch.no_grad():
+        for proj, w in zip(
+            (other.query_proj, other.key_proj, other.value_proj, other.out_proj), permuted
+        ):
+            proj.weight.copy_(w.T)
+        out, weights = module(x, x, x, need_weights=True)
+        out2, weights2 = other(x, x, x, need_weights=True)
+    torch.testing.assert_close(out2, out)
+    torch.testing.assert_close(weights2, weights[:, order])
 
 
 # --------------------------------------------------------------------------------------------
-# kv_cache_bytes
+# head_entropy
 # --------------------------------------------------------------------------------------------
 
 
-def kv_correct(seq_len, num_layers, d_model, num_heads, num_kv_heads, bytes_per_value, batch):
-    return (
-        2 * batch * seq_len * num_layers * num_kv_heads * (d_model // num_heads) * bytes_per_value
-    )
+def entropy_masked_log(weights):
+    safe = torch.where(weights > 0, weights, torch.ones_like(weights))
+    return -(weights * torch.log(safe)).sum(-1).mean((0, 2))
 
 
-def kv_keys_only(seq_len, num_layers, d_model, num_heads, num_kv_heads, bytes_per_value, batch):
-    return batch * seq_len * num_layers * num_kv_heads * (d_model // num_heads) * bytes_per_value
+def entropy_naive_log(weights):
+    # 0 · log 0 = 0 · (-inf) = NaN for every blocked or underflowed key
+    return -(weights * torch.log(weights)).sum(-1).mean((0, 2))
 
 
-def kv_ignores_grouping(
-    seq_len, num_layers, d_model, num_heads, num_kv_heads, bytes_per_value, batch
-):
-    return 2 * batch * seq_len * num_layers * d_model * bytes_per_value
+def entropy_in_bits(weights):
+    return ch03.reference_head_entropy(weights) / math.log(2)
 
 
-def kv_in_values_not_bytes(
-    seq_len, num_layers, d_model, num_heads, num_kv_heads, bytes_per_value, batch
-):
-    return 2 * batch * seq_len * num_layers * num_kv_heads * (d_model // num_heads)
+def entropy_over_queries(weights):
+    # the distribution is over the keys (dim -1), not over the queries
+    return -torch.special.xlogy(weights, weights).sum(-2).mean((0, 2))
 
 
-def kv_forgets_batch(seq_len, num_layers, d_model, num_heads, num_kv_heads, bytes_per_value, batch):
-    return 2 * seq_len * num_layers * num_kv_heads * (d_model // num_heads) * bytes_per_value
+def entropy_of_the_mean_weights(weights):
+    # entropy of the averaged distribution: never below the mean entropy (concavity)
+    mean = weights.mean((0, 2))  # (heads, k_len)
+    return -torch.special.xlogy(mean, mean).sum(-1)
 
 
-def test_kv_cache_accepts_correct():
-    assert ch03.check_kv_cache_bytes(kv_correct, verbose=False)
+def entropy_sign_flipped(weights):
+    return torch.special.xlogy(weights, weights).sum(-1).mean((0, 2))
+
+
+def test_head_entropy_accepts_correct():
+    assert ch03.check_head_entropy(ch03.reference_head_entropy, verbose=False)
+    assert ch03.check_head_entropy(entropy_masked_log, verbose=False)
 
 
 @pytest.mark.parametrize(
-    "wrong", [kv_keys_only, kv_ignores_grouping, kv_in_values_not_bytes, kv_forgets_batch]
+    "wrong",
+    [
+        entropy_naive_log,
+        entropy_in_bits,
+        entropy_over_queries,
+        entropy_of_the_mean_weights,
+        entropy_sign_flipped,
+    ],
 )
-def test_kv_cache_rejects_wrong(wrong):
-    assert not ch03.check_kv_cache_bytes(wrong, verbose=False)
+def test_head_entropy_rejects_wrong(wrong):
+    assert not ch03.check_head_entropy(wrong, verbose=False)
 
 
-def test_kv_cache_reference_known_values():
-    mib = 2**20
-    kwargs = dict(
-        seq_len=4096, num_layers=1, d_model=4096, num_heads=32, bytes_per_value=2, batch=1
-    )
-    assert ch03.reference_kv_cache_bytes(num_kv_heads=32, **kwargs) == 64 * mib
-    assert ch03.reference_kv_cache_bytes(num_kv_heads=8, **kwargs) == 16 * mib
-    assert ch03.reference_kv_cache_bytes(num_kv_heads=1, **kwargs) == 2 * mib
+def test_head_entropy_bounds():
+    uniform = torch.full((2, 3, 4, 5), 0.2)
+    torch.testing.assert_close(ch03.reference_head_entropy(uniform), torch.full((3,), math.log(5)))
+    one_hot = torch.zeros(2, 3, 4, 5)
+    one_hot[..., 0] = 1.0
+    torch.testing.assert_close(ch03.reference_head_entropy(one_hot), torch.zeros(3))
+
+
+def test_entropy_cases_contain_exact_zeros():
+    assert any((case["weights"] == 0).any() for case in ch03._entropy_cases())
 
 
 # --------------------------------------------------------------------------------------------

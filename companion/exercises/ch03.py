@@ -13,8 +13,8 @@ exercise                           check
 split a per-head fused projection  :func:`check_split_fused_qkv`
 multi-head attention from weights  :func:`check_multi_head_attention`
 grouped-query attention            :func:`check_grouped_query_attention`
-parameters of MHA / GQA / MQA      :func:`check_attention_parameter_count`
-the key/value cache in bytes       :func:`check_kv_cache_bytes`
+reorder the heads, same layer      :func:`check_permute_heads`
+the entropy of each head           :func:`check_head_entropy`
 =================================  ============================================
 
 Weight matrices follow the *math* convention of the chapter, ``y = x W`` with ``W`` of shape
@@ -29,14 +29,22 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
+from companion._validation import check_callable as _require_callable
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    call_reader,
+    compare,
+    run_check,
+    seeded_generator,
+)
 
 __all__ = [
     "check_split_fused_qkv",
     "check_multi_head_attention",
     "check_grouped_query_attention",
-    "check_attention_parameter_count",
-    "check_kv_cache_bytes",
+    "check_permute_heads",
+    "check_head_entropy",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -283,113 +291,174 @@ def check_grouped_query_attention(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: parameters of multi-head, grouped-query and multi-query attention
+# Exercise 4: reorder the heads without changing the layer
 # --------------------------------------------------------------------------------------------
 
 
-def reference_attention_parameter_count(
-    d_model: int, num_heads: int, num_kv_heads: int, bias: bool
-) -> int:
-    """Parameters of one attention block whose ``num_heads`` query heads share
-    ``num_kv_heads`` key/value heads (MHA: ``num_kv_heads = num_heads``; MQA: 1; GQA: between).
+def reference_permute_heads(
+    w_q: Tensor, w_k: Tensor, w_v: Tensor, w_o: Tensor, num_heads: int, order: list[int]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Reorder the heads of a multi-head attention layer (math convention ``y = x W``).
 
-    Every head has width ``head_dim = d_model / num_heads``. ``W_Q`` and ``W_O`` are
-    ``d_model × d_model``; ``W_K`` and ``W_V`` are ``d_model × (num_kv_heads · head_dim)``;
-    with ``bias`` each projection also has one bias per output.
+    Head ``r`` of the result is head ``order[r]`` of the input: its ``d_k`` columns of ``w_q``
+    and ``w_k``, its ``d_v`` columns of ``w_v`` and its ``d_v`` **rows** of ``w_o`` move
+    together, so the layer computes the same output and its weights are the old ones with the
+    head axis reordered.
+
+    Args:
+        w_q, w_k: shape ``(d_model, num_heads · d_k)``.
+        w_v: shape ``(d_model, num_heads · d_v)``.
+        w_o: shape ``(num_heads · d_v, d_model)``.
+        num_heads: number of heads.
+        order: a permutation of ``0 … num_heads - 1``.
+
+    Returns:
+        ``(w_q, w_k, w_v, w_o)`` with the shapes of the inputs.
     """
-    head_dim = d_model // num_heads
-    kv_dim = num_kv_heads * head_dim
-    weights = 2 * d_model * d_model + 2 * d_model * kv_dim  # W_Q, W_O; W_K, W_V
-    biases = 2 * d_model + 2 * kv_dim if bias else 0
-    return weights + biases
+    index = torch.as_tensor(order)
+
+    def columns(w: Tensor) -> Tensor:  # (d_model, h·d) → the same, head blocks reordered
+        return w.unflatten(1, (num_heads, -1))[:, index].flatten(1)
+
+    rows = w_o.unflatten(0, (num_heads, -1))[index].flatten(0, 1)  # (h·d_v, d_model)
+    return columns(w_q), columns(w_k), columns(w_v), rows
 
 
-def _parameter_cases() -> list[Case]:
-    # (d_model, num_heads, num_kv_heads, bias)
+def _permute_cases() -> list[Case]:
+    g = seeded_generator(304)
     settings = [
-        (12, 3, 3, True),  # the walk-through's module: 4·144 + 4·12 = 624
-        (512, 8, 8, True),  # the paper's base model: 1,050,624
-        (512, 8, 8, False),
-        (4096, 32, 8, False),  # grouped-query attention, 8 key/value heads
-        (4096, 32, 1, False),  # multi-query attention
-        (64, 4, 2, True),  # GQA with biases
-        (8, 2, 1, True),
+        # (batch, q_len, k_len, d_model, num_heads, d_k, d_v, order)
+        (2, 5, 5, 12, 3, 4, 4, [2, 0, 1]),  # a cycle: applying `order` or its inverse differ
+        (2, 4, 6, 12, 4, 3, 3, [1, 0, 3, 2]),  # cross-attention, two swaps
+        (1, 4, 4, 8, 2, 3, 5, [1, 0]),  # d_k != d_v, h·d_v = 10 != d_model: W_O is (10, 8)
+        (2, 3, 3, 16, 4, 4, 4, [3, 1, 2, 0]),
+        (1, 5, 5, 12, 3, 4, 4, [0, 1, 2]),  # the identity: nothing may change
+        (2, 4, 4, 24, 6, 4, 4, [5, 3, 1, 4, 2, 0]),
     ]
-    return [{"d_model": d, "num_heads": h, "num_kv_heads": g, "bias": b} for d, h, g, b in settings]
+    cases: list[Case] = []
+    for batch, q_len, k_len, d_model, heads, d_k, d_v, order in settings:
+        std = 1 / math.sqrt(d_model)
+        cases.append(
+            {
+                "query": torch.randn(batch, q_len, d_model, generator=g),
+                "key": torch.randn(batch, k_len, d_model, generator=g),
+                "w_q": 2 * std * torch.randn(d_model, heads * d_k, generator=g),
+                "w_k": 2 * std * torch.randn(d_model, heads * d_k, generator=g),
+                "w_v": std * torch.randn(d_model, heads * d_v, generator=g),
+                "w_o": torch.randn(heads * d_v, d_model, generator=g) / math.sqrt(heads * d_v),
+                "num_heads": heads,
+                "order": order,
+            }
+        )
+    return cases
 
 
-def check_attention_parameter_count(
-    attention_parameter_count: Callable[[int, int, int, bool], int], verbose: bool = True
+def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = True) -> CheckResult:
+    """Check ``permute_heads(w_q, w_k, w_v, w_o, num_heads, order)`` → ``(w_q, w_k, w_v, w_o)``.
+
+    Not by comparing matrices but by what the layer computes: with the returned weights,
+    multi-head attention must give the **same output** as before, and its weights
+    ``(batch, heads, q_len, k_len)`` must be the old ones with head ``r`` = old head
+    ``order[r]``.
+    """
+    name = "permute_heads"
+    _require_callable("permute_heads", permute_heads)
+    result: CheckResult | None = None
+    count = 0
+    for count, case in enumerate(_permute_cases(), start=1):
+        query, key, order = case["query"], case["key"], case["order"]
+        layer = {k: case[k] for k in ("w_q", "w_k", "w_v", "w_o", "num_heads")}
+        args = {k: v.clone() if isinstance(v, Tensor) else v for k, v in layer.items()}
+        got, result = call_reader(name, count, permute_heads, {**args, "order": list(order)})
+        if result is not None:
+            break
+        before_out, before_w = reference_multi_head_attention(query, key, key, **layer)
+        problem = None
+        if not isinstance(got, (tuple, list)) or len(got) != 4:
+            problem = f"expected a tuple (w_q, w_k, w_v, w_o), got {type(got).__name__}"
+        else:
+            shapes = [tuple(w.shape) for w in (case["w_q"], case["w_k"], case["w_v"], case["w_o"])]
+            got_shapes = [tuple(w.shape) if isinstance(w, Tensor) else None for w in got]
+            if got_shapes != shapes:
+                problem = f"the four matrices must keep their shapes {shapes}, got {got_shapes}"
+            else:
+                w_q, w_k, w_v, w_o = got
+                out, weights = reference_multi_head_attention(
+                    query, key, key, w_q, w_k, w_v, w_o, case["num_heads"]
+                )
+                problem = compare(
+                    before_w[:, order],
+                    weights,
+                    path="the weights of new head r (old head order[r])",
+                ) or compare(before_out, out, path="the layer's output (it must not change)")
+        if problem:
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: case {count} is wrong.\n   {problem}\n   inputs: "
+                f"num_heads {case['num_heads']}, order {order}, w_q {tuple(case['w_q'].shape)}, "
+                f"w_v {tuple(case['w_v'].shape)}, w_o {tuple(case['w_o'].shape)}",
+            )
+            break
+    if result is None:
+        result = CheckResult(name, True, count, f"✅ {name}: all {count} cases keep the layer.")
+    if verbose:
+        print(result.message)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: how sharp is each head? The entropy of its weights
+# --------------------------------------------------------------------------------------------
+
+
+def reference_head_entropy(weights: Tensor) -> Tensor:
+    """Mean entropy, in nats, of each head's attention distributions.
+
+    For every batch element ``b``, head ``r`` and query ``i``, the row ``weights[b, r, i]`` is a
+    distribution over the keys; its entropy is ``-Σ_j α_ij ln α_ij`` with ``0 · ln 0 = 0``
+    (blocked keys have weight exactly 0). The result averages over the batch and the queries.
+
+    Args:
+        weights: shape ``(batch, num_heads, q_len, k_len)``, rows summing to 1.
+
+    Returns:
+        Shape ``(num_heads,)``: 0 for a head that puts all its weight on one key, ``ln k_len``
+        for a uniform one.
+    """
+    per_row = -torch.special.xlogy(weights, weights).sum(-1)  # (batch, heads, q_len)
+    return per_row.mean((0, 2))  # (heads,)
+
+
+def _entropy_cases() -> list[Case]:
+    g = seeded_generator(305)
+    cases: list[Case] = []
+    for batch, heads, q_len, k_len, sharpness, blocked in (
+        (2, 3, 5, 5, 1.0, 0),  # ordinary weights
+        (2, 4, 3, 6, 4.0, 2),  # sharper heads, the last two keys blocked (weight 0)
+        (1, 2, 4, 4, 30.0, 0),  # nearly one-hot: many weights underflow to 0
+        (3, 1, 2, 7, 0.5, 3),  # one head, a short query axis
+        (2, 8, 6, 3, 2.0, 1),  # more heads than keys
+    ):
+        scores = sharpness * torch.randn(batch, heads, q_len, k_len, generator=g)
+        scale = torch.linspace(0.2, 2.0, heads)[None, :, None, None]  # heads of different sharpness
+        scores = scores * scale
+        if blocked:
+            scores[..., k_len - blocked :] = float("-inf")
+        cases.append({"weights": torch.softmax(scores, dim=-1)})
+    uniform = torch.full((1, 2, 3, 4), 0.25)  # ln 4 in every head
+    one_hot = torch.zeros(1, 2, 3, 4)
+    one_hot[..., 1] = 1.0  # 0 in every head
+    cases += [{"weights": uniform}, {"weights": one_hot}]
+    return cases
+
+
+def check_head_entropy(
+    head_entropy: Callable[[Tensor], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``attention_parameter_count(d_model, num_heads, num_kv_heads, bias)`` (exact)."""
+    """Check ``head_entropy(weights)``: ``(batch, heads, q_len, k_len)`` → ``(heads,)``, the mean
+    entropy in nats of each head's rows; keys with weight 0 add nothing (never NaN)."""
     return run_check(
-        "attention_parameter_count",
-        attention_parameter_count,
-        reference_attention_parameter_count,
-        _parameter_cases(),
-        atol=0.0,
-        rtol=0.0,
-        verbose=verbose,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 5: the key/value cache, in bytes
-# --------------------------------------------------------------------------------------------
-
-
-def reference_kv_cache_bytes(
-    seq_len: int,
-    num_layers: int,
-    d_model: int,
-    num_heads: int,
-    num_kv_heads: int,
-    bytes_per_value: int,
-    batch: int,
-) -> int:
-    """Bytes needed to cache the keys *and* values of ``seq_len`` tokens in every layer.
-
-    Each layer stores, per sequence and per token, one key and one value vector for each of the
-    ``num_kv_heads`` key/value heads, each of ``head_dim = d_model / num_heads`` numbers.
-    """
-    head_dim = d_model // num_heads
-    values_per_token = 2 * num_kv_heads * head_dim  # one key + one value per key/value head
-    return batch * seq_len * num_layers * values_per_token * bytes_per_value
-
-
-def _kv_cases() -> list[Case]:
-    # (seq_len, num_layers, d_model, num_heads, num_kv_heads, bytes_per_value, batch)
-    settings = [
-        (4096, 1, 4096, 32, 32, 2, 1),  # MHA, one layer: 64 MiB in fp16
-        (4096, 1, 4096, 32, 8, 2, 1),  # GQA: 16 MiB
-        (4096, 1, 4096, 32, 1, 2, 1),  # MQA: 2 MiB
-        (4096, 32, 4096, 32, 8, 2, 4),  # a batch of 4 through 32 layers
-        (100, 6, 512, 8, 8, 4, 3),  # the paper's base model in fp32
-        (7, 2, 12, 3, 1, 1, 2),  # int8, tiny
-    ]
-    return [
-        {
-            "seq_len": n,
-            "num_layers": layers,
-            "d_model": d,
-            "num_heads": h,
-            "num_kv_heads": g,
-            "bytes_per_value": size,
-            "batch": batch,
-        }
-        for n, layers, d, h, g, size, batch in settings
-    ]
-
-
-def check_kv_cache_bytes(kv_cache_bytes: Callable[..., int], verbose: bool = True) -> CheckResult:
-    """Check ``kv_cache_bytes(seq_len, num_layers, d_model, num_heads, num_kv_heads,
-    bytes_per_value, batch)`` (exact)."""
-    return run_check(
-        "kv_cache_bytes",
-        kv_cache_bytes,
-        reference_kv_cache_bytes,
-        _kv_cases(),
-        atol=0.0,
-        rtol=0.0,
-        verbose=verbose,
+        "head_entropy", head_entropy, reference_head_entropy, _entropy_cases(), verbose=verbose
     )
