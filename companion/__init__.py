@@ -2,7 +2,7 @@
 
 One module per concept (ARCHITECTURE.md draws the stack): :mod:`companion.masking`,
 :mod:`companion.positional`, :mod:`companion.attention`, :mod:`companion.cache`,
-:mod:`companion.layers`, :mod:`companion.model`, :mod:`companion.families` (decoder-only and
+:mod:`companion.layers`, :mod:`companion.moe`, :mod:`companion.model`, :mod:`companion.families` (decoder-only and
 encoder-only models), :mod:`companion.interop`, :mod:`companion.data`, training with
 :mod:`companion.configs`, :mod:`companion.train` (one step), :mod:`companion.checkpoint`,
 :mod:`companion.history`, :mod:`companion.distributed`, :mod:`companion.trainer` (the loop)

@@ -53,6 +53,7 @@ LAYERS: dict[str, int] = {
     "companion.clinic.ward2": 5,
     "companion.data.prepare": 5,
     "companion.data.lm": 5,
+    "companion.moe": 5,
     "companion.data": 6,
     "companion.interop": 6,
     "companion.checkpoint": 6,
