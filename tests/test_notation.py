@@ -31,6 +31,14 @@ RULES = [
      "a sequence length is seq_len (q_len, k_len where they differ), its symbol n"),
     ("dk spelled d_k in text mode", re.compile(r"\$d_\{?\\text\{k\}"), "prose",
      "the key width is $d_k$"),
+    ("superscript feed-forward weight", re.compile(r"W\^\{?[12]"), "both",
+     "the feed-forward matrices are $W_1$, $W_2$ (chapter 7); layer l's is $W_2^{(l)}$"),
+    ("scaled s_ij", re.compile(r"s_\{?ij\}?(?:\^\{?\(r\)\}?)?\s*=\s*\\frac\s*\{\s*q_i"), "prose",
+     "$s_{ij} = q_i \\cdot k_j$ is the raw dot product; the softmax's input is $s_{ij}/\\sqrt{d_k}$"),
+    ("len in a shape", re.compile(r"\((?:[^()\n,]+, )+len\b(?!\()"), "both",
+     "a sequence length in a shape is seq_len (q_len, k_len, src_len, tgt_len), never len"),
+    ("LEN constant", re.compile(r"\bLEN_[A-Z0-9_]+\b"), "code",
+     "a sequence-length constant is SEQ_LEN (or SRC_LEN, TRAIN_LEN, ...), never LEN_..."),
 ]  # fmt: skip
 
 
@@ -67,6 +75,14 @@ def test_one_notation(path):
         ("$W^{K}_i$", "superscript projection"),
         ("q = x.view(batch, seq, heads, d_head)", "d_head in code"),
         ("LENGTH = 12", "LENGTH"),
+        ("the gradient of $W^{2,N}$, the second weight matrix", "superscript feed-forward weight"),
+        ("$\\partial \\mathcal{L} / \\partial W^2$", "superscript feed-forward weight"),
+        ("\\qquad s_{ij} = \\frac{q_i \\cdot k_j}{\\sqrt{d_k}} .", "scaled s_ij"),
+        ("s_{ij}^{(r)} = \\frac{q_i \\cdot k_j}{\\sqrt{d_{\\text{head}}}} - m_r", "scaled s_ij"),
+        ("x = torch.randn(2, 16, 64)  # (batch, len, d_model)", "len in a shape"),
+        ("selected = targets != PAD_ID  # (batch, len - 1)", "len in a shape"),
+        ("`(batch, len)` padded with 0", "len in a shape"),
+        ("BATCH_INIT, LEN_INIT = 8, 16", "LEN constant"),
     ],
 )
 def test_the_rules_catch_the_old_spellings(line, rule):
@@ -76,8 +92,14 @@ def test_the_rules_catch_the_old_spellings(line, rule):
 
 @pytest.mark.parametrize(
     "line",
-    ["$W_Q$ and $W_O^{(r)}$", "$d_\\text{head} = d_\\text{model}/h$", "head_dim = 64", "seq_len = 12"],
-)
+    [
+        "$W_Q$ and $W_O^{(r)}$", "$d_\\text{head} = d_\\text{model}/h$", "head_dim = 64", "seq_len = 12",
+        "$\\partial \\mathcal{L} / \\partial W_2^{(N)}$", "$x W_1 + b_1$", "$\\mathrm{PE}(i)^{2}$",
+        "\\qquad s_{ij} = q_i \\cdot k_j .", "\\alpha_{ij} = \\frac{e^{s_{ij}/\\sqrt{d_k}}}{Z_i}",
+        "x = torch.randn(2, 16, 64)  # (batch, seq_len, d_model)", "lengths = [len(s) for s in ids]",
+        "print(f'{len(runs)} runs')", "SRC_LEN, TRAIN_LEN, SEQ_LEN = 9, 16, 12",
+    ],
+)  # fmt: skip
 def test_the_rules_pass_the_new_spellings(line):
     hits = [r[0] for r in RULES if r[1].search(line)]
     assert not hits, f"{line!r} is the new notation but {hits} flag it"
