@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion._validation import check_instance, check_positive_int
+from companion._validation import check_callable, check_instance, check_positive_int
 
 __all__ = [
     "PAD_ID",
@@ -38,6 +38,12 @@ __all__ = [
     "TokenEmbedding",
     "greedy_decode",
     "sequence_loss",
+    "READER_VOCAB_SIZE",
+    "padded_batch",
+    "teacher_forcing",
+    "ReaderAttention",
+    "ReaderTransformer",
+    "Patient",
 ]
 
 #: The toy task's ids follow :mod:`companion.data.vocab`: four special tokens, then 7 symbols.
@@ -395,3 +401,223 @@ def sequence_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy of ``logits (batch, len, vocab)`` against ``targets (batch, len)``,
     padding ignored. ``F.cross_entropy`` applies the log-softmax itself: pass logits."""
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=PAD_ID)
+
+
+# --------------------------------------------------------------------------------------------
+# Ward 1 for any model: a reader's Transformer, a padded variable-length task, the patient
+# --------------------------------------------------------------------------------------------
+
+#: The padded task's vocabulary: the four special tokens and 12 symbols (ids 4-15). It differs
+#: from :data:`VOCAB_SIZE` on purpose: the diagnostics of :mod:`companion.clinic.toolkit` take
+#: the vocabulary as an argument, never from a constant.
+READER_VOCAB_SIZE = 16
+
+
+def padded_batch(
+    batch_size: int,
+    generator: torch.Generator,
+    *,
+    vocab_size: int = READER_VOCAB_SIZE,
+    min_len: int = 4,
+    max_len: int = 9,
+) -> tuple[Tensor, Tensor]:
+    """A padded batch of the *every other symbol, reversed* task: ``(src, tgt)``.
+
+    Sentence ``b`` has ``n_b`` symbols (drawn from ``min_len … max_len``, ids ``4 …
+    vocab_size - 1``). ``src (batch, src_len)`` is the symbols and ``<eos>``, right-padded
+    with ``<pad>`` to the longest source; ``tgt (batch, tgt_len)`` is ``<bos>``, the symbols at
+    even positions ``0, 2, 4, …`` in reverse order, ``<eos>``, right-padded. Source and target
+    lengths differ (``tgt`` holds about half the symbols), and every batch has padding on
+    both sides unless all lengths agree: the case where padding and loss bugs show symptoms.
+    :func:`teacher_forcing` splits ``tgt`` into the decoder input and the labels.
+    """
+    check_positive_int("batch_size", batch_size)
+    check_instance("generator", generator, torch.Generator, "a torch.Generator")
+    check_positive_int("vocab_size", vocab_size, minimum=5)
+    check_positive_int("min_len", min_len)
+    check_positive_int("max_len", max_len, minimum=min_len)
+    lengths = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator)  # (batch,)
+    src_rows, tgt_rows = [], []
+    for n in lengths.tolist():
+        symbols = torch.randint(4, vocab_size, (n,), generator=generator)  # (n,)
+        src_rows.append(torch.cat([symbols, torch.tensor([EOS_ID])]))  # (n + 1,)
+        kept = symbols[0::2].flip(0)  # (ceil(n / 2),): even positions, reversed
+        tgt_rows.append(torch.cat([torch.tensor([BOS_ID]), kept, torch.tensor([EOS_ID])]))
+    src = nn.utils.rnn.pad_sequence(src_rows, batch_first=True, padding_value=PAD_ID)
+    tgt = nn.utils.rnn.pad_sequence(tgt_rows, batch_first=True, padding_value=PAD_ID)
+    return src, tgt  # (batch, src_len), (batch, tgt_len)
+
+
+def teacher_forcing(tgt: Tensor) -> tuple[Tensor, Tensor]:
+    """``tgt (batch, tgt_len)`` → ``(tgt_in, labels)``, each ``(batch, tgt_len - 1)``: the
+    decoder reads tokens ``0 … n-2`` and predicts tokens ``1 … n-1`` (the label of position
+    ``t`` is the *next* token)."""
+    return tgt[:, :-1], tgt[:, 1:]  # (batch, tgt_len - 1) each
+
+
+class ReaderAttention(MultiHeadAttention):
+    """The clinic's attention written as most tutorials write it: blocked scores set to
+    ``-1e9`` (not ``-inf``), so a row with every key blocked gives a uniform softmax instead of
+    NaN, and a mask on the wrong axis runs without a sign."""
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``q (batch, heads, q_len, d_head)``, ``k``/``v (batch, heads, k_len, d_head)`` →
+        ``(output, weights)``, ``(batch, heads, q_len, d_head)`` and ``(batch, heads, q_len,
+        k_len)``."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (batch, heads, q_len, k_len)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, -1e9)  # blocked keys: weight exp(-1e9) = 0
+        weights = self.normalise(scores)  # (batch, heads, q_len, k_len)
+        return self.dropout(weights) @ v, weights  # (batch, heads, q_len, d_head)
+
+    def normalise(self, scores: Tensor) -> Tensor:
+        """Softmax over the keys (the last axis): each query's weights sum to 1."""
+        return torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len)
+
+
+class ReaderTransformer(nn.Module):
+    """A reader's encoder-decoder in plain PyTorch, for the diagnostics that work on any model.
+
+    Its own names (``embed``, ``encoder_layers``, ``decoder_layers``), one embedding table
+    shared by source, target and output (tied weights, no output bias, the output rescaled by
+    ``1/√d_model``), sinusoidal positions,
+    the clinic's Post-LN layers with :class:`ReaderAttention`, dropout 0.1 by default. Each
+    ward-1 bug for any model (:mod:`companion.clinic.ward1`) overrides one method.
+
+    Args:
+        vocab_size: one vocabulary for source, target and output.
+        d_model, num_heads, num_layers, d_ff: sizes (``num_layers`` in each stack).
+        dropout: dropout probability everywhere.
+        max_len: positions in the table.
+        pad_id: the padding id (masked as a key).
+        attention: the attention class (default :class:`ReaderAttention`); a bug swaps it.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = READER_VOCAB_SIZE,
+        d_model: int = 32,
+        num_heads: int = 4,
+        num_layers: int = 2,
+        d_ff: int = 64,
+        dropout: float = 0.1,
+        max_len: int = 64,
+        pad_id: int = PAD_ID,
+        attention: type[ReaderAttention] | None = None,
+    ) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_heads", num_heads),
+                            ("num_layers", num_layers), ("d_ff", d_ff), ("max_len", max_len)):  # fmt: skip
+            check_positive_int(name, value)
+        if d_model % (2 * num_heads):
+            raise ValueError(
+                f"d_model must be a multiple of 2·num_heads = {2 * num_heads}, got {d_model}"
+            )
+        attention = ReaderAttention if attention is None else attention
+        if not (isinstance(attention, type) and issubclass(attention, ReaderAttention)):
+            raise TypeError(f"attention must be a ReaderAttention subclass, got {attention!r}")
+        self.sizes = dict(vocab_size=vocab_size, d_model=d_model, num_heads=num_heads,
+                          num_layers=num_layers, d_ff=d_ff, dropout=dropout, max_len=max_len,
+                          pad_id=pad_id)  # fmt: skip
+        self.pad_id, self.d_model = pad_id, d_model
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.init_embedding()
+        table = PositionalEncoding.build_table(max_len, d_model)  # (max_len, d_model)
+        self.register_buffer("pe", table, persistent=False)  # (max_len, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.encoder_layers = self.make_stack(
+            lambda: EncoderLayer(d_model, num_heads, d_ff, dropout, attention), num_layers
+        )
+        self.decoder_layers = self.make_stack(
+            lambda: DecoderLayer(d_model, num_heads, d_ff, dropout, attention), num_layers
+        )
+
+    def init_embedding(self) -> None:
+        """Rows of std ``1/√d_model``: ``× √d_model`` at the input gives unit-size vectors, and
+        the tied output gives logits of size about 1."""
+        nn.init.normal_(self.embed.weight, std=self.d_model**-0.5)
+
+    def make_stack(self, make_layer: Callable[[], nn.Module], num_layers: int) -> nn.Module:
+        """``num_layers`` layers in an ``nn.ModuleList``: registered, so in ``parameters()``,
+        ``state_dict()`` and moved by ``.to()``."""
+        return nn.ModuleList(make_layer() for _ in range(num_layers))
+
+    def add_positions(self, x: Tensor) -> Tensor:
+        """``x (batch, seq, d_model)`` → the same shape: position ``p`` added to token ``p``."""
+        return x + self.pe[: x.size(1)]  # (seq, d_model) broadcast over the batch
+
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        """``(batch, seq)`` ids → ``(batch, seq, d_model)``: scaled embedding, positions, dropout."""
+        return self.drop(self.add_positions(self.embed(ids) * math.sqrt(self.d_model)))
+
+    def padding_mask(self, ids: Tensor) -> Tensor:
+        """``(batch, 1, 1, seq)``, ``True`` on the real keys: every query ignores the pads."""
+        return (ids != self.pad_id)[:, None, None, :]  # (batch, 1, 1, seq)
+
+    def encoder_mask(self, src: Tensor) -> Tensor:
+        """The encoder's self-attention mask: the source's key padding mask."""
+        return self.padding_mask(src)  # (batch, 1, 1, src_len)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """``src (batch, src_len)``, ``tgt_in (batch, tgt_len)`` → logits ``(batch, tgt_len,
+        vocab_size)``."""
+        memory = self.embed_tokens(src)  # (batch, src_len, d_model)
+        for layer in self.encoder_layers:
+            memory = layer(memory, self.encoder_mask(src))  # (batch, src_len, d_model)
+        tgt_len = tgt_in.shape[1]
+        causal = torch.tril(torch.ones(tgt_len, tgt_len, dtype=torch.bool, device=tgt_in.device))
+        tgt_mask = self.padding_mask(tgt_in) & causal  # (batch, 1, tgt_len, tgt_len)
+        y = self.embed_tokens(tgt_in)  # (batch, tgt_len, d_model)
+        for layer in self.decoder_layers:
+            y = layer(y, memory, self.padding_mask(src), tgt_mask)  # (batch, tgt_len, d_model)
+        return self.output(y)  # (batch, tgt_len, vocab_size)
+
+    def output(self, y: Tensor) -> Tensor:
+        """``(batch, tgt_len, d_model)`` → logits ``(batch, tgt_len, vocab_size)``: the tied
+        table, rescaled by ``1/√d_model`` (the input multiplied by ``√d_model``; T5 rescales its
+        tied output the same way), so that the logits start small and the loss near ``ln V``."""
+        return (y @ self.embed.weight.T) * self.d_model**-0.5  # (batch, tgt_len, vocab_size)
+
+
+@dataclass
+class Patient:
+    """A model as a reader hands it to the clinic: the model and the code around it.
+
+    Attributes:
+        model: the ``nn.Module``.
+        logits: the reader's evaluation forward, ``(src (batch, src_len), tgt_in (batch,
+            tgt_len))`` → logits ``(batch, tgt_len, vocab_size)``.
+        loss: ``(logits (batch, len, vocab), labels (batch, len))`` → a scalar.
+        shift: ``tgt (batch, tgt_len)`` → ``(tgt_in, labels)`` (:func:`teacher_forcing`).
+        vocab_size, pad_id: the vocabulary size and the padding id.
+        label: what the patient's repr shows (a mystery patient hides its bug).
+    """
+
+    model: nn.Module
+    logits: Callable[..., Tensor]
+    loss: Callable[[Tensor, Tensor], Tensor]
+    shift: Callable[[Tensor], tuple[Tensor, Tensor]]
+    vocab_size: int
+    pad_id: int = PAD_ID
+    label: str = "patient"
+    condition: str | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_instance("model", self.model, nn.Module, "a torch.nn.Module")
+        for name in ("logits", "loss", "shift"):
+            check_callable(name, getattr(self, name))
+        check_positive_int("vocab_size", self.vocab_size, minimum=2)
+
+    def __repr__(self) -> str:
+        return f"Patient({self.label}: {type(self.model).__name__}, vocab_size={self.vocab_size})"
+
+    def batch(self, batch_size: int = 8, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+        """``(src, tgt_in, labels)`` of :func:`padded_batch`, split by the patient's own
+        ``shift``: shapes ``(batch, src_len)``, ``(batch, tgt_len - 1)`` twice."""
+        src, tgt = padded_batch(
+            batch_size, torch.Generator().manual_seed(seed), vocab_size=self.vocab_size
+        )
+        tgt_in, labels = self.shift(tgt)  # (batch, tgt_len - 1) each
+        return src, tgt_in, labels

@@ -1,34 +1,57 @@
 """The registry of chapter 11's bug clinic: :data:`BUGS`, each bug with the symptom it produces,
 the test that catches it and its fixed twin, and :func:`build`, a clinic model with one bug of
 ward 1 planted.
+
+For the diagnostics that work on any model: :data:`CONDITIONS`, the common bugs of a reader's
+own model and the code around it, :func:`admit`, a :class:`~companion.clinic.patient.Patient`
+with one of them (or none), and the exercise :func:`mystery` / :func:`check_diagnosis`: a
+patient with an unnamed bug, and the check of the reader's diagnosis.
 """
 
 from __future__ import annotations
 
+import random
+import re
 from dataclasses import dataclass
 
 import torch
 
+from companion._validation import check_instance
 from companion.clinic.patient import (
+    READER_VOCAB_SIZE,
     Decoder,
     DecoderLayer,
     MultiHeadAttention,
     Parts,
+    Patient,
     PositionalEncoding,
+    ReaderAttention,
+    ReaderTransformer,
     Transformer,
     greedy_decode,
+    sequence_loss,
+    teacher_forcing,
 )
 from companion.clinic.ward1 import (
     CausalOffByOne,
     DoubledExponentPositions,
+    LayersInAList,
+    QueryAxisPaddingMask,
     ScaleAfterSoftmax,
+    SeqFirstPositions,
     SharedAttentionLayer,
     SharedHeadProjection,
     SoftmaxGenerator,
+    SoftmaxOverQueries,
     SwappedDecoderCall,
+    UnscaledTiedOutput,
     ValueResidual,
     ViewWithoutTranspose,
     last_token_greedy_decode,
+    logits_in_eval,
+    logits_without_eval,
+    loss_over_padding,
+    unshifted_labels,
 )
 from companion.clinic.ward2 import (
     DetachedPositions,
@@ -48,7 +71,16 @@ from companion.clinic.ward2 import (
     stacked,
 )
 
-__all__ = ["Bug", "BUGS", "build"]
+__all__ = [
+    "Bug",
+    "BUGS",
+    "build",
+    "Condition",
+    "CONDITIONS",
+    "admit",
+    "mystery",
+    "check_diagnosis",
+]
 
 
 @dataclass(frozen=True)
@@ -146,3 +178,163 @@ def build(bug: int | None = None, seed: int = 0, **sizes: int | float) -> Transf
     cls, parts = kinds[bug]
     torch.manual_seed(seed)
     return cls(parts=parts, **sizes)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Any model: the conditions of a reader's Transformer, the patients, the mystery patient
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Condition:
+    """A common bug of a reader's model or of the code around it.
+
+    Attributes:
+        name: the bug, in a few words (the key of :data:`CONDITIONS`).
+        synonyms: other phrases :func:`check_diagnosis` accepts (lowercase words).
+        symptom: what a learner sees.
+        caught_by: the diagnostic of :mod:`companion.clinic.toolkit` that fails on it.
+        buggy: the class or function holding the bug.
+        fixed: its correct twin.
+    """
+
+    name: str
+    synonyms: tuple[str, ...]
+    symptom: str
+    caught_by: str
+    buggy: object
+    fixed: object
+
+
+#: The documented pool of :func:`mystery`: the common bugs, each caught by one diagnostic.
+CONDITIONS: dict[str, Condition] = {
+    condition.name: condition
+    for condition in [
+        Condition("batch_first confusion", ("batch first", "batch axis", "seq first", "sequence first",
+                  "size 0", "position of the batch", "positions by batch"),
+                  "a sentence's output depends on its row in the batch", "batch_independence",
+                  SeqFirstPositions, ReaderTransformer),
+        Condition("softmax over the wrong dimension", ("softmax", "wrong dim"),
+                  "outputs read later tokens; weights that do not sum to 1 per query",
+                  "causal_leak_check", SoftmaxOverQueries, ReaderAttention),
+        Condition("padding counted in the loss", ("padding in the loss", "pads in the loss",
+                  "padding counted", "pads counted", "loss counts", "ignore index",
+                  "loss over padding", "loss over the padding", "loss includes pad"),
+                  "the loss changes with the amount of padding", "loss_padding_check",
+                  loss_over_padding, sequence_loss),
+        Condition("unshifted labels", ("not shifted", "unshifted", "shift", "labels equal the input",
+                  "copy"), "the training loss falls to 0, the model predicts nothing",
+                  "label_shift_check", unshifted_labels, teacher_forcing),
+        Condition("padding mask on the query axis", ("query axis", "queries axis", "mask on the quer",
+                  "mask on queries", "query mask", "unsqueeze"),
+                  "outputs change when pads are appended", "padding_invariance",
+                  QueryAxisPaddingMask, ReaderTransformer),
+        Condition("model.eval() forgotten", ("eval", "dropout", "train mode", "training mode"),
+                  "two evaluations of the same sentence differ", "deterministic_check",
+                  logits_without_eval, logits_in_eval),
+        Condition("layers in a plain list", ("list", "not registered", "unregistered",
+                  "modulelist", "registration"),
+                  "layers missing from parameters() and state_dict(), never trained",
+                  "registration_check", LayersInAList, ReaderTransformer),
+        Condition("tied output not rescaled", ("scale", "tied", "tying", "initial loss",
+                  "loss at init", "sqrt"),
+                  "a loss far above ln V before training", "initial_loss_check",
+                  UnscaledTiedOutput, ReaderTransformer),
+    ]
+}  # fmt: skip
+
+
+def admit(condition: str | None = None, seed: int = 0) -> Patient:
+    """A :class:`~companion.clinic.patient.Patient` with ``condition`` (a key of
+    :data:`CONDITIONS`; ``None``: healthy): a :class:`~companion.clinic.patient.
+    ReaderTransformer` (vocabulary :data:`~companion.clinic.patient.READER_VOCAB_SIZE`,
+    dropout 0.1) initialised from ``torch.manual_seed(seed)``, its evaluation adapter, loss
+    and label shift, one of them buggy."""
+    if condition is not None and condition not in CONDITIONS:
+        raise ValueError(
+            f"condition must be None or one of {sorted(CONDITIONS)}, got {condition!r}"
+        )
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    models = {
+        "batch_first confusion": SeqFirstPositions,
+        "padding mask on the query axis": QueryAxisPaddingMask,
+        "layers in a plain list": LayersInAList,
+        "tied output not rescaled": UnscaledTiedOutput,
+    }
+    torch.manual_seed(seed)
+    if condition == "softmax over the wrong dimension":
+        model = ReaderTransformer(attention=SoftmaxOverQueries)
+    else:
+        model = models.get(condition, ReaderTransformer)()
+    forgetful = condition == "model.eval() forgotten"
+    return Patient(
+        model=model,
+        logits=(logits_without_eval if forgetful else logits_in_eval)(model),
+        loss=loss_over_padding if condition == "padding counted in the loss" else sequence_loss,
+        shift=unshifted_labels if condition == "unshifted labels" else teacher_forcing,
+        vocab_size=READER_VOCAB_SIZE,
+        label="healthy" if condition is None else condition,
+        condition=condition,
+    )
+
+
+def mystery(seed: int) -> Patient:
+    """A patient with an unnamed bug: one of :data:`CONDITIONS`, chosen by ``seed`` (the same
+    seed, the same bug and the same weights). Examine it with the toolkit
+    (:func:`companion.clinic.toolkit.examine` runs the diagnostics), name the bug, and check
+    the name with :func:`check_diagnosis`."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    names = list(CONDITIONS)
+    patient = admit(names[random.Random(seed).randrange(len(names))], seed)
+    patient.label = f"mystery patient {seed}"
+    return patient
+
+
+def _words(text: str) -> str:
+    """Lowercase words separated by single spaces, padded with a space on each side."""
+    return " " + " ".join(re.sub(r"[^a-z0-9√]+", " ", text.lower()).split()) + " "
+
+
+def _named(answer: str) -> list[str]:
+    """The conditions whose name or synonyms occur in ``answer``."""
+    said = _words(answer)
+    return [
+        name
+        for name, condition in CONDITIONS.items()
+        if any(_words(phrase).strip() in said for phrase in (name, *condition.synonyms))
+    ]
+
+
+def check_diagnosis(patient: Patient, answer: str, verbose: bool = True) -> bool:
+    """Whether ``answer`` names ``patient``'s bug: its name in :data:`CONDITIONS` or one of its
+    synonyms (case and punctuation do not matter, e.g. ``"forgot model.eval()"``). An answer
+    that names another bug, several bugs or none is rejected, with a hint: the diagnostic that
+    catches the bug. ``verbose`` prints the verdict."""
+    check_instance("patient", patient, Patient, "a clinic Patient (from mystery or admit)")
+    if not isinstance(answer, str):
+        raise TypeError(f"answer must be a str naming the bug, got {type(answer).__name__}")
+    truth = patient.condition
+    named = _named(answer)
+    if truth is None:
+        correct = not named and bool(re.search(r"healthy|no bug|none", answer.lower()))
+        message = (
+            "Right: this patient is healthy." if correct else "Not quite: this patient has no bug."
+        )
+    elif named == [truth]:
+        condition = CONDITIONS[truth]
+        correct = True
+        message = f"Right: {truth}. Symptom: {condition.symptom}; caught by {condition.caught_by}."
+    else:
+        correct = False
+        hint = f"Hint: look at what clinic.{CONDITIONS[truth].caught_by} says about it."
+        if not named:
+            message = f"{answer!r} names none of clinic.CONDITIONS. {hint}"
+        elif len(named) > 1:
+            message = f"{answer!r} names several bugs ({', '.join(named)}): name one. {hint}"
+        else:
+            message = f"Not {named[0]}: the diagnostics that catch it pass. {hint}"
+    if verbose:
+        print(message)
+    return correct

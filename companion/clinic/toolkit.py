@@ -1,30 +1,90 @@
 """The toy task and the toolkit of chapter 11's bug clinic: what examines the patient.
 
 :func:`toy_batch` (reverse 12 symbols), :func:`train_toy`, :func:`greedy_accuracy`, and the
-tests that find the bugs: :func:`parity` with the package's model (:func:`reference_model`
-copies the weights), :func:`causal_leak`, :func:`is_permutation_equivariant` and
-:func:`overfit_one_batch`.
+tests that find the bugs of the clinic's own model: :func:`parity` with the package's model
+(:func:`reference_model` copies the weights), :func:`causal_leak`,
+:func:`is_permutation_equivariant` and :func:`overfit_one_batch`.
+
+**Diagnostics for any model.** The second half works on any ``nn.Module`` through a small
+adapter, a *logits function*: a callable from token ids to logits,
+
+* decoder-only: ``logits_fn(ids)``, ``ids (batch, seq)`` → ``(batch, seq, vocab)``;
+* encoder-decoder: ``logits_fn(src, tgt_in)``, ``(batch, src_len)`` and ``(batch, tgt_len)``
+  → ``(batch, tgt_len, vocab)``.
+
+:func:`as_logits_fn` builds one from a module (evaluation mode, no gradient; a tuple output or
+a ``.logits`` attribute is unwrapped). Each diagnostic takes the adapter, the ``inputs`` (one
+id tensor or a tuple of them, in the adapter's order) and the vocabulary size and padding id
+where it needs them; none reads a parameter name or a constant of the clinic. Each returns a
+:class:`Finding`: ``passed``, a one-line ``summary`` with the numbers, ``details``; ``str()``
+reads ``PASS causal leak: ...``, and ``bool(finding)`` is ``finding.passed``.
+
+====================================  =====================================================
+diagnostic                            catches
+====================================  =====================================================
+:func:`causal_leak_check`             a decoder output that reads a later token (mask off by
+                                      one, softmax over the queries, a missing causal mask)
+:func:`permutation_equivariance`      a layer that mixes tokens by index (heads split
+                                      without a transpose)
+:func:`batch_independence`            a sentence's output that depends on the others or on
+                                      its row (batch_first confusion, a batch-axis slip)
+:func:`padding_invariance`            outputs that move when pads are appended (no padding
+                                      mask, a mask on the query axis)
+:func:`initial_loss_check`            a loss at initialisation far from ``ln V`` (scale slips
+                                      of the embedding or the tied output)
+:func:`overfit_check`                 a model that cannot learn one batch (double softmax)
+:func:`registration_check`            layers or weights kept in plain Python containers
+:func:`deterministic_check`           two evaluation calls that differ (``model.eval()``
+                                      forgotten: dropout on)
+:func:`loss_padding_check`            a loss that counts the padding positions
+:func:`label_shift_check`             labels not shifted (the model may copy its input)
+:func:`parity_with_torch`             any difference from ``torch.nn.Transformer`` after
+                                      mapping the ``state_dict`` (:func:`clinic_key_map`)
+====================================  =====================================================
+
+:func:`examine` runs all of them on a :class:`~companion.clinic.patient.Patient`. More
+patients: the bug museum of the repository, ``tests/mutants/catalogue.py``, lists the bugs
+planted in the package itself and the test that catches each (``tests/test_mutants.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from companion._validation import check_positive_int
+from companion._validation import (
+    check_callable,
+    check_choice,
+    check_floating,
+    check_instance,
+    check_ndim,
+    check_nonnegative_float,
+    check_positive_float,
+    check_positive_int,
+    check_token_ids,
+    shape_str,
+)
 from companion.clinic.patient import (
     BOS_ID,
     EOS_ID,
     SEQ_LEN,
     VOCAB_SIZE,
+    Patient,
     Transformer,
     greedy_decode,
     sequence_loss,
 )
 from companion.model import Transformer as ReferenceTransformer
 from companion.model import TransformerConfig
+from companion.positional import sinusoidal_table
 
 __all__ = [
     "toy_batch",
@@ -35,6 +95,24 @@ __all__ = [
     "causal_leak",
     "is_permutation_equivariant",
     "overfit_one_batch",
+    "LogitsFn",
+    "Finding",
+    "as_logits_fn",
+    "causal_leak_check",
+    "permutation_equivariance",
+    "batch_independence",
+    "padding_invariance",
+    "initial_loss_check",
+    "overfit_check",
+    "registration_check",
+    "deterministic_check",
+    "loss_padding_check",
+    "label_shift_check",
+    "TorchReference",
+    "clinic_key_map",
+    "apply_key_map",
+    "parity_with_torch",
+    "examine",
 ]
 
 
@@ -139,27 +217,27 @@ def causal_leak(model: nn.Module, src: Tensor, tgt: Tensor) -> Tensor:
     ``j`` changes the logits at position ``i``. A decoder that does not leak gives the lower
     triangle (``j <= i``) at most; anything above the diagonal is a leak from the future.
 
+    The dependence matrix of :func:`causal_leak_check` on ``as_logits_fn(model)``: each token
+    is replaced by a random other id of the model's output vocabulary (never the model's
+    ``pad_id``), so any vocabulary works.
+
     Args:
-        model: maps ``(src (1, src_len), tgt (1, tgt_len))`` to ``(1, tgt_len, vocab)``.
-        src, tgt: one example, shapes ``(1, src_len)`` and ``(1, tgt_len)``.
+        model: maps ``(src (batch, src_len), tgt (batch, tgt_len))`` to ``(batch, tgt_len,
+            vocab)``.
+        src, tgt: shapes ``(batch, src_len)`` and ``(batch, tgt_len)`` (one example is enough).
     """
-    model.eval()
-    with torch.no_grad():
-        base = model(src, tgt)  # (1, tgt_len, vocab)
-        seen = torch.zeros(tgt.shape[1], tgt.shape[1], dtype=torch.bool)  # (tgt_len, tgt_len)
-        for j in range(tgt.shape[1]):
-            changed = tgt.clone()
-            changed[0, j] = 4 + (changed[0, j] - 3) % (VOCAB_SIZE - 4)  # another symbol
-            seen[:, j] = (model(src, changed) - base).abs().amax(dim=-1)[0] > 1e-5  # (tgt_len,)
-    return seen
+    check_instance("model", model, nn.Module, "a torch.nn.Module")
+    pad_id = getattr(model, "pad_id", None)
+    finding = causal_leak_check(
+        as_logits_fn(model), (src, tgt), pad_id=pad_id if isinstance(pad_id, int) else None
+    )
+    return finding.details["dependence"]
 
 
 def is_permutation_equivariant(fn: Callable[[Tensor], Tensor], x: Tensor, seed: int = 0) -> bool:
     """Whether permuting the tokens of ``x (batch, seq, d)`` permutes ``fn(x)`` the same way, as
-    self-attention without positions must."""
-    order = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(seed))  # (seq,)
-    with torch.no_grad():
-        return torch.allclose(fn(x[:, order]), fn(x)[:, order], atol=1e-5)
+    self-attention without positions must (:func:`permutation_equivariance`, as a bool)."""
+    return permutation_equivariance(fn, x, seed=seed).passed
 
 
 def overfit_one_batch(
@@ -168,3 +246,988 @@ def overfit_one_batch(
     """Train on one fixed batch of 16 toy examples: a correct model drives the loss towards 0."""
     batch = toy_batch(16, torch.Generator().manual_seed(seed))
     return _adam_steps(model, steps, lr, lambda: batch)
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnostics for any model: the adapter and the result
+# --------------------------------------------------------------------------------------------
+
+#: The adapter every diagnostic takes: token ids → logits. Decoder-only, ``fn(ids)`` with
+#: ``ids (batch, seq)`` → ``(batch, seq, vocab)``; encoder-decoder, ``fn(src, tgt_in)`` with
+#: ``(batch, src_len)`` and ``(batch, tgt_len)`` → ``(batch, tgt_len, vocab)``.
+LogitsFn = Callable[..., Tensor]
+
+Inputs = Tensor | Sequence[Tensor]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What one diagnostic found.
+
+    Attributes:
+        test: the diagnostic's name, e.g. ``"causal leak"``.
+        passed: whether the model passed.
+        summary: one line with the numbers.
+        details: the measurements behind it (tensors, floats), for a closer look.
+    """
+
+    test: str
+    passed: bool
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __str__(self) -> str:
+        return f"{'PASS' if self.passed else 'FAIL'}  {self.test}: {self.summary}"
+
+    def __repr__(self) -> str:
+        return f"Finding({self})"
+
+
+def as_logits_fn(model: nn.Module, *, eval_mode: bool = True) -> LogitsFn:
+    """The adapter of a module: ``fn(*ids)`` calls ``model(*ids)`` under ``torch.no_grad()``,
+    after ``model.eval()`` when ``eval_mode`` (the default: dropout off), and returns the
+    logits ``(batch, seq, vocab)``. A tuple or list output gives its first element, an output
+    with a ``.logits`` attribute (Hugging Face style) that attribute.
+
+    For a model with another calling convention, write the adapter yourself, e.g.
+    ``lambda src, tgt: model(src, tgt, src_mask=None)[0]`` or, for a model that takes
+    ``(seq, batch)`` ids, ``lambda ids: model(ids.T).transpose(0, 1)``.
+    """
+    check_instance("model", model, nn.Module, "a torch.nn.Module")
+    if not isinstance(eval_mode, bool):
+        raise TypeError(f"eval_mode must be a bool, got {type(eval_mode).__name__}")
+
+    def logits_fn(*ids: Tensor) -> Tensor:
+        if eval_mode:
+            model.eval()
+        with torch.no_grad():
+            out = model(*ids)
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        elif not isinstance(out, Tensor) and hasattr(out, "logits"):
+            out = out.logits
+        return out
+
+    return logits_fn
+
+
+def _inputs(inputs: object) -> tuple[Tensor, ...]:
+    """One id tensor or a sequence of them → a tuple of ``(batch, len)`` id tensors, one batch."""
+    if isinstance(inputs, Tensor):
+        inputs = (inputs,)
+    if not isinstance(inputs, (tuple, list)) or not inputs:
+        raise TypeError(
+            "inputs must be a (batch, seq) tensor of token ids or a tuple of them (e.g. "
+            f"(src, tgt_in)), got {type(inputs).__name__}"
+        )
+    checked = []
+    for i, ids in enumerate(inputs):
+        name = f"inputs[{i}]"
+        check_token_ids(name, ids)
+        check_ndim(name, ids, 2, "(batch, seq)")
+        if ids.shape[0] != inputs[0].shape[0]:
+            raise ValueError(
+                f"every input must have the batch size of inputs[0], {inputs[0].shape[0]}; "
+                f"{name} has shape {shape_str(ids.shape)}"
+            )
+        checked.append(ids)
+    return tuple(checked)
+
+
+def _logits(fn: LogitsFn, inputs: tuple[Tensor, ...]) -> Tensor:
+    """``fn(*inputs)`` checked: a floating ``(batch, seq, vocab)`` tensor."""
+    out = fn(*inputs)
+    check_floating("the logits function's output", out)
+    check_ndim("the logits function's output", out, 3, "(batch, seq, vocab)")
+    if out.shape[0] != inputs[0].shape[0]:
+        raise ValueError(
+            f"the logits function's output must have the inputs' batch size "
+            f"{inputs[0].shape[0]} first, got shape {shape_str(out.shape)}"
+        )
+    return out.detach().float()
+
+
+def _vary_index(inputs: tuple[Tensor, ...], vary: object) -> int:
+    if isinstance(vary, bool) or not isinstance(vary, int):
+        raise TypeError(f"vary must be an int (an index into inputs), got {type(vary).__name__}")
+    if not -len(inputs) <= vary < len(inputs):
+        raise ValueError(f"vary must index one of the {len(inputs)} input(s), got {vary}")
+    return vary % len(inputs)
+
+
+def _replace(inputs: tuple[Tensor, ...], index: int, ids: Tensor) -> tuple[Tensor, ...]:
+    return inputs[:index] + (ids,) + inputs[index + 1 :]
+
+
+def _check_pad(pad_id: object, vocab_size: int, optional: bool = True) -> int | None:
+    if pad_id is None and optional:
+        return None
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+        raise TypeError(f"pad_id must be an int{' or None' if optional else ''}, got {pad_id!r}")
+    if not 0 <= pad_id < vocab_size:
+        raise ValueError(f"pad_id must be in 0 … {vocab_size - 1} (the vocabulary), got {pad_id}")
+    return pad_id
+
+
+def _other_ids(
+    current: Tensor, vocab_size: int, pad_id: int | None, generator: torch.Generator
+) -> Tensor:
+    """``current (batch,)`` → random ids ``(batch,)`` of ``range(vocab_size)``, each different
+    from its current id and from ``pad_id``."""
+    allowed = [i for i in range(vocab_size) if i != pad_id]
+    picks = []
+    for token in current.tolist():
+        choices = [i for i in allowed if i != token]
+        if not choices:
+            raise ValueError(
+                f"vocab_size={vocab_size} leaves no other id to substitute for {token}"
+            )
+        picks.append(choices[int(torch.randint(len(choices), (), generator=generator))])
+    return torch.tensor(picks, dtype=current.dtype, device=current.device)  # (batch,)
+
+
+# --------------------------------------------------------------------------------------------
+# Diagnostics for any model
+# --------------------------------------------------------------------------------------------
+
+
+def causal_leak_check(
+    fn: LogitsFn,
+    inputs: Inputs,
+    *,
+    vocab_size: int | None = None,
+    pad_id: int | None = None,
+    vary: int = -1,
+    atol: float = 1e-5,
+    seed: int = 0,
+) -> Finding:
+    """Whether any output of a causal decoder reads a later token, by perturbation.
+
+    For each position ``j`` of ``inputs[vary]`` (default: the last input, the decoder's), the
+    token of every row is replaced by a random other id of ``range(vocab_size)`` (never
+    ``pad_id``), and the outputs are compared: output ``i < j`` must not move by more than
+    ``atol``. Cost: ``seq + 1`` calls of ``fn``.
+
+    Args:
+        fn: the adapter; its output ``(batch, seq, vocab)`` must be aligned with
+            ``inputs[vary]`` (output ``i`` predicts from tokens ``≤ i``).
+        inputs: ``(batch, seq)`` ids, or a tuple in ``fn``'s order, e.g. ``(src, tgt_in)``.
+        vocab_size: the ids to draw from; default the logits' last axis.
+        pad_id: an id never drawn (a model may treat it specially); ``None``: none.
+        vary: which input to perturb.
+        atol: the change that counts as a dependence.
+        seed: the substitutes' generator.
+
+    Returns:
+        A :class:`Finding`; ``details["dependence"]`` is the ``(seq, seq)`` boolean matrix
+        ``[i, j]`` = output ``i`` moved when token ``j`` changed, ``details["change"]`` the
+        largest change.
+
+    Limits: a perturbation only shows the dependences that the substitutes reveal. A leak
+    that reads a property the substitute shares with the original token (for instance, only
+    whether the later token is padding, which the substitutes never are), or a leak smaller
+    than ``atol``, passes. It also does not see a leak through anything but the ids (a cache,
+    a batch statistic). The gradient test (``∂ logits[:, t] / ∂ embeddings[:, t']`` must be
+    zero for ``t' > t``) sees every differentiable dependence but needs the embeddings, that
+    is, the model's internals; this one needs only the adapter.
+    """
+    check_callable("fn", fn, "a logits function (ids → logits)")
+    inputs = _inputs(inputs)
+    index = _vary_index(inputs, vary)
+    check_nonnegative_float("atol", atol)
+    base = _logits(fn, inputs)  # (batch, seq_out, vocab)
+    ids = inputs[index]  # (batch, seq)
+    seq = ids.shape[1]
+    if base.shape[1] != seq:
+        raise ValueError(
+            f"the logits must have one position per token of inputs[{vary}] ({seq}) to compare "
+            f"output i with token j, got logits of shape {shape_str(base.shape)}"
+        )
+    vocab = (
+        base.shape[-1] if vocab_size is None else check_positive_int("vocab_size", vocab_size, 2)
+    )
+    pad = _check_pad(pad_id, vocab)
+    generator = torch.Generator().manual_seed(seed)
+    change = torch.zeros(seq, seq)  # (seq, seq): [i, j] largest change of output i, token j
+    for j in range(seq):
+        changed = ids.clone()  # (batch, seq)
+        changed[:, j] = _other_ids(ids[:, j], vocab, pad, generator)
+        out = _logits(fn, _replace(inputs, index, changed))  # (batch, seq, vocab)
+        change[:, j] = (out - base).abs().amax(dim=(0, 2)).nan_to_num(float("inf")).cpu()
+    dependence = change > atol  # (seq, seq)
+    future = dependence.triu(1)
+    pairs = seq * (seq - 1) // 2
+    details = {"dependence": dependence, "change": change}
+    if future.any():
+        i, j = (int(v) for v in future.nonzero()[0])
+        worst = change.triu(1).max().item()
+        summary = (
+            f"{int(future.sum())} of {pairs} (output, later token) pairs leak, e.g. output {i} "
+            f"moves when token {j} changes; largest change {worst:.2g}"
+        )
+        return Finding("causal leak", False, summary, details)
+    own = int(dependence.diagonal().sum())
+    summary = (
+        f"no output moved when a later token changed ({pairs} pairs, largest change "
+        f"{change.triu(1).max().item() if seq > 1 else 0.0:.1g}); {own} of {seq} outputs "
+        f"read their own token"
+    )
+    return Finding("causal leak", True, summary, details)
+
+
+def permutation_equivariance(
+    fn: Callable[[Tensor], Tensor], x: Tensor, *, axis: int = 1, seed: int = 0, atol: float = 1e-5
+) -> Finding:
+    """Whether permuting the tokens of ``x`` permutes ``fn(x)`` the same way, as self-attention
+    (and any layer without positions) must: ``fn(x[:, order]) == fn(x)[:, order]``.
+
+    Args:
+        fn: a function of vectors, e.g. ``lambda t: attention(t, t, t)``; ``x (batch, seq,
+            d)`` → ``(batch, seq, d_out)``.
+        x: ``(batch, seq, d)`` floating.
+        axis: the token axis (1 for batch-first tensors).
+        seed: the permutation's generator.
+        atol: the largest difference allowed.
+    """
+    check_callable("fn", fn, "a function of a (batch, seq, d) tensor")
+    check_floating("x", x)
+    check_ndim("x", x, 3, "(batch, seq, d)")
+    if axis not in (0, 1, -3, -2):
+        raise ValueError(f"axis must be the token axis of x, 0 or 1, got {axis}")
+    check_nonnegative_float("atol", atol)
+    seq = x.shape[axis]
+    order = torch.randperm(seq, generator=torch.Generator().manual_seed(seed))  # (seq,)
+    with torch.no_grad():
+        out = fn(x)  # (batch, seq, d_out)
+        permuted = fn(x.index_select(axis, order))  # (batch, seq, d_out)
+    if permuted.shape != out.shape or out.shape[axis] != seq:
+        raise ValueError(
+            f"fn must keep the token axis: x {shape_str(x.shape)} gave {shape_str(out.shape)}"
+        )
+    gap = (permuted - out.index_select(axis, order)).abs().max().item()
+    passed = gap <= atol
+    verdict = "permutes with its input" if passed else "does not permute with its input"
+    summary = f"the output {verdict} ({seq} tokens, largest difference {gap:.2g})"
+    return Finding("permutation equivariance", passed, summary, {"gap": gap, "order": order})
+
+
+def batch_independence(
+    fn: LogitsFn,
+    inputs: Inputs,
+    *,
+    vocab_size: int | None = None,
+    pad_id: int | None = None,
+    atol: float = 1e-4,
+    seed: int = 0,
+) -> Finding:
+    """Whether each sentence's logits depend on that sentence only: not on its row, not on
+    the other rows. Three comparisons, each ``≤ atol``:
+
+    * the batch in reverse order gives the logits in reverse order;
+    * the first sentence alone (a batch of one) gives its logits in the batch;
+    * replacing every token of the other sentences (random ids, never ``pad_id``) leaves the
+      first sentence's logits unchanged.
+
+    Catches attention or a position table along the batch axis (``batch_first`` confusion),
+    and BatchNorm in training mode. ``atol`` is ``1e-4``: a batch of one may take other
+    float32 kernels.
+
+    Args:
+        fn: the adapter, ``fn(*inputs)`` → ``(batch, seq, vocab)``.
+        inputs: ``(batch, seq)`` ids (batch ≥ 2), or a tuple in ``fn``'s order.
+        vocab_size: the ids to draw from; default the logits' last axis.
+        pad_id: an id never drawn; ``None``: none.
+    """
+    check_callable("fn", fn, "a logits function (ids → logits)")
+    inputs = _inputs(inputs)
+    check_nonnegative_float("atol", atol)
+    if inputs[0].shape[0] < 2:
+        raise ValueError(
+            f"batch_independence needs a batch of at least 2, got {inputs[0].shape[0]}"
+        )
+    base = _logits(fn, inputs)  # (batch, seq, vocab)
+    vocab = (
+        base.shape[-1] if vocab_size is None else check_positive_int("vocab_size", vocab_size, 2)
+    )
+    pad = _check_pad(pad_id, vocab)
+    generator = torch.Generator().manual_seed(seed)
+    flipped = _logits(fn, tuple(ids.flip(0) for ids in inputs))  # (batch, seq, vocab)
+    alone = _logits(fn, tuple(ids[:1] for ids in inputs))  # (1, seq, vocab)
+    others = []
+    for ids in inputs:
+        noise = torch.tensor(
+            [i for i in range(vocab) if i != pad], dtype=ids.dtype, device=ids.device
+        )  # the ids allowed
+        picks = torch.randint(len(noise), ids[1:].shape, generator=generator)  # (batch-1, seq)
+        others.append(torch.cat([ids[:1], noise[picks.to(ids.device)]]))  # (batch, seq)
+    changed = _logits(fn, tuple(others))  # (batch, seq, vocab)
+    gaps = {
+        "reversed order": (flipped.flip(0) - base).abs().max().item(),
+        "alone": (alone[0] - base[0]).abs().max().item(),
+        "other rows changed": (changed[0] - base[0]).abs().max().item(),
+    }
+    failed = [name for name, gap in gaps.items() if not gap <= atol]
+    numbers = ", ".join(f"{name} {gap:.2g}" for name, gap in gaps.items())
+    if failed:
+        summary = f"a sentence's logits depend on the batch ({'; '.join(failed)}): {numbers}"
+    else:
+        summary = f"each sentence's logits depend on that sentence only: {numbers}"
+    return Finding("batch independence", not failed, summary, {"gaps": gaps})
+
+
+def padding_invariance(
+    fn: LogitsFn,
+    inputs: Inputs,
+    *,
+    pad_id: int,
+    vary: int = 0,
+    extra: int = 3,
+    atol: float = 1e-5,
+) -> Finding:
+    """Whether appending ``extra`` pads to ``inputs[vary]`` (default the first input: the
+    source of an encoder-decoder, the ids of a decoder-only model) leaves the logits of the
+    original positions unchanged, as a correct padding mask guarantees.
+
+    Catches a missing key padding mask (``padding_idx`` taken for a mask), a mask on the
+    query axis and a loss of position information at the pads. The positions compared are
+    the ``seq_out`` of the unpadded call, ``logits[:, :seq_out]``.
+
+    Args:
+        fn: the adapter, ``fn(*inputs)`` → ``(batch, seq_out, vocab)``.
+        inputs: ``(batch, seq)`` ids or a tuple in ``fn``'s order.
+        pad_id: the padding id.
+        vary: which input gets the pads.
+        extra: how many pads to append.
+        atol: the largest change allowed.
+    """
+    check_callable("fn", fn, "a logits function (ids → logits)")
+    inputs = _inputs(inputs)
+    index = _vary_index(inputs, vary)
+    check_positive_int("extra", extra)
+    check_nonnegative_float("atol", atol)
+    base = _logits(fn, inputs)  # (batch, seq_out, vocab)
+    pad = _check_pad(pad_id, base.shape[-1], optional=False)
+    ids = inputs[index]  # (batch, seq)
+    pads = torch.full((ids.shape[0], extra), pad, dtype=ids.dtype, device=ids.device)
+    padded = _logits(fn, _replace(inputs, index, torch.cat([ids, pads], dim=1)))
+    if padded.shape[1] < base.shape[1]:
+        raise ValueError(
+            f"the padded call returned fewer positions ({padded.shape[1]}) than the unpadded "
+            f"one ({base.shape[1]})"
+        )
+    gap = (padded[:, : base.shape[1]] - base).abs().max().nan_to_num(float("inf")).item()
+    passed = gap <= atol
+    verdict = "unchanged" if passed else "changed"
+    summary = f"{extra} more pads on inputs[{vary}]: logits {verdict}, largest change {gap:.2g}"
+    return Finding("padding invariance", passed, summary, {"gap": gap})
+
+
+def initial_loss_check(
+    fn: LogitsFn,
+    inputs: Inputs,
+    labels: Tensor,
+    *,
+    pad_id: int | None = None,
+    vocab_size: int | None = None,
+    tolerance: float = 0.5,
+) -> Finding:
+    """Whether the cross-entropy of a freshly initialised model is near ``ln V``, the loss of
+    a uniform guess. Much above: the logits start too large (a scale slip in the embedding or
+    the tied output, a missing ``1/√d_k``); much below: the labels leak into the input.
+
+    Args:
+        fn: the adapter, ``fn(*inputs)`` → ``(batch, seq, vocab)``.
+        inputs: ids or a tuple in ``fn``'s order.
+        labels: ``(batch, seq)`` ids; ``pad_id`` labels are ignored.
+        pad_id: the padding id, or ``None``.
+        vocab_size: ``V``; default the logits' last axis.
+        tolerance: the largest ``|loss - ln V|`` (nats) that passes.
+    """
+    check_callable("fn", fn, "a logits function (ids → logits)")
+    inputs = _inputs(inputs)
+    check_token_ids("labels", labels)
+    check_positive_float("tolerance", tolerance)
+    logits = _logits(fn, inputs)  # (batch, seq, vocab)
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"labels must have shape {shape_str(logits.shape[:2])} (batch, seq) to match the "
+            f"logits {shape_str(logits.shape)}, got {shape_str(labels.shape)}"
+        )
+    vocab = (
+        logits.shape[-1] if vocab_size is None else check_positive_int("vocab_size", vocab_size, 2)
+    )
+    pad = _check_pad(pad_id, logits.shape[-1])
+    loss = F.cross_entropy(
+        logits.flatten(0, 1), labels.flatten(), ignore_index=-100 if pad is None else pad
+    ).item()
+    expected = math.log(vocab)
+    passed = abs(loss - expected) <= tolerance
+    summary = (
+        f"loss {loss:.3f} at initialisation, ln V = {expected:.3f} (V = {vocab}): "
+        f"{'within' if passed else 'outside'} ±{tolerance:g}"
+    )
+    return Finding("loss at initialisation", passed, summary, {"loss": loss, "ln_v": expected})
+
+
+def overfit_check(
+    model: nn.Module,
+    inputs: Inputs,
+    labels: Tensor,
+    *,
+    pad_id: int | None = None,
+    steps: int = 100,
+    lr: float = 3e-3,
+    threshold: float = 0.05,
+    forward: Callable[..., Tensor] | None = None,
+    loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
+) -> Finding:
+    """Whether ``steps`` Adam steps on one fixed batch drive the loss below ``threshold``: a
+    model that cannot memorise a few examples will not learn from many. **Trains** ``model``
+    (train mode during the steps, eval mode after).
+
+    Args:
+        model: the module whose ``parameters()`` Adam updates.
+        inputs: ids or a tuple, ``forward(*inputs)`` → ``(batch, seq, vocab)`` logits.
+        labels: ``(batch, seq)`` ids.
+        pad_id: labels ignored by the default loss; ``None``: none.
+        steps, lr: the optimisation.
+        threshold: the final loss that passes.
+        forward: default ``model`` itself (with gradients, unlike an adapter).
+        loss_fn: ``(logits, labels)`` → scalar; default cross-entropy ignoring ``pad_id``.
+
+    Returns:
+        A :class:`Finding`; ``details["losses"]`` is the loss of every step.
+    """
+    check_instance("model", model, nn.Module, "a torch.nn.Module")
+    inputs = _inputs(inputs)
+    check_token_ids("labels", labels)
+    check_positive_int("steps", steps)
+    check_positive_float("lr", lr)
+    check_positive_float("threshold", threshold)
+    forward = model if forward is None else check_callable("forward", forward)
+    if loss_fn is None:
+        ignore = -100 if pad_id is None else pad_id
+
+        def loss_fn(logits: Tensor, target: Tensor) -> Tensor:
+            return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=ignore)
+
+    check_callable("loss_fn", loss_fn)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    if not parameters:
+        raise ValueError("model has no trainable parameters: model.parameters() is empty")
+    optimizer = torch.optim.Adam(parameters, lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn(forward(*inputs), labels)  # a scalar
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    passed = losses[-1] < threshold
+    summary = (
+        f"one batch, {steps} steps: loss {losses[0]:.3f} → {losses[-1]:.4f} "
+        f"({'below' if passed else 'not below'} {threshold:g})"
+    )
+    return Finding("overfit one batch", passed, summary, {"losses": losses})
+
+
+def registration_check(model: nn.Module) -> Finding:
+    """Whether every sub-module and weight of ``model`` is registered: no ``nn.Module``,
+    ``nn.Parameter`` or tensor that requires a gradient hides in a plain ``list``, ``tuple``
+    or ``dict`` attribute. A hidden one is not in ``parameters()`` (the optimiser never
+    updates it), not in ``state_dict()`` (never saved) and not moved by ``.to()``. Use
+    ``nn.ModuleList``, ``nn.ModuleDict``, ``nn.ParameterList``.
+
+    Returns:
+        A :class:`Finding`; ``details["hidden"]`` lists the attribute paths,
+        ``details["hidden_parameters"]`` the number of weights they hold.
+    """
+    check_instance("model", model, nn.Module, "a torch.nn.Module")
+    registered = {id(p) for p in model.parameters()}
+    hidden: list[str] = []
+    hidden_parameters = 0
+    for prefix, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if attr.startswith("_") or not isinstance(value, (list, tuple, dict)):
+                continue
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, item in items:
+                path = f"{prefix + '.' if prefix else ''}{attr}[{key!r}]"
+                if isinstance(item, nn.Module):
+                    missing = [p for p in item.parameters() if id(p) not in registered]
+                    hidden.append(path)
+                    hidden_parameters += sum(p.numel() for p in missing)
+                elif isinstance(item, Tensor) and item.requires_grad:
+                    hidden.append(path)
+                    hidden_parameters += item.numel() if id(item) not in registered else 0
+    if hidden:
+        summary = (
+            f"{len(hidden)} module(s) or weight(s) in plain containers, e.g. {hidden[0]}: "
+            f"{hidden_parameters:,} weights missing from parameters() and state_dict()"
+        )
+        return Finding("registration", False, summary, {"hidden": hidden,
+                                                          "hidden_parameters": hidden_parameters})  # fmt: skip
+    count = sum(p.numel() for p in model.parameters())
+    summary = f"every sub-module is registered ({count:,} parameters)"
+    return Finding("registration", True, summary, {"hidden": [], "hidden_parameters": 0})
+
+
+def deterministic_check(fn: LogitsFn, inputs: Inputs, *, atol: float = 0.0) -> Finding:
+    """Whether two calls of the evaluation adapter on the same ids give the same logits. They
+    differ when dropout (or any sampling) is still on: ``model.eval()`` forgotten.
+
+    Args:
+        fn: the adapter as the reader evaluates with it (not :func:`as_logits_fn`, which calls
+            ``model.eval()`` itself).
+        inputs: ids or a tuple in ``fn``'s order.
+        atol: the largest difference allowed (0: bit for bit).
+    """
+    check_callable("fn", fn, "a logits function (ids → logits)")
+    inputs = _inputs(inputs)
+    check_nonnegative_float("atol", atol)
+    first, second = _logits(fn, inputs), _logits(fn, inputs)
+    gap = (first - second).abs().max().item()
+    passed = gap <= atol
+    hint = "" if passed else ": dropout still on at evaluation? (model.eval() missing)"
+    summary = f"two calls on the same ids differ by {gap:.2g}{hint}"
+    return Finding("deterministic evaluation", passed, summary, {"gap": gap})
+
+
+def loss_padding_check(
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    pad_id: int,
+    seed: int = 0,
+    rtol: float = 1e-5,
+) -> Finding:
+    """Whether a loss function ignores the padding: (a) changing the logits at the positions
+    whose label is ``pad_id`` must not change the loss, (b) appending three padded positions
+    to every row must not change it either (a mean over the real tokens, not over all).
+
+    Args:
+        loss_fn: ``(logits (batch, seq, vocab), labels (batch, seq))`` → a scalar.
+        logits: ``(batch, seq, vocab)`` floating.
+        labels: ``(batch, seq)`` ids, with some ``pad_id`` for test (a).
+        pad_id: the padding id.
+        rtol: the relative change allowed.
+    """
+    check_callable("loss_fn", loss_fn, "a function (logits, labels) → scalar loss")
+    check_floating("logits", logits)
+    check_ndim("logits", logits, 3, "(batch, seq, vocab)")
+    check_token_ids("labels", labels)
+    if labels.shape != logits.shape[:2]:
+        raise ValueError(
+            f"labels must have shape {shape_str(logits.shape[:2])}, got {shape_str(labels.shape)}"
+        )
+    pad = _check_pad(pad_id, logits.shape[-1], optional=False)
+    check_nonnegative_float("rtol", rtol)
+    generator = torch.Generator().manual_seed(seed)
+    logits = logits.detach()
+    with torch.no_grad():
+        base = float(loss_fn(logits, labels))
+        noise = torch.randn(logits.shape, generator=generator) * 3  # (batch, seq, vocab)
+        at_pads = (labels == pad)[..., None]  # (batch, seq, 1)
+        moved = float(loss_fn(torch.where(at_pads, logits + noise, logits), labels))
+        extra_logits = torch.randn(logits.shape[0], 3, logits.shape[-1], generator=generator)
+        extra_labels = torch.full((labels.shape[0], 3), pad, dtype=labels.dtype)
+        longer = float(
+            loss_fn(torch.cat([logits, extra_logits], 1), torch.cat([labels, extra_labels], 1))
+        )
+    scale = max(abs(base), 1e-12)
+    gaps = {
+        "pad logits changed": abs(moved - base) / scale,
+        "3 pads appended": abs(longer - base) / scale,
+    }
+    failed = [name for name, gap in gaps.items() if not gap <= rtol]
+    pads = int(at_pads.sum())
+    numbers = ", ".join(f"{name}: {gap:.2%}" for name, gap in gaps.items())
+    verdict = "the loss counts the padding" if failed else "the loss ignores the padding"
+    summary = f"{verdict} ({pads} pad labels; relative change {numbers})"
+    return Finding("loss ignores padding", not failed, summary, {"loss": base, "gaps": gaps})
+
+
+def label_shift_check(inputs: Tensor, labels: Tensor, *, pad_id: int | None = None) -> Finding:
+    """Whether the labels are the decoder input shifted by one: the label of position ``t``
+    must be the token read at ``t + 1``, not the token read at ``t``. When ``labels ==
+    inputs`` at most positions, the "model" that copies its input scores perfectly and
+    training teaches nothing.
+
+    Args:
+        inputs: ``(batch, seq)`` the ids the decoder reads (``tgt_in``).
+        labels: ``(batch, seq)`` the ids it is trained to predict.
+        pad_id: positions whose label is ``pad_id`` are not counted.
+
+    Returns:
+        A :class:`Finding` with ``details["same"]``, the share of labels equal to the input at
+        the same position (fails above 0.5), and ``details["next"]``, the share equal to the
+        next input.
+    """
+    check_token_ids("inputs", inputs)
+    check_token_ids("labels", labels)
+    check_ndim("inputs", inputs, 2, "(batch, seq)")
+    if labels.shape != inputs.shape:
+        raise ValueError(
+            f"labels must have the shape of inputs {shape_str(inputs.shape)}, got "
+            f"{shape_str(labels.shape)}"
+        )
+    real = torch.ones_like(labels, dtype=torch.bool) if pad_id is None else labels != pad_id
+    if not real.any():
+        raise ValueError("labels has no position that is not pad_id")
+    same = ((labels == inputs) & real).sum().item() / real.sum().item()
+    real_next = real[:, :-1]  # (batch, seq - 1)
+    following = ((labels[:, :-1] == inputs[:, 1:]) & real_next).sum().item()
+    next_share = following / max(int(real_next.sum()), 1)
+    passed = same <= 0.5
+    summary = (
+        f"labels equal the input at the same position for {same:.0%} of the real tokens and "
+        f"the next input for {next_share:.0%}"
+        + ("" if passed else ": the labels are not shifted, copying the input wins")
+    )
+    return Finding("labels shifted", passed, summary, {"same": same, "next": next_share})
+
+
+# --------------------------------------------------------------------------------------------
+# Parity with torch.nn.Transformer after mapping the state_dict
+# --------------------------------------------------------------------------------------------
+
+
+class TorchReference(nn.Module):
+    """``torch.nn.Transformer`` (``batch_first=True``, dropout 0) with the parts it lacks: two
+    embeddings (``× √d_model`` when ``scale_embedding``), the sinusoidal positions of the paper
+    and a generator. Its ``state_dict`` keys, the targets of a key map:
+
+    * ``src_embedding.weight``, ``tgt_embedding.weight`` ``(vocab, d_model)``;
+    * ``transformer.encoder.layers.{l}.`` + ``self_attn.in_proj_weight`` ``(3·d_model,
+      d_model)`` (query, key, value rows stacked), ``self_attn.in_proj_bias``,
+      ``self_attn.out_proj.{weight,bias}``, ``linear1.*`` ``(d_ff, d_model)``, ``linear2.*``,
+      ``norm1.*`` (after self-attention), ``norm2.*`` (after the feed-forward network);
+    * ``transformer.decoder.layers.{l}.`` + the same with ``multihead_attn.*`` (cross-attention)
+      and ``norm1`` / ``norm2`` / ``norm3`` after self-attention / cross-attention / FFN;
+    * ``transformer.encoder.norm.*`` and ``transformer.decoder.norm.*`` only when
+      ``final_norm``;
+    * ``generator.weight`` ``(vocab, d_model)``, and ``generator.bias`` when
+      ``generator_bias``.
+
+    ``forward(src (batch, src_len), tgt_in (batch, tgt_len))`` → logits ``(batch, tgt_len,
+    tgt_vocab)``, with causal and key padding masks built from ``pad_id``.
+    """
+
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int,
+        num_heads: int,
+        num_encoder_layers: int,
+        num_decoder_layers: int,
+        d_ff: int,
+        *,
+        pad_id: int | None = None,
+        norm_first: bool = False,
+        final_norm: bool = False,
+        activation: str = "relu",
+        layer_norm_eps: float = 1e-5,
+        scale_embedding: bool = True,
+        max_len: int = 512,
+        generator_bias: bool = True,
+    ) -> None:
+        super().__init__()
+        for name, value in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab), ("d_model", d_model),
+                            ("num_heads", num_heads), ("d_ff", d_ff), ("max_len", max_len)):  # fmt: skip
+            check_positive_int(name, value)
+        check_positive_int("num_encoder_layers", num_encoder_layers, minimum=0)
+        check_positive_int("num_decoder_layers", num_decoder_layers, minimum=0)
+        check_choice("activation", activation, ("relu", "gelu"))
+        self.pad_id, self.d_model, self.scale_embedding = pad_id, d_model, scale_embedding
+        self.src_embedding = nn.Embedding(src_vocab, d_model)
+        self.tgt_embedding = nn.Embedding(tgt_vocab, d_model)
+        with warnings.catch_warnings():  # the nested-tensor fast path is switched off below
+            warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
+            self.transformer = nn.Transformer(
+                d_model=d_model, nhead=num_heads, num_encoder_layers=num_encoder_layers,
+                num_decoder_layers=num_decoder_layers, dim_feedforward=d_ff, dropout=0.0,
+                activation=activation, layer_norm_eps=layer_norm_eps, batch_first=True,
+                norm_first=norm_first,
+            )  # fmt: skip
+        self.transformer.encoder.enable_nested_tensor = False  # the slow path, exact at pads
+        self.transformer.encoder.use_nested_tensor = False
+        if not final_norm:
+            self.transformer.encoder.norm = None
+            self.transformer.decoder.norm = None
+        self.generator = nn.Linear(d_model, tgt_vocab, bias=generator_bias)
+        self.register_buffer("positions", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def embed(self, embedding: nn.Embedding, ids: Tensor) -> Tensor:
+        """``(batch, seq)`` → ``(batch, seq, d_model)``: scaled embedding plus positions."""
+        scale = math.sqrt(self.d_model) if self.scale_embedding else 1.0
+        return embedding(ids) * scale + self.positions[: ids.shape[1]]  # (batch, seq, d_model)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """``src (batch, src_len)``, ``tgt_in (batch, tgt_len)`` → ``(batch, tgt_len, vocab)``."""
+        tgt_len = tgt_in.shape[1]
+        blocked = torch.triu(torch.ones(tgt_len, tgt_len, dtype=torch.bool), 1)  # True: blocked
+        src_pads = None if self.pad_id is None else src == self.pad_id  # (batch, src_len)
+        tgt_pads = None if self.pad_id is None else tgt_in == self.pad_id  # (batch, tgt_len)
+        hidden = self.transformer(
+            self.embed(self.src_embedding, src), self.embed(self.tgt_embedding, tgt_in),
+            tgt_mask=blocked.to(src.device), src_key_padding_mask=src_pads,
+            tgt_key_padding_mask=tgt_pads, memory_key_padding_mask=src_pads,
+        )  # fmt: skip
+        return self.generator(hidden)  # (batch, tgt_len, vocab)
+
+
+KeyMap = Mapping[str, str | Sequence[str]] | Callable[[dict[str, Tensor]], Mapping[str, Tensor]]
+
+
+def clinic_key_map(
+    num_layers: int,
+    *,
+    encoder_prefix: str = "encoder.layers",
+    decoder_prefix: str = "decoder.layers",
+    src_embedding: str = "src_embedding.embedding.weight",
+    tgt_embedding: str = "tgt_embedding.embedding.weight",
+    generator_weight: str = "generator.weight",
+    generator_bias: str | None = "generator.bias",
+) -> dict[str, str | tuple[str, ...]]:
+    """The key map of the clinic's layer names (``self_attention.query_proj``, ``feed_forward.
+    hidden_proj``, ``self_attention_norm``, ...) onto :class:`TorchReference`: ``{reference key:
+    model key}``, a tuple of model keys where the reference stacks several (query, key and
+    value into ``in_proj_weight``). The defaults fit :class:`~companion.clinic.patient.
+    Transformer`; the prefixes and embedding names adapt it to another model with the same
+    layers (:class:`~companion.clinic.patient.ReaderTransformer`: ``encoder_prefix=
+    "encoder_layers"``, every embedding and the generator ``"embed.weight"``, no bias). A
+    model of other layer names needs its own map: a dict of the same form, or a function
+    ``state_dict → {reference key: tensor}``."""
+    check_positive_int("num_layers", num_layers)
+    key_map: dict[str, str | tuple[str, ...]] = {
+        "src_embedding.weight": src_embedding,
+        "tgt_embedding.weight": tgt_embedding,
+        "generator.weight": generator_weight,
+    }
+    if generator_bias is not None:
+        key_map["generator.bias"] = generator_bias
+
+    def attention(theirs: str, ours: str) -> None:
+        for kind in ("weight", "bias"):
+            key_map[f"{theirs}.in_proj_{kind}"] = tuple(
+                f"{ours}.{proj}_proj.{kind}" for proj in ("query", "key", "value")
+            )
+            key_map[f"{theirs}.out_proj.{kind}"] = f"{ours}.out_proj.{kind}"
+
+    def others(theirs: str, ours: str, norms: tuple[str, ...]) -> None:
+        for kind in ("weight", "bias"):
+            key_map[f"{theirs}.linear1.{kind}"] = f"{ours}.feed_forward.hidden_proj.{kind}"
+            key_map[f"{theirs}.linear2.{kind}"] = f"{ours}.feed_forward.output_proj.{kind}"
+            for number, norm in enumerate(norms, start=1):
+                key_map[f"{theirs}.norm{number}.{kind}"] = f"{ours}.{norm}.{kind}"
+
+    for layer in range(num_layers):
+        theirs, ours = f"transformer.encoder.layers.{layer}", f"{encoder_prefix}.{layer}"
+        attention(f"{theirs}.self_attn", f"{ours}.self_attention")
+        others(theirs, ours, ("self_attention_norm", "feed_forward_norm"))
+        theirs, ours = f"transformer.decoder.layers.{layer}", f"{decoder_prefix}.{layer}"
+        attention(f"{theirs}.self_attn", f"{ours}.self_attention")
+        attention(f"{theirs}.multihead_attn", f"{ours}.cross_attention")
+        others(theirs, ours, ("self_attention_norm", "cross_attention_norm", "feed_forward_norm"))
+    return key_map
+
+
+def apply_key_map(state: Mapping[str, Tensor], key_map: KeyMap) -> dict[str, Tensor]:
+    """``state`` (a model's ``state_dict``) mapped by ``key_map``: ``{reference key: tensor}``.
+
+    ``key_map`` is a dict ``{reference key: model key}`` (a tuple of model keys is concatenated
+    along the first axis) or a function ``state_dict → {reference key: tensor}``. A function
+    map can start from a dict one and fix a few tensors, e.g. a tied output that the model
+    rescales: ``lambda sd: {**apply_key_map(sd, names), "generator.weight": sd["embed.weight"]
+    * d_model**-0.5}``.
+
+    Raises:
+        ValueError: listing the model keys the map names that ``state`` does not have.
+    """
+    return _mapped_state(dict(state), key_map)
+
+
+def _mapped_state(state: dict[str, Tensor], key_map: object) -> dict[str, Tensor]:
+    """Apply ``key_map`` to ``state``; a ``ValueError`` lists the model keys it names that the
+    model does not have."""
+    if callable(key_map):
+        mapped = key_map(dict(state))
+        if not isinstance(mapped, Mapping):
+            raise TypeError(f"key_map(state_dict) must return a dict, got {type(mapped).__name__}")
+        return dict(mapped)
+    if not isinstance(key_map, Mapping):
+        raise TypeError(
+            "key_map must be a dict {reference key: model key or tuple of keys} or a function "
+            f"state_dict → dict, got {type(key_map).__name__}"
+        )
+    mapped, absent = {}, []
+    for theirs, ours in key_map.items():
+        names = (ours,) if isinstance(ours, str) else tuple(ours)
+        missing = [name for name in names if name not in state]
+        if missing:
+            absent.extend(missing)
+            continue
+        parts = [state[name] for name in names]
+        mapped[theirs] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+    if absent:
+        raise ValueError(
+            f"key_map names {len(absent)} key(s) the model's state_dict does not have: "
+            f"{', '.join(absent[:6])}{' …' if len(absent) > 6 else ''}"
+        )
+    return mapped
+
+
+def _layer_count(mapped: Mapping[str, Tensor], stack: str) -> int:
+    prefix = f"transformer.{stack}.layers."
+    found = {int(key[len(prefix) :].split(".")[0]) for key in mapped if key.startswith(prefix)}
+    return max(found) + 1 if found else 0
+
+
+def parity_with_torch(
+    model: nn.Module,
+    key_map: KeyMap,
+    src: Tensor,
+    tgt_in: Tensor,
+    *,
+    num_heads: int,
+    pad_id: int | None = None,
+    forward: LogitsFn | None = None,
+    atol: float = 1e-5,
+    norm_first: bool = False,
+    final_norm: bool = False,
+    activation: str = "relu",
+    layer_norm_eps: float = 1e-5,
+    scale_embedding: bool = True,
+) -> Finding:
+    """Parity of a plain-PyTorch encoder-decoder with ``torch.nn.Transformer``: map the
+    model's ``state_dict`` onto a :class:`TorchReference`, load it strictly, compare logits.
+
+    The sizes (vocabularies, ``d_model``, layers, ``d_ff``) come from the mapped weights;
+    ``num_heads`` cannot, so it is an argument. The reference follows the paper: sinusoidal
+    positions added to the embeddings ``× √d_model``, Post-LN (``norm_first=False``), ReLU, no
+    final norms (``torch.nn.Transformer`` adds them; ``final_norm=True`` keeps them).
+
+    Args:
+        model: the module whose ``state_dict()`` is mapped.
+        key_map: ``{reference key: model key}`` (a tuple of model keys is concatenated along
+            the first axis: query, key, value into ``in_proj_weight``), e.g.
+            :func:`clinic_key_map`; or a function ``state_dict → {reference key: tensor}``.
+        src, tgt_in: ``(batch, src_len)`` and ``(batch, tgt_len)`` ids.
+        num_heads: heads per attention module.
+        pad_id: the padding id both models mask (``None``: no padding mask).
+        forward: the model's adapter; default :func:`as_logits_fn`\\ ``(model)``.
+        atol: the largest logit difference that passes.
+
+    Raises:
+        ValueError: the mapped weights do not fit the reference; the message lists the
+            reference keys no weight was mapped to, the mapped keys the reference does not
+            have, the shape mismatches, and the model's keys the map did not use.
+    """
+    check_instance("model", model, nn.Module, "a torch.nn.Module")
+    check_token_ids("src", src)
+    check_token_ids("tgt_in", tgt_in)
+    check_ndim("src", src, 2, "(batch, src_len)")
+    check_ndim("tgt_in", tgt_in, 2, "(batch, tgt_len)")
+    check_positive_int("num_heads", num_heads)
+    check_nonnegative_float("atol", atol)
+    state = model.state_dict()
+    mapped = _mapped_state(state, key_map)
+    for needed in ("src_embedding.weight", "tgt_embedding.weight", "generator.weight"):
+        if needed not in mapped:
+            raise ValueError(
+                f"key_map must map {needed!r} (the sizes are read from it); it maps "
+                f"{sorted(mapped)[:4]}{' …' if len(mapped) > 4 else ''}"
+            )
+    src_vocab, d_model = mapped["src_embedding.weight"].shape
+    tgt_vocab = mapped["tgt_embedding.weight"].shape[0]
+    widths = Counter(v.shape[0] for k, v in mapped.items() if k.endswith("linear1.weight"))
+    d_ff = widths.most_common(1)[0][0] if widths else 4 * d_model  # the majority's width
+    if d_model % num_heads:
+        raise ValueError(f"num_heads={num_heads} must divide d_model={d_model}")
+    reference = TorchReference(
+        src_vocab, tgt_vocab, d_model, num_heads, _layer_count(mapped, "encoder"),
+        _layer_count(mapped, "decoder"), d_ff, pad_id=pad_id, norm_first=norm_first,
+        final_norm=final_norm, activation=activation, layer_norm_eps=layer_norm_eps,
+        scale_embedding=scale_embedding, max_len=max(512, src.shape[1], tgt_in.shape[1]),
+        generator_bias="generator.bias" in mapped,
+    )  # fmt: skip
+    expected = reference.state_dict()
+    missing = sorted(set(expected) - set(mapped))
+    unexpected = sorted(set(mapped) - set(expected))
+    mismatched = [
+        f"{key}: reference {shape_str(expected[key].shape)}, mapped {shape_str(mapped[key].shape)}"
+        for key in sorted(set(expected) & set(mapped))
+        if expected[key].shape != mapped[key].shape
+    ]
+    if missing or unexpected or mismatched:
+        used = set()
+        if isinstance(key_map, Mapping):
+            for ours in key_map.values():
+                used.update((ours,) if isinstance(ours, str) else ours)
+        unused = sorted(k for k in state if k not in used) if isinstance(key_map, Mapping) else []
+        lines = ["the mapped state_dict does not fit torch.nn.Transformer:"]
+        for title, keys in (("reference keys with no weight mapped", missing),
+                            ("mapped keys the reference does not have", unexpected),
+                            ("shape mismatches", mismatched),
+                            ("model keys the map does not use", unused)):  # fmt: skip
+            if keys:
+                shown = "; ".join(keys[:8]) + (f"; … ({len(keys)} in all)" if len(keys) > 8 else "")
+                lines.append(f"  {title}: {shown}")
+        raise ValueError("\n".join(lines))
+    reference.load_state_dict({k: v.detach().to(expected[k].dtype) for k, v in mapped.items()})
+    reference.eval()
+    fn = as_logits_fn(model) if forward is None else check_callable("forward", forward)
+    ours = _logits(fn, (src, tgt_in))  # (batch, tgt_len, vocab)
+    with torch.no_grad():
+        theirs = reference(src, tgt_in).float()  # (batch, tgt_len, vocab)
+    if ours.shape != theirs.shape:
+        raise ValueError(
+            f"the model gives logits {shape_str(ours.shape)}, torch.nn.Transformer "
+            f"{shape_str(theirs.shape)}"
+        )
+    gap = (ours - theirs).abs().max().nan_to_num(float("inf")).item()
+    passed = gap <= atol
+    summary = (
+        f"largest logit difference {gap:.2g} against torch.nn.Transformer "
+        f"({_layer_count(mapped, 'encoder')}+{_layer_count(mapped, 'decoder')} layers, d_model "
+        f"{d_model}, {len(expected)} tensors mapped)"
+    )
+    return Finding("parity with torch.nn.Transformer", passed, summary,
+                   {"gap": gap, "reference": reference})  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Examine a patient
+# --------------------------------------------------------------------------------------------
+
+
+def examine(patient: Patient, *, batch_size: int = 8, seed: int = 0) -> list[Finding]:
+    """Run the diagnostics that need no training on ``patient``
+    (:class:`~companion.clinic.patient.Patient`): causal leak, batch independence, padding
+    invariance (of the source), loss at initialisation, registration, deterministic
+    evaluation, loss ignores padding, labels shifted. Each on the patient's own adapter,
+    loss and label shift, on a padded batch of ``batch_size`` sentences. About a second on
+    a laptop; :func:`overfit_check` and :func:`parity_with_torch` are left to the reader (one
+    trains, the other needs a key map)."""
+    check_instance("patient", patient, Patient, "a clinic Patient")
+    check_positive_int("batch_size", batch_size, minimum=2)
+    src, tgt_in, labels = patient.batch(batch_size, seed)  # (batch, src_len), (batch, tgt_len) x2
+    fn, vocab, pad = patient.logits, patient.vocab_size, patient.pad_id
+    logits = _logits(fn, (src, tgt_in))  # (batch, tgt_len, vocab)
+    return [
+        causal_leak_check(fn, (src[:2], tgt_in[:2]), vocab_size=vocab, pad_id=pad),
+        batch_independence(fn, (src, tgt_in), vocab_size=vocab, pad_id=pad),
+        padding_invariance(fn, (src, tgt_in), pad_id=pad, vary=0),
+        initial_loss_check(fn, (src, tgt_in), labels, pad_id=pad, vocab_size=vocab),
+        registration_check(patient.model),
+        deterministic_check(fn, (src, tgt_in)),
+        loss_padding_check(patient.loss, logits, labels, pad_id=pad),
+        label_shift_check(tgt_in, labels, pad_id=pad),
+    ]

@@ -1,16 +1,22 @@
-"""Ward 1 of chapter 11's bug clinic: bugs 1-10, planted in the model.
+"""Ward 1 of chapter 11's bug clinic: bugs 1-10, planted in the model, and the common bugs of
+a reader's own model (the conditions of :data:`companion.clinic.registry.CONDITIONS`).
 
 Each bug overrides one method of the correct class of :mod:`companion.clinic.patient` (bug 9
 is a decoding function, the twin of :func:`~companion.clinic.patient.greedy_decode`), so that
-``inspect.getsource`` shows the bug beside the fix.
+``inspect.getsource`` shows the bug beside the fix. The second half plants the common bugs in
+:class:`~companion.clinic.patient.ReaderTransformer` or in the code around it (the loss, the
+label shift, the evaluation call); the diagnostics of :mod:`companion.clinic.toolkit` find
+each without knowing the model's parameter names.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from companion.clinic.patient import (
@@ -19,6 +25,8 @@ from companion.clinic.patient import (
     DecoderLayer,
     MultiHeadAttention,
     PositionalEncoding,
+    ReaderAttention,
+    ReaderTransformer,
     Transformer,
 )
 
@@ -37,6 +45,15 @@ __all__ = [
     "SlicedPositions",
     "last_token_greedy_decode",
     "SharedAttentionLayer",
+    "SeqFirstPositions",
+    "SoftmaxOverQueries",
+    "loss_over_padding",
+    "unshifted_labels",
+    "QueryAxisPaddingMask",
+    "logits_without_eval",
+    "logits_in_eval",
+    "LayersInAList",
+    "UnscaledTiedOutput",
 ]
 
 
@@ -201,3 +218,91 @@ class SharedAttentionLayer(DecoderLayer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # DecoderLayer's arguments
         super().__init__(*args, **kwargs)
         self.cross_attention = self.self_attention  # BUG: the same weights for both
+
+
+# --------------------------------------------------------------------------------------------
+# The common bugs of a reader's model (ReaderTransformer) and of the code around it
+# --------------------------------------------------------------------------------------------
+
+
+class SeqFirstPositions(ReaderTransformer):
+    """batch_first confusion: the position table sliced with ``x.size(0)``, as in code written
+    for ``(seq, batch, d_model)`` tensors (the old PyTorch tutorial), applied to a
+    ``(batch, seq, d_model)`` tensor."""
+
+    def add_positions(self, x: Tensor) -> Tensor:
+        """Sentence ``b`` gets the vector of position ``b`` on every token."""
+        return x + self.pe[: x.size(0), None, :]  # BUG: size(0) is the batch, not the sequence
+
+
+class SoftmaxOverQueries(ReaderAttention):
+    """The softmax taken over the wrong axis: over the queries (``dim=-2``), not the keys."""
+
+    def normalise(self, scores: Tensor) -> Tensor:
+        """Columns sum to 1, rows do not; a query's weights depend on the later queries."""
+        return torch.softmax(scores, dim=-2)  # BUG: should be dim=-1, the keys
+
+
+def loss_over_padding(logits: Tensor, labels: Tensor) -> Tensor:
+    """Padding tokens counted in the loss: ``logits (batch, len, vocab)``, ``labels (batch,
+    len)`` → the mean over *every* position, pads included (the fix:
+    :func:`~companion.clinic.patient.sequence_loss`, ``ignore_index=PAD_ID``)."""
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())  # BUG: no ignore_index
+
+
+def unshifted_labels(tgt: Tensor) -> tuple[Tensor, Tensor]:
+    """Labels not shifted: ``tgt (batch, tgt_len)`` → ``(tgt_in, labels)`` where the label of
+    position ``t`` is the token the decoder reads at ``t`` (the fix:
+    :func:`~companion.clinic.patient.teacher_forcing`)."""
+    return tgt[:, :-1], tgt[:, :-1]  # BUG: labels should be tgt[:, 1:]
+
+
+class QueryAxisPaddingMask(ReaderTransformer):
+    """The encoder's padding mask on the query axis: ``(batch, 1, src_len, 1)`` instead of
+    ``(batch, 1, 1, src_len)``. It blocks the pads' *rows*; every real token still attends to
+    the pads."""
+
+    def encoder_mask(self, src: Tensor) -> Tensor:
+        """``unsqueeze(-1)`` where ``unsqueeze(-2)`` was meant."""
+        return (src != self.pad_id)[:, None, :, None]  # BUG: (batch, 1, src_len, 1)
+
+
+def logits_without_eval(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
+    """Forgetting ``model.eval()``: an evaluation forward ``(src, tgt_in)`` → logits that leaves
+    the model in training mode, so dropout is still on."""
+
+    def logits(src: Tensor, tgt_in: Tensor) -> Tensor:
+        with torch.no_grad():
+            return model(src, tgt_in)  # BUG: no model.eval(), dropout stays on
+
+    return logits
+
+
+def logits_in_eval(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
+    """The fix of :func:`logits_without_eval`: switch the model to evaluation mode first."""
+
+    def logits(src: Tensor, tgt_in: Tensor) -> Tensor:
+        model.eval()  # dropout off
+        with torch.no_grad():
+            return model(src, tgt_in)  # (batch, tgt_len, vocab)
+
+    return logits
+
+
+class LayersInAList(ReaderTransformer):
+    """Layers kept in a plain Python list: not registered, so not in ``parameters()`` (never
+    trained), not in ``state_dict()`` (never saved), not moved by ``.to()``."""
+
+    def make_stack(self, make_layer: Callable[[], nn.Module], num_layers: int) -> list:
+        """A list where an ``nn.ModuleList`` was needed."""
+        return [make_layer() for _ in range(num_layers)]  # BUG: nn.ModuleList(...)
+
+
+class UnscaledTiedOutput(ReaderTransformer):
+    """Embedding scale slip: the tied output table used without its ``1/√d_model``. The
+    table's rows were sized for inputs multiplied by ``√d_model``; as an output they give
+    logits ``√d_model`` times too large, and a loss far above ``ln V`` before any training."""
+
+    def output(self, y: Tensor) -> Tensor:
+        """The tied product, not rescaled."""
+        return y @ self.embed.weight.T  # BUG: should be multiplied by d_model ** -0.5
