@@ -794,4 +794,78 @@ MUTANTS: tuple[Mutant, ...] = (
         ],
         "tests/test_public_boundaries.py::test_a_tiny_temperature_samples_the_greedy_token",
     ),
+    # ------------------------------------------------------------------ more patients
+    # The common bugs of chapter 11's clinic, planted in the package itself (the clinic's
+    # patients are companion.clinic.CONDITIONS and BUGS; these are the museum's).
+    _m(
+        "prefix_lm_target_off_by_one",
+        "prefix LM: the first target token (predicted from the last prefix token) left out "
+        "of the loss",
+        "data/objectives.py",
+        [
+            (
+                "inside = positions[None, :] < prefix - 1  # (batch, in_len) targets inside the prefix",
+                "inside = positions[None, :] < prefix  # (batch, in_len) targets inside the prefix",
+            )
+        ],
+        "tests/test_objectives.py::test_prefix_lm_by_hand",
+    ),
+    _m(
+        "masked_lm_targets_only_at_mask",
+        "BERT masking: targets only where [MASK] was put, not at the 10% random and 10% kept "
+        "selected tokens",
+        "data/objectives.py",
+        [
+            (
+                "targets = batch.masked_fill(~selected, pad_id)",
+                "targets = batch.masked_fill(~to_mask, pad_id)",
+            )
+        ],
+        "tests/test_objectives.py::test_masked_lm_follows_its_documented_draws",
+    ),
+    _m(
+        "t5_sentinel_after_its_span",
+        "T5 span corruption: each sentinel written after its span in the targets, not before",
+        "data/objectives.py",
+        [
+            (
+                "targets += [sentinels[index], *tokens[start:stop]]",
+                "targets += [*tokens[start:stop], sentinels[index]]",
+            )
+        ],
+        "tests/test_objectives.py::test_corrupt_spans_reproduces_figure_2_of_the_t5_paper",
+    ),
+    _m(
+        "generate_without_eos_padding",
+        "decoder-only generate: a row that said <eos> goes on generating instead of padding",
+        "families.py",
+        [("                next_token = next_token.masked_fill(finished, fill)  # (batch,)\n", "")],
+        "tests/test_families.py::test_eos_finishes_a_row_and_stops_when_all_have",
+    ),
+    _m(
+        "softmax_over_the_queries",
+        "softmax over the wrong dimension: over the queries (dim=-2), not the keys",
+        "attention.py",
+        [
+            (
+                "weights = torch.softmax(scores, dim=-1)  # (..., q_len, k_len)\n    if mask",
+                "weights = torch.softmax(scores, dim=-2)  # (..., q_len, k_len)\n    if mask",
+            )
+        ],
+        "tests/test_scaled_dot_product.py::test_matches_torch_functional",
+    ),
+    _m(
+        "interop_attn_mask_heads_major",
+        "interop batch-axis slip: a per-head mask flattened heads-major, (heads, batch), where "
+        "torch reads (batch, heads)",
+        "interop.py",
+        [
+            (
+                "expanded = mask.expand(batch, num_heads, q_len, k_len)",
+                "expanded = mask.expand(batch, num_heads, q_len, k_len).transpose(0, 1)",
+            )
+        ],
+        "tests/test_masking.py::test_attn_mask_round_trip_2d_and_per_head",
+        "tests/test_attention.py::test_parity_with_torch_multihead_attention",
+    ),
 )
