@@ -15,6 +15,8 @@ trained model's logits into output sentences.
 * :func:`sample_decode` - draw each next token at random from the model's distribution,
   sharpened or flattened by a ``temperature`` and optionally restricted to the ``top_k`` most
   likely tokens; ``temperature=0`` is greedy decoding.
+* :func:`top_p_distribution` - the distribution of top-p (nucleus) sampling (Holtzman et al.,
+  2020): the smallest set of most likely tokens whose probabilities reach ``top_p``.
 
 All three stop a sentence at ``<eos>`` and never generate more than ``max_len`` tokens; neither ever
 generates ``<pad>`` or ``<bos>`` (their scores are set to ``-inf``). Both return
@@ -57,6 +59,7 @@ __all__ = [
     "length_penalty",
     "sampling_distribution",
     "sample_decode",
+    "top_p_distribution",
 ]
 
 
@@ -516,3 +519,41 @@ def sample_decode(
             if bool(finished.all()):
                 break
     return ys[:, 1:]  # (batch, out_len)
+
+
+def top_p_distribution(logits: Tensor, top_p: float, temperature: float = 1.0) -> Tensor:
+    """The distribution that top-p (nucleus) sampling draws the next token from.
+
+    Holtzman et al. (2020): sort the tokens by probability (after the ``temperature``), keep
+    the smallest set of most likely tokens whose probabilities add up to at least ``top_p``
+    (the *nucleus*), set the others to 0 and renormalise. Unlike top-k, the number of kept
+    tokens adapts to the step: one or two where the model is sure, many where it is not. The
+    most likely token is always kept; among tied probabilities the sort order decides.
+
+    Args:
+        logits: ``(..., vocab)`` next-token logits; ``-inf`` for tokens never to be drawn.
+        top_p: the probability mass to keep, in ``(0, 1]``; ``1`` keeps every token.
+        temperature: ``> 0``; the logits are divided by it before the softmax.
+
+    Returns:
+        ``(..., vocab)`` probabilities, exactly 0 outside each row's nucleus, each row
+        summing to 1.
+    """
+    check_floating("logits", logits)
+    check_min_ndim("logits", logits, 1, "(..., vocab)")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+        raise TypeError(f"top_p must be a float in (0, 1], got {type(top_p).__name__}")
+    if not 0.0 < float(top_p) <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    temperature = check_nonnegative_float("temperature", temperature)
+    if temperature == 0:
+        raise ValueError("temperature must be > 0 for a distribution (0 means greedy: argmax)")
+    probs = _sampling_probs(logits, temperature, None)  # (..., vocab)
+    if float(top_p) == 1.0:  # every token (a rounded cumulative sum could drop the tiny ones)
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)  # (..., vocab) each
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (..., vocab): mass of better ones
+    keep_sorted = mass_before < float(top_p)  # (..., vocab): the best token always (0 < top_p)
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # (..., vocab)
+    kept = probs.masked_fill(~keep, 0.0)  # (..., vocab)
+    return kept / kept.sum(dim=-1, keepdim=True)  # (..., vocab): renormalised

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
 from helpers import tiny_transformer
 
-from companion.decode import BeamStep, beam_search, greedy_decode, length_penalty, sample_decode
+from companion.decode import (
+    BeamStep,
+    beam_search,
+    greedy_decode,
+    length_penalty,
+    sample_decode,
+    top_p_distribution,
+)
 from companion.model import Transformer, TransformerConfig
 
 EOS, PAD = 2, 0
@@ -421,3 +429,90 @@ def test_decoding_checks_the_source_once_with_a_mask_cross_attention_can_use(dec
         decode(model, src, max_len=4, src_mask=square)
     with pytest.raises(ValueError, match=r"src must hold ids in \[0, 11\]"):
         decode(model, src + 20, max_len=4)
+
+
+# --------------------------------------------------------------------------------------------
+# top_p_distribution (nucleus sampling)
+# --------------------------------------------------------------------------------------------
+
+
+def nucleus_by_loop(logits: torch.Tensor, top_p: float, temperature: float) -> torch.Tensor:
+    """One row at a time, in plain Python: add the most likely tokens until the mass reaches
+    top_p, then renormalise."""
+    out = torch.zeros_like(logits)
+    for row, row_logits in enumerate(logits):
+        probs = torch.softmax(row_logits / temperature, dim=-1).tolist()
+        order = sorted(range(len(probs)), key=lambda j: -probs[j])
+        mass, kept = 0.0, []
+        for j in order:
+            if mass >= top_p:
+                break
+            kept.append(j)
+            mass += probs[j]
+        for j in kept:
+            out[row, j] = probs[j] / mass
+    return out
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.3, 0.5, 0.9, 0.99])
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 2.0])
+def test_top_p_matches_a_loop_and_keeps_the_smallest_nucleus(top_p, temperature):
+    gen = torch.Generator().manual_seed(11)
+    logits = 2.0 * torch.randn(6, 15, generator=gen, dtype=torch.float64)  # (batch, vocab)
+    got = top_p_distribution(logits, top_p, temperature)  # (batch, vocab)
+    torch.testing.assert_close(got, nucleus_by_loop(logits, top_p, temperature))
+    torch.testing.assert_close(got.sum(-1), torch.ones(6, dtype=torch.float64))
+    full = torch.softmax(logits / temperature, dim=-1)  # (batch, vocab)
+    kept = got > 0  # (batch, vocab)
+    mass = (full * kept).sum(-1)  # (batch,)
+    assert bool((mass >= top_p - 1e-12).all()), "the nucleus holds at least top_p"
+    smallest_kept = full.masked_fill(~kept, math.inf).amin(-1)  # (batch,)
+    assert bool((mass - smallest_kept < top_p).all()), "without its least likely token, < top_p"
+    dropped_best = full.masked_fill(kept, -math.inf).amax(-1)  # (batch,)
+    assert bool((dropped_best <= smallest_kept).all()), "the kept tokens are the most likely"
+
+
+def test_top_p_adapts_where_top_k_cannot():
+    sure = torch.tensor([8.0, 1.0, 0.5, 0.0, -0.5, -1.0])  # (vocab,): one clear winner
+    unsure = torch.zeros(6)  # (vocab,): all equally likely
+    assert int(top_p_distribution(sure, 0.9).gt(0).sum()) == 1
+    assert int(top_p_distribution(unsure, 0.9).gt(0).sum()) == 6
+    assert int(top_p_distribution(unsure, 0.5).gt(0).sum()) == 3  # 3 × 1/6 = 0.5 exactly
+
+
+def test_top_p_edges_and_leading_axes():
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 3, 9, generator=gen)  # (..., vocab)
+    every = top_p_distribution(logits, 1.0)
+    torch.testing.assert_close(every, torch.softmax(logits, -1))  # top_p = 1: all tokens
+    one = top_p_distribution(logits, 1e-6)  # only the best token of each row
+    assert torch.equal(one, one_hot_best(logits))
+    forbidden = logits.clone()
+    forbidden[..., 0] = -math.inf  # never drawn
+    assert bool((top_p_distribution(forbidden, 0.95)[..., 0] == 0).all())
+    huge = torch.tensor([[1e4, 0.0, -1e4]])  # no NaN from an extreme logit
+    assert torch.equal(top_p_distribution(huge, 0.5), torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+def one_hot_best(logits: torch.Tensor) -> torch.Tensor:
+    """One-hot of each row's largest logit, as floats."""
+    best = logits.argmax(-1, keepdim=True)  # (..., 1)
+    return torch.zeros_like(logits).scatter(-1, best, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"logits": torch.zeros(4, dtype=torch.long), "top_p": 0.9}, TypeError, "logits"),
+        ({"logits": torch.tensor(1.0), "top_p": 0.9}, ValueError, "logits"),
+        ({"logits": torch.zeros(4), "top_p": 0.0}, ValueError, "top_p must be in (0, 1]"),
+        ({"logits": torch.zeros(4), "top_p": 1.5}, ValueError, "top_p must be in (0, 1], got 1.5"),
+        ({"logits": torch.zeros(4), "top_p": True}, TypeError, "top_p"),
+        ({"logits": torch.zeros(4), "top_p": "0.9"}, TypeError, "got str"),
+        ({"logits": torch.zeros(4), "top_p": 0.9, "temperature": 0}, ValueError, "temperature"),
+        ({"logits": torch.zeros(4), "top_p": 0.9, "temperature": -1.0}, ValueError, "temperature"),
+    ],
+)
+def test_top_p_bad_input(kwargs, error, words):
+    with pytest.raises(error, match=re.escape(words)):
+        top_p_distribution(**kwargs)

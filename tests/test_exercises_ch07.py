@@ -13,10 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from companion.data import BOS_ID, PAD_ID
 from companion.decode import beam_search
 from companion.exercises import ch07
 from companion.layers import DecoderLayer
-from companion.masking import causal_mask
+from companion.masking import causal_mask, padding_mask
 from companion.model import Transformer, TransformerConfig
 from companion.utils import count_parameters
 
@@ -103,9 +104,54 @@ def layer_one_norm_for_all(layer, x, memory, tgt_mask, memory_mask):
     return x + layer.feed_forward(norm(x))
 
 
+def layer_no_target_mask(layer, x, memory, tgt_mask, memory_mask):
+    return layer_correct(layer, x, memory, None, memory_mask)
+
+
 def test_decoder_layer_accepts_correct():
     assert ch07.check_decoder_layer_forward(layer_correct, verbose=False)
     assert ch07.check_decoder_layer_forward(layer_explicit_causal_mask, verbose=False)
+
+
+def test_a_forgotten_target_mask_changes_only_padded_rows_and_is_accepted():
+    """With the padding at the end and the causal mask in place, no real query can reach a
+    padded key: forgetting the target padding changes only the padded rows, which the loss
+    never scores, so the check accepts it (and it did change something)."""
+    changed_padded_rows = False
+    for case in ch07._decoder_layer_cases():
+        got = layer_no_target_mask(**case)
+        expected = ch07.reference_decoder_layer_forward(**case)
+        if case["tgt_mask"] is None:
+            continue
+        real = case["tgt_mask"][:, 0, 0]  # (batch, tgt_len)
+        torch.testing.assert_close(got[real], expected[real])
+        changed_padded_rows |= not torch.allclose(got[~real], expected[~real])
+    assert changed_padded_rows, "the cases should have padded rows that the mask changes"
+    assert ch07.check_decoder_layer_forward(layer_no_target_mask, verbose=False)
+
+
+def test_garbage_in_padded_rows_is_ignored_but_not_in_real_rows():
+    def noisy_padded_rows(layer, x, memory, tgt_mask, memory_mask):
+        out = layer_correct(layer, x, memory, tgt_mask, memory_mask)
+        if tgt_mask is None:
+            return out
+        return out.masked_fill(~tgt_mask[:, 0, 0, :, None], 123.0)
+
+    def noisy_real_rows(layer, x, memory, tgt_mask, memory_mask):
+        return layer_correct(layer, x, memory, tgt_mask, memory_mask) + 1e-3
+
+    assert ch07.check_decoder_layer_forward(noisy_padded_rows, verbose=False)
+    assert not ch07.check_decoder_layer_forward(noisy_real_rows, verbose=False)
+
+
+def test_decoder_layer_check_reports_a_wrong_shape_and_a_non_function():
+    def wrong_shape(layer, x, memory, tgt_mask, memory_mask):
+        return layer_correct(layer, x, memory, tgt_mask, memory_mask)[:, :1]
+
+    result = ch07.check_decoder_layer_forward(wrong_shape, verbose=False)
+    assert not result and "shape" in result.message
+    with pytest.raises(TypeError, match="callable"):
+        ch07.check_decoder_layer_forward(None, verbose=False)
 
 
 @pytest.mark.parametrize(
@@ -642,3 +688,168 @@ def test_decoder_layer_cases_use_decoder_layers_with_a_one_line_report():
         assert "\n" not in repr(case["layer"])
     result = ch07.check_decoder_layer_forward(layer_post_ln, verbose=False)
     assert "layer: DecoderLayer DecoderLayer(d_model=16, num_heads=4" in result.message
+
+
+# --------------------------------------------------------------------------------------------
+# transformer_forward (the assembled forward pass)
+# --------------------------------------------------------------------------------------------
+
+
+def _assembled(
+    model,
+    src,
+    tgt_in,
+    *,
+    scale=True,
+    causal=True,
+    final_norm=True,
+    cross_mask="source",
+    positions=True,
+    target_padding=True,
+):
+    d_model = model.config.d_model
+    factor = math.sqrt(d_model) if scale else 1.0
+    src_mask = padding_mask(src, PAD_ID)  # (batch, 1, 1, src_len)
+    x = model.src_embedding.weight[src] * factor  # (batch, src_len, d_model)
+    if positions:
+        x = model.src_positions(x)
+    for layer in model.encoder.layers:
+        x = layer(x, src_mask)
+    if final_norm and model.encoder.final_norm is not None:
+        x = model.encoder.final_norm(x)
+    memory = x
+    tgt_len = tgt_in.shape[1]
+    tgt_mask = padding_mask(tgt_in, PAD_ID) if target_padding else None  # (batch, 1, 1, tgt_len)
+    if causal:
+        future = causal_mask(tgt_len, tgt_len)  # (tgt_len, tgt_len)
+        tgt_mask = future if tgt_mask is None else tgt_mask & future
+    memory_mask = {"source": src_mask, "none": None, "target": tgt_mask}[cross_mask]
+    y = model.tgt_embedding.weight[tgt_in] * factor  # (batch, tgt_len, d_model)
+    if positions:
+        y = model.tgt_positions(y)
+    for layer in model.decoder.layers:
+        y = layer(y, memory, tgt_mask, memory_mask, is_causal=False)
+    if final_norm and model.decoder.final_norm is not None:
+        y = model.decoder.final_norm(y)
+    return model.generator(y)  # (batch, tgt_len, tgt_vocab)
+
+
+def forward_correct(model, src, tgt_in):
+    return _assembled(model, src, tgt_in)
+
+
+def forward_with_the_parts_modules(model, src, tgt_in):
+    """The same through the model's modules: TokenEmbedding scales, the decoder adds causal."""
+    src_mask = model.make_src_mask(src)
+    memory = model.encoder(model.src_positions(model.src_embedding(src)), src_mask)
+    y = model.tgt_positions(model.tgt_embedding(tgt_in))
+    return model.generator(model.decoder(y, memory, model.make_tgt_mask(tgt_in), src_mask))
+
+
+def forward_no_scale(model, src, tgt_in):
+    return _assembled(model, src, tgt_in, scale=False)
+
+
+def forward_scaled_twice(model, src, tgt_in):
+    """TokenEmbedding already multiplies by sqrt(d_model); multiplying again is wrong."""
+    d = math.sqrt(model.config.d_model)
+    src_mask = model.make_src_mask(src)
+    memory = model.encoder(model.src_positions(model.src_embedding(src) * d), src_mask)
+    y = model.tgt_positions(model.tgt_embedding(tgt_in) * d)
+    return model.generator(model.decoder(y, memory, model.make_tgt_mask(tgt_in), src_mask))
+
+
+def forward_no_causal_mask(model, src, tgt_in):
+    return _assembled(model, src, tgt_in, causal=False)
+
+
+def forward_no_final_norm(model, src, tgt_in):
+    return _assembled(model, src, tgt_in, final_norm=False)
+
+
+def forward_no_cross_mask(model, src, tgt_in):
+    return _assembled(model, src, tgt_in, cross_mask="none")
+
+
+def forward_target_mask_on_cross_attention(model, src, tgt_in):
+    return _assembled(model, src, tgt_in, cross_mask="target")
+
+
+def forward_no_positions(model, src, tgt_in):
+    return _assembled(model, src, tgt_in, positions=False)
+
+
+def forward_no_target_padding(model, src, tgt_in):
+    return _assembled(model, src, tgt_in, target_padding=False)
+
+
+def test_transformer_forward_accepts_correct():
+    assert ch07.check_transformer_forward(forward_correct, verbose=False)
+    assert ch07.check_transformer_forward(forward_with_the_parts_modules, verbose=False)
+    # the target padding changes only padded rows (padding at the end, causal mask): accepted
+    assert ch07.check_transformer_forward(forward_no_target_padding, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        forward_no_scale,
+        forward_scaled_twice,
+        forward_no_causal_mask,
+        forward_no_final_norm,
+        forward_no_cross_mask,
+        forward_target_mask_on_cross_attention,
+        forward_no_positions,
+    ],
+)
+def test_transformer_forward_rejects_wrong(wrong):
+    assert not ch07.check_transformer_forward(wrong, verbose=False)
+
+
+def test_a_target_mask_on_cross_attention_is_caught_by_values_where_it_runs():
+    """Where src_len = tgt_len the target mask fits cross-attention: its values give it away."""
+    cases = [c for c in ch07._forward_cases() if c["src"].shape[1] == c["tgt_in"].shape[1]]
+    assert cases
+    result = ch07.run_check(
+        "t",
+        forward_target_mask_on_cross_attention,
+        ch07.reference_transformer_forward,
+        cases,
+        verbose=False,
+    )
+    assert not result and "entries differ" in result.message
+
+
+def test_forward_cases_have_what_each_wrong_answer_needs():
+    cases = ch07._forward_cases()
+    assert any(c["model"].config.norm_first for c in cases)  # final norms exist
+    assert any(not c["model"].config.norm_first for c in cases)
+    assert all(c["tgt_in"].shape[1] > 1 for c in cases)  # the causal mask matters
+    assert all(bool((c["tgt_in"][:, 0] == BOS_ID).all()) for c in cases)
+    assert any(bool((c["src"] == PAD_ID).any()) for c in cases)  # source padding
+    assert any(bool((c["tgt_in"] == PAD_ID).any()) for c in cases)  # target padding
+    for case in cases:
+        model = case["model"]
+        assert not model.training and model.config.dropout == 0.0
+        assert model.config.src_pad_id == PAD_ID == model.config.tgt_pad_id
+        assert bool((case["src"] != PAD_ID).any(dim=-1).all()), "every source has a real token"
+
+
+def test_forward_reference_is_the_model_and_the_assembly_is_exact():
+    for case in ch07._forward_cases():
+        expected = case["model"](case["src"], case["tgt_in"])
+        assert torch.equal(ch07.reference_transformer_forward(**case), expected)
+        assert torch.equal(forward_correct(**case), expected)
+
+
+def test_forward_stub_is_not_attempted_and_cases_leave_the_seed_alone():
+    def stub(model, src, tgt_in):
+        raise NotImplementedError
+
+    result = ch07.check_transformer_forward(stub, verbose=False)
+    assert not result and "not attempted" in result.message
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    ch07._forward_cases()
+    assert torch.equal(torch.rand(3), expected)

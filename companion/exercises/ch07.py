@@ -15,11 +15,13 @@ the parameters of a whole Transformer           :func:`check_parameter_count`
 one decoding step with a key/value cache        :func:`check_cached_attention_step`
 one step of beam search                         :func:`check_beam_step`
 the distribution of temperature + top-k         :func:`check_sampling_distribution`
+the whole forward pass, assembled from parts    :func:`check_transformer_forward`
 ==============================================  =====================================
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import fields
@@ -28,6 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from companion._validation import check_callable
+from companion.data import PAD_ID
 from companion.decode import sampling_distribution
 from companion.exercises._checker import (
     Case,
@@ -46,6 +50,7 @@ __all__ = [
     "check_cached_attention_step",
     "check_beam_step",
     "check_sampling_distribution",
+    "check_transformer_forward",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -152,15 +157,57 @@ def _decoder_layer_cases() -> list[Case]:
     return cases
 
 
+def _real_rows_only(fn: Callable[..., Tensor], mask_argument: str) -> Callable[..., Tensor]:
+    """``fn`` with the rows of padded target positions set to 0 in its result.
+
+    A padded target position is never scored by the loss, and (the padding being at the end
+    and the causal mask in place) no real position attends to it, so what a function returns
+    there does not matter. A check compares only the real rows: a forgotten target padding
+    mask, which changes only the padded rows, is harmless and accepted.
+
+    Args:
+        fn: a function returning ``(batch, tgt_len, ...)``.
+        mask_argument: the keyword argument that gives the target padding: a boolean
+            ``(batch, 1, 1, tgt_len)`` mask (``True`` = real token, ``None`` = no padding), or
+            ``"tgt_in"`` for target ids ``(batch, tgt_len)`` padded with ``PAD_ID``.
+
+    Returns:
+        A function with ``fn``'s signature; a result that is not a tensor of at least two
+        axes is passed through unchanged, so that the check still reports it.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        value = kwargs[mask_argument]
+        real = (
+            None
+            if value is None
+            else value != PAD_ID
+            if mask_argument == "tgt_in"
+            else value[:, 0, 0]
+        )  # (batch, tgt_len) or None
+        result = fn(**kwargs)
+        if real is None or not isinstance(result, Tensor) or result.dim() < 2:
+            return result
+        if tuple(result.shape[:2]) != tuple(real.shape):
+            return result  # a wrong shape: the check reports it
+        keep = real.reshape(*real.shape, *([1] * (result.dim() - 2)))  # (batch, tgt_len, 1..)
+        return result.masked_fill(~keep, 0.0)
+
+    return wrapper
+
+
 def check_decoder_layer_forward(
     decoder_layer_forward: Callable[..., Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``decoder_layer_forward(layer, x, memory, tgt_mask, memory_mask)`` →
-    ``(batch, tgt_len, d_model)``, the Pre-LN forward pass built from ``layer``'s sub-modules."""
+    ``(batch, tgt_len, d_model)``, the Pre-LN forward pass built from ``layer``'s sub-modules.
+    Only the rows of real target positions are compared (:func:`_real_rows_only`)."""
+    check_callable("the function to check", decoder_layer_forward)
     return run_check(
         "decoder_layer_forward",
-        decoder_layer_forward,
-        reference_decoder_layer_forward,
+        _real_rows_only(decoder_layer_forward, "tgt_mask"),
+        _real_rows_only(reference_decoder_layer_forward, "tgt_mask"),
         _decoder_layer_cases(),
         verbose=verbose,
     )
@@ -462,5 +509,131 @@ def check_sampling_distribution(
         sampling_distribution,
         reference_sampling_distribution,
         _sampling_cases(),
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6: the whole forward pass, assembled from the model's parts
+# --------------------------------------------------------------------------------------------
+
+
+def reference_transformer_forward(model: Transformer, src: Tensor, tgt_in: Tensor) -> Tensor:
+    """The logits of ``model(src, tgt_in)``: the model's own forward pass.
+
+    Written out with the model's public parts, it computes::
+
+        src_mask = padding_mask(src, PAD_ID)                               # (batch, 1, 1, src_len)
+        x = src_positions(src_embedding.weight[src] * sqrt(d_model))
+        for layer in encoder.layers: x = layer(x, src_mask)
+        memory = encoder.final_norm(x)                  # Pre-LN only (None for Post-LN)
+        tgt_mask = padding_mask(tgt_in, PAD_ID) & causal_mask(tgt_len, tgt_len)
+        y = tgt_positions(tgt_embedding.weight[tgt_in] * sqrt(d_model))
+        for layer in decoder.layers: y = layer(y, memory, tgt_mask, src_mask, is_causal=False)
+        logits = generator(decoder.final_norm(y))       # Pre-LN only
+
+    Args:
+        model: a :class:`~companion.model.Transformer` with sinusoidal positions, dropout 0,
+            pad id ``PAD_ID`` on both sides, in evaluation mode.
+        src: source ids ``(batch, src_len)``, padded with ``PAD_ID``.
+        tgt_in: decoder input ids ``(batch, tgt_len)`` (``<bos>`` first), padded with
+            ``PAD_ID``.
+
+    Returns:
+        logits ``(batch, tgt_len, tgt_vocab)``.
+    """
+    return model(src, tgt_in)  # (batch, tgt_len, tgt_vocab)
+
+
+class _ReportedModel(Transformer):
+    """A :class:`~companion.model.Transformer` whose repr fits on one line of a report."""
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"Transformer(src_vocab={c.src_vocab}, tgt_vocab={c.tgt_vocab}, d_model={c.d_model}, "
+            f"num_heads={c.num_heads}, num_layers={c.num_layers}, norm_first={c.norm_first})"
+        )
+
+
+_ReportedModel.__name__ = _ReportedModel.__qualname__ = "Transformer"
+
+
+def _randomize_model(model: Transformer, g: torch.Generator) -> Transformer:
+    """Random matrices, biases and norm gains/shifts (the final norms included), so that
+    leaving out any part changes the logits."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:  # (out, in) matrices and embedding tables
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+            elif "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def _padded_ids(
+    lengths: list[int], seq_len: int, vocab: int, g: torch.Generator, bos: bool
+) -> Tensor:
+    """Word ids (4 and up) ``(batch, seq_len)``, padded with ``PAD_ID`` after each length."""
+    ids = torch.randint(4, vocab, (len(lengths), seq_len), generator=g)  # (batch, seq_len)
+    if bos:
+        ids[:, 0] = 1  # BOS_ID
+    return ids.masked_fill(~lengths_mask(lengths, seq_len), PAD_ID)  # (batch, seq_len)
+
+
+def _forward_cases() -> list[Case]:
+    g = seeded_generator(716)
+    settings = [
+        # (src_vocab, tgt_vocab, d_model, heads, layers, d_ff, norm_first, tie,
+        #  source lengths, src_len, target lengths, tgt_len)
+        (20, 25, 16, 4, 2, 32, True, False, [7, 4], 7, [5, 3], 5),  # Pre-LN: final norms
+        (20, 25, 16, 2, 2, 32, False, False, [6, 3], 6, [4, 4], 4),  # Post-LN: none
+        (30, 30, 24, 3, 1, 48, True, True, [5, 2, 5], 5, [5, 2, 4], 5),  # src_len = tgt_len
+        (18, 22, 8, 2, 3, 16, True, False, [3], 4, [6], 6),  # one sentence, one pad
+        (25, 20, 32, 8, 2, 64, False, True, [9, 1], 9, [3, 2], 3),  # a one-token source
+    ]
+    cases: list[Case] = []
+    with torch.random.fork_rng(devices=[]):  # building models must not move the global seed
+        for (src_vocab, tgt_vocab, d_model, heads, layers, d_ff, norm_first, tie,
+             src_lengths, src_len, tgt_lengths, tgt_len) in settings:  # fmt: skip
+            config = TransformerConfig(
+                src_vocab=src_vocab,
+                tgt_vocab=tgt_vocab,
+                d_model=d_model,
+                num_heads=heads,
+                num_layers=layers,
+                d_ff=d_ff,
+                dropout=0.0,
+                norm_first=norm_first,
+                tie_embeddings=tie,
+                src_pad_id=PAD_ID,
+                tgt_pad_id=PAD_ID,
+            )
+            model = _randomize_model(_ReportedModel(config), g)
+            cases.append(
+                {
+                    "model": model,
+                    "src": _padded_ids(src_lengths, src_len, src_vocab, g, bos=False),
+                    "tgt_in": _padded_ids(tgt_lengths, tgt_len, tgt_vocab, g, bos=True),
+                }
+            )
+    return cases
+
+
+def check_transformer_forward(
+    transformer_forward: Callable[..., Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``transformer_forward(model, src, tgt_in)`` → logits ``(batch, tgt_len,
+    tgt_vocab)``, the forward pass assembled from the model's parts, against
+    ``model(src, tgt_in)``. Only the rows of real target positions are compared
+    (:func:`_real_rows_only`)."""
+    check_callable("the function to check", transformer_forward)
+    return run_check(
+        "transformer_forward",
+        _real_rows_only(transformer_forward, "tgt_in"),
+        _real_rows_only(reference_transformer_forward, "tgt_in"),
+        _forward_cases(),
         verbose=verbose,
     )
