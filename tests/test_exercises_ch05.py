@@ -71,63 +71,81 @@ def test_padding_cases_cover_other_pad_ids_and_all_padding_rows():
 
 
 # --------------------------------------------------------------------------------------------
-# causal_mask
+# causal_window_mask
 # --------------------------------------------------------------------------------------------
 
 
-def causal_correct(q_len, k_len):
-    return torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len)
+def window_correct(q_len, k_len, window):
+    ones = torch.ones(q_len, k_len, dtype=torch.bool)
+    shift = k_len - q_len
+    return ones.tril(diagonal=shift) & ones.triu(diagonal=shift - window + 1)
 
 
-def causal_sees_next_token(q_len, k_len):  # off by one: the diagonal is one too high
-    return torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len + 1)
+def window_one_too_wide(q_len, k_len, window):  # |i - j| <= window: window + 1 keys
+    return window_correct(q_len, k_len, window + 1)
 
 
-def causal_misses_itself(q_len, k_len):  # off by one the other way: cannot see itself
-    return torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len - 1)
+def window_top_left(q_len, k_len, window):  # right only when q_len == k_len
+    ones = torch.ones(q_len, k_len, dtype=torch.bool)
+    return ones.tril() & ones.triu(diagonal=-window + 1)
 
 
-def causal_top_left(q_len, k_len):  # right only when q_len == k_len
-    return torch.ones(q_len, k_len, dtype=torch.bool).tril()
+def window_not_causal(q_len, k_len, window):  # a symmetric band: sees window - 1 keys ahead
+    return masking.sliding_window_mask(q_len, k_len, window=window, causal=False)
 
 
-def causal_inverted(q_len, k_len):  # True = blocked (nn.Transformer's convention)
-    return ~causal_correct(q_len, k_len)
+def window_ignored(q_len, k_len, window):  # the plain causal mask
+    return masking.causal_mask(q_len, k_len)
 
 
-def causal_transposed(q_len, k_len):  # upper triangle: every query sees the future only
-    return torch.ones(q_len, k_len, dtype=torch.bool).triu(diagonal=k_len - q_len)
+def window_inverted(q_len, k_len, window):  # True = blocked
+    return ~window_correct(q_len, k_len, window)
 
 
-def causal_float(q_len, k_len):
-    return causal_correct(q_len, k_len).float()
+def window_float(q_len, k_len, window):
+    return window_correct(q_len, k_len, window).float()
 
 
-def test_causal_mask_accepts_correct_and_companion():
-    assert ch05.check_causal_mask(causal_correct, verbose=False)
-    assert ch05.check_causal_mask(masking.causal_mask, verbose=False)
+def test_causal_window_mask_accepts_correct_and_companion():
+    assert ch05.check_causal_window_mask(window_correct, verbose=False)
+
+    def companion_window(q_len, k_len, window):
+        return masking.sliding_window_mask(q_len, k_len, window=window, causal=True)
+
+    assert ch05.check_causal_window_mask(companion_window, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        causal_sees_next_token,
-        causal_misses_itself,
-        causal_top_left,
-        causal_inverted,
-        causal_transposed,
-        causal_float,
+        window_one_too_wide,
+        window_top_left,
+        window_not_causal,
+        window_ignored,
+        window_inverted,
+        window_float,
     ],
 )
-def test_causal_mask_rejects_wrong(wrong):
-    assert not ch05.check_causal_mask(wrong, verbose=False)
+def test_causal_window_mask_rejects_wrong(wrong):
+    assert not ch05.check_causal_window_mask(wrong, verbose=False)
 
 
-def test_top_left_alignment_passes_the_square_cases_first():
+def test_window_top_left_alignment_passes_the_square_cases_first():
     """Only a case with more keys than queries catches the top-left alignment."""
-    result = ch05.check_causal_mask(causal_top_left, verbose=False)
+    result = ch05.check_causal_window_mask(window_top_left, verbose=False)
     assert not result
     assert result.cases_run > 3
+
+
+def test_window_cases_include_the_plain_causal_mask():
+    cases = ch05._causal_window_cases()
+    long = [c for c in cases if c["window"] >= c["k_len"]]
+    assert long and all(
+        torch.equal(
+            ch05.reference_causal_window_mask(**c), masking.causal_mask(c["q_len"], c["k_len"])
+        )
+        for c in long
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -263,80 +281,115 @@ def test_additive_reference_round_trips_through_companion():
 
 
 # --------------------------------------------------------------------------------------------
-# future_leaks
+# first_leak
 # --------------------------------------------------------------------------------------------
 
 
-def leaks_correct(attend, x):
+def _pairs(attend, x, perturb, outputs=None, inputs=None):
+    """All (i, j), i < j, where ``perturb`` applied to input j alone changes output i."""
+    before = attend(x)
+    found = []
+    for j in range(1, x.shape[1]):
+        changed = x.clone()
+        changed[:, j] = perturb(changed[:, j])
+        after = attend(changed)
+        for i in range(j):
+            if outputs is not None and i not in outputs(x.shape[1]):
+                continue
+            if inputs is not None and j not in inputs(i, x.shape[1]):
+                continue
+            if not torch.allclose(after[:, i], before[:, i], atol=1e-5, rtol=0):
+                found.append((i, j))
+    return min(found) if found else None
+
+
+def first_leak_correct(attend, x):
+    return _pairs(attend, x, torch.randn_like)
+
+
+def first_leak_by_gradient(attend, x):
+    """A different correct method: the Jacobian of output i w.r.t. each later input j."""
+    for i in range(x.shape[1] - 1):
+        x_grad = x.clone().requires_grad_()
+        output = attend(x_grad)[:, i]  # (batch, d_out)
+        # a random direction: a plain sum is blind to outputs with zero mean
+        (output * torch.randn_like(output)).sum().backward()
+        later = (x_grad.grad[:, i + 1 :].abs() > 1e-7).flatten(2).any(-1).any(0)  # (n - i - 1,)
+        if bool(later.any()):
+            return (i, i + 1 + int(later.nonzero()[0]))
+    return None
+
+
+def first_leak_output_zero_only(attend, x):  # checks t = 0 only: misses late leaks
+    return _pairs(attend, x, torch.randn_like, outputs=lambda n: {0})
+
+
+def first_leak_adjacent_only(attend, x):  # checks j = i + 1 only: misses longer jumps
+    return _pairs(attend, x, torch.randn_like, inputs=lambda i, n: {i + 1})
+
+
+def first_leak_rescaled(attend, x):  # a deterministic change, 2 * x: blind to direction-only
+    return _pairs(attend, x, lambda v: 2.0 * v)
+
+
+def first_leak_constant_shift(attend, x):  # x + 1 is invisible after a layer norm
+    return _pairs(attend, x, lambda v: v + 1.0)
+
+
+def first_leak_whole_future(attend, x):  # changes all of x[t+1:] at once: always j = t + 1
     before = attend(x)
     for t in range(x.shape[1] - 1):
         changed = x.clone()
         changed[:, t + 1 :] = torch.randn_like(changed[:, t + 1 :])
-        if not torch.allclose(attend(changed)[:, : t + 1], before[:, : t + 1], atol=1e-5):
-            return True
-    return False
+        after = attend(changed)
+        for i in range(t + 1):
+            if not torch.allclose(after[:, i], before[:, i], atol=1e-5):
+                return (i, t + 1)
+    return None
 
 
-def leaks_by_gradient(attend, x):
-    """A different correct method: the Jacobian of the past outputs w.r.t. future inputs."""
-    for t in range(x.shape[1] - 1):
-        x_grad = x.clone().requires_grad_()
-        attend(x_grad)[:, t].sum().backward()
-        if bool((x_grad.grad[:, t + 1 :].abs() > 1e-7).any()):
-            return True
-    return False
+def first_leak_last_token_only(attend, x):  # only perturbs the last position
+    return _pairs(attend, x, torch.randn_like, inputs=lambda i, n: {n - 1})
 
 
-def leaks_last_token_only(attend, x):  # only perturbs the last position
-    changed = x.clone()
-    changed[:, -1] = torch.randn_like(changed[:, -1])
-    return not torch.allclose(attend(changed)[:, :-1], attend(x)[:, :-1], atol=1e-5)
+def first_leak_swapped(attend, x):  # (input, output) instead of (output, input)
+    pair = first_leak_correct(attend, x)
+    return None if pair is None else (pair[1], pair[0])
 
 
-def leaks_whole_output(attend, x):  # compares the future outputs too: always "leaks"
-    changed = x.clone()
-    changed[:, 1:] = torch.randn_like(changed[:, 1:])
-    return not torch.allclose(attend(changed), attend(x), atol=1e-5)
+def first_leak_boolean(attend, x):  # the yes/no answer of a plain leak test
+    return first_leak_correct(attend, x) is not None
 
 
-def leaks_constant_shift(attend, x):  # x + 1 is invisible after a layer norm
-    before = attend(x)
-    for t in range(x.shape[1] - 1):
-        changed = x.clone()
-        changed[:, t + 1 :] += 1.0
-        if not torch.allclose(attend(changed)[:, : t + 1], before[:, : t + 1], atol=1e-5):
-            return True
-    return False
-
-
-def leaks_includes_current(attend, x):  # also changes position t itself: always "leaks"
-    before = attend(x)
-    for t in range(x.shape[1] - 1):
-        changed = x.clone()
-        changed[:, t:] = torch.randn_like(changed[:, t:])
-        if not torch.allclose(attend(changed)[:, : t + 1], before[:, : t + 1], atol=1e-5):
-            return True
-    return False
-
-
-def test_future_leaks_accepts_correct():
+def test_first_leak_accepts_correct():
     torch.manual_seed(0)
-    assert ch05.check_future_leaks(leaks_correct, verbose=False)
-    assert ch05.check_future_leaks(leaks_by_gradient, verbose=False)
+    assert ch05.check_first_leak(first_leak_correct, verbose=False)
+    assert ch05.check_first_leak(first_leak_by_gradient, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
-    [leaks_last_token_only, leaks_whole_output, leaks_constant_shift, leaks_includes_current],
+    [
+        first_leak_output_zero_only,
+        first_leak_adjacent_only,
+        first_leak_rescaled,
+        first_leak_constant_shift,
+        first_leak_whole_future,
+        first_leak_last_token_only,
+        first_leak_swapped,
+        first_leak_boolean,
+    ],
 )
-def test_future_leaks_rejects_wrong(wrong):
+def test_first_leak_rejects_wrong(wrong):
     torch.manual_seed(0)
-    assert not ch05.check_future_leaks(wrong, verbose=False)
+    assert not ch05.check_first_leak(wrong, verbose=False)
 
 
-def test_future_leak_cases_have_both_answers():
-    answers = [ch05.reference_future_leaks(**case) for case in ch05._future_leak_cases()]
-    assert answers.count(True) >= 4 and answers.count(False) >= 4
+def test_leak_cases_have_both_answers_and_the_hard_leaks():
+    answers = [ch05.reference_first_leak(**case) for case in ch05._future_leak_cases()]
+    assert answers.count(None) >= 4 and len(answers) - answers.count(None) >= 6
+    # a leak two steps ahead, one into a late position, and two blind to deterministic changes
+    assert {(0, 2), (4, 5), (1, 3), (2, 4)} <= set(answers)
 
 
 def test_reference_leak_test_agrees_with_companion_attention():
@@ -345,8 +398,8 @@ def test_reference_leak_test_agrees_with_companion_attention():
     torch.manual_seed(0)
     mha = MultiHeadAttention(8, 2).eval()
     x = torch.randn(2, 5, 8)
-    assert not ch05.reference_future_leaks(lambda x: mha(x, x, x, is_causal=True)[0], x)
-    assert ch05.reference_future_leaks(lambda x: mha(x, x, x)[0], x)
+    assert ch05.reference_first_leak(lambda x: mha(x, x, x, is_causal=True)[0], x) is None
+    assert ch05.reference_first_leak(lambda x: mha(x, x, x)[0], x) == (0, 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,8 +410,11 @@ def test_reference_leak_test_agrees_with_companion_attention():
 def test_references_agree_with_companion_masking():
     for case in ch05._padding_cases():
         assert torch.equal(ch05.reference_padding_mask(**case), masking.padding_mask(**case))
-    for case in ch05._causal_cases():
-        assert torch.equal(ch05.reference_causal_mask(**case), masking.causal_mask(**case))
+    for case in ch05._causal_window_cases():
+        expected = masking.sliding_window_mask(
+            case["q_len"], case["k_len"], window=case["window"], causal=True
+        )
+        assert torch.equal(ch05.reference_causal_window_mask(**case), expected)
     for case in ch05._decoder_cases():
         assert torch.equal(ch05.reference_decoder_mask(**case), decoder_correct(**case))
 

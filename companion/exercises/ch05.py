@@ -13,10 +13,10 @@ in :func:`check_additive_from_blocked`, whose input uses PyTorch's ``True`` = *b
 exercise                                               check
 =====================================================  ==================================
 padding mask from token ids                            :func:`check_padding_mask`
-causal mask, also with more keys than queries          :func:`check_causal_mask`
+causal sliding-window mask, also with a cache          :func:`check_causal_window_mask`
 decoder self-attention mask (padding and causal)       :func:`check_decoder_mask`
 ``True`` = blocked → additive float mask               :func:`check_additive_from_blocked`
-a leak test: does the future change the past?          :func:`check_future_leaks`
+a leak test that names the first leaking pair          :func:`check_first_leak`
 =====================================================  ==================================
 """
 
@@ -39,10 +39,10 @@ from companion.exercises._checker import (
 
 __all__ = [
     "check_padding_mask",
-    "check_causal_mask",
+    "check_causal_window_mask",
     "check_decoder_mask",
     "check_additive_from_blocked",
-    "check_future_leaks",
+    "check_first_leak",
 ]
 
 
@@ -132,42 +132,52 @@ def check_padding_mask(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: causal mask, bottom-right aligned
+# Exercise 2: causal sliding-window mask, bottom-right aligned
 # --------------------------------------------------------------------------------------------
 
 
-def reference_causal_mask(q_len: int, k_len: int) -> Tensor:
-    """Query ``i`` may attend to the keys up to its own position, and no further.
+def reference_causal_window_mask(q_len: int, k_len: int, window: int) -> Tensor:
+    """Causal local attention: each query sees itself and the ``window - 1`` keys before it.
 
     The queries are the *last* ``q_len`` of the ``k_len`` positions (as when a decoder adds
     ``q_len`` new tokens to ``k_len - q_len`` cached ones), so query ``i`` sits at position
-    ``i + k_len - q_len``.
+    ``p = i + k_len - q_len``.
 
     Returns:
-        Boolean mask ``(q_len, k_len)``: ``True`` where ``key <= i + k_len - q_len``.
+        Boolean mask ``(q_len, k_len)``: ``True`` where ``p - window < key <= p``.
     """
     query_position = torch.arange(q_len)[:, None] + (k_len - q_len)  # (q_len, 1)
     key_position = torch.arange(k_len)[None, :]  # (1, k_len)
-    return key_position <= query_position  # (q_len, k_len)
+    distance = query_position - key_position  # (q_len, k_len): p - j
+    return (distance >= 0) & (distance < window)  # (q_len, k_len)
 
 
-def _causal_cases() -> list[Case]:
+def _causal_window_cases() -> list[Case]:
     return [
-        {"q_len": q_len, "k_len": k_len}
-        for q_len, k_len in [(1, 1), (4, 4), (6, 6), (3, 7), (1, 5), (2, 3), (5, 9)]
+        {"q_len": q_len, "k_len": k_len, "window": window}
+        for q_len, k_len, window in [
+            (4, 4, 2),
+            (6, 6, 3),
+            (5, 5, 1),  # the diagonal alone
+            (1, 5, 2),  # one new token after four cached ones
+            (3, 7, 3),
+            (2, 9, 4),
+            (4, 4, 10),  # a window longer than the sequence: the plain causal mask
+        ]
     ]
 
 
-def check_causal_mask(
-    causal_mask: Callable[[int, int], Tensor], verbose: bool = True
+def check_causal_window_mask(
+    causal_window_mask: Callable[[int, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``causal_mask(q_len, k_len)`` → boolean ``(q_len, k_len)``; query ``i`` sits at
-    position ``i + k_len - q_len`` and may attend to the keys at or before it."""
+    """Check ``causal_window_mask(q_len, k_len, window)`` → boolean ``(q_len, k_len)``; query
+    ``i`` sits at position ``p = i + k_len - q_len`` and may attend to the keys ``j`` with
+    ``p - window < j <= p``."""
     return run_check(
-        "causal_mask",
-        _returning("bool", "causal_mask", causal_mask),
-        reference_causal_mask,
-        _causal_cases(),
+        "causal_window_mask",
+        _returning("bool", "causal_window_mask", causal_window_mask),
+        reference_causal_window_mask,
+        _causal_window_cases(),
         verbose=verbose,
     )
 
@@ -271,31 +281,33 @@ def check_additive_from_blocked(
 # --------------------------------------------------------------------------------------------
 
 
-def reference_future_leaks(attend: Callable[[Tensor], Tensor], x: Tensor) -> bool:
-    """Does any output position depend on an input at a *later* position?
+def reference_first_leak(attend: Callable[[Tensor], Tensor], x: Tensor) -> tuple[int, int] | None:
+    """The first (output, input) pair through which the future leaks into the past.
 
-    For every position ``t``, replace the inputs after ``t`` by fresh random vectors and see
-    whether any output at or before ``t`` changes (by more than ``1e-5``).
+    For every later position ``j``, replace the input at ``j`` *alone* by fresh random vectors
+    and record which earlier outputs ``i < j`` change (by more than ``1e-5``). The answer is
+    the smallest such ``i``, and for it the smallest such ``j``.
 
     Args:
         attend: a sequence model ``(batch, seq_len, d) → (batch, seq_len, d_out)``.
         x: an input ``(batch, seq_len, d)``.
 
     Returns:
-        ``True`` if information flows from the future into the past.
+        ``(i, j)`` with ``i < j``, or ``None`` when no output depends on a later input.
     """
     g = seeded_generator(505)
     seq_len = x.shape[1]
+    leaks = []
     with torch.no_grad():
         before = attend(x)  # (batch, seq_len, d_out)
-        for t in range(seq_len - 1):
+        for j in range(1, seq_len):
             changed = x.clone()  # (batch, seq_len, d)
-            changed[:, t + 1 :] = torch.randn(changed[:, t + 1 :].shape, generator=g)
+            changed[:, j] = torch.randn(changed[:, j].shape, generator=g)  # a new input j only
             after = attend(changed)  # (batch, seq_len, d_out)
-            past = slice(0, t + 1)
-            if not torch.allclose(after[:, past], before[:, past], atol=1e-5, rtol=0.0):
-                return True
-    return False
+            for i in range(j):
+                if not torch.allclose(after[:, i], before[:, i], atol=1e-5, rtol=0.0):
+                    leaks.append((i, j))
+    return min(leaks) if leaks else None
 
 
 class _MaskedAttention:
@@ -350,6 +362,37 @@ def _layer_norm(x: Tensor) -> Tensor:
     return torch.nn.functional.layer_norm(x, x.shape[-1:])  # (batch, seq_len, d)
 
 
+def _with_extra(mask: Callable[[int], Tensor], *pairs: tuple[int, int]) -> Callable[[int], Tensor]:
+    """``mask`` with the extra (query, key) ``pairs`` allowed."""
+
+    def build(n: int) -> Tensor:
+        allowed = mask(n).clone()  # (n, n)
+        for i, j in pairs:
+            allowed[i, j] = True
+        return allowed
+
+    return build
+
+
+def _distance_two(n: int) -> Tensor:
+    """Causal, plus every query sees the key two steps ahead (never the adjacent one)."""
+    two_ahead = torch.ones(n, n, dtype=torch.bool).triu(2).tril(2)  # (n, n): j = i + 2
+    return causal_bool_mask(n) | two_ahead  # (n, n)
+
+
+def _add_at(
+    base: Callable[[Tensor], Tensor], into: int, source: int, fn: Callable[[Tensor], Tensor]
+) -> Callable[[Tensor], Tensor]:
+    """``base(x)`` with ``fn(x[:, source])`` added to output ``into``: a leak if source > into."""
+
+    def model(x: Tensor) -> Tensor:
+        out = base(x).clone()  # (batch, seq_len, d)
+        out[:, into] = out[:, into] + fn(x[:, source])  # (batch, d)
+        return out
+
+    return model
+
+
 def _future_leak_cases() -> list[Case]:
     g = seeded_generator(506)
     d = 4
@@ -359,15 +402,38 @@ def _future_leak_cases() -> list[Case]:
 
     causal = _MaskedAttention("causal", _tril(0), d, 1)
     full = _MaskedAttention("no mask", lambda n: torch.ones(n, n, dtype=torch.bool), d, 2)
+
+    def direction(v: Tensor) -> Tensor:  # (batch, d): blind to a positive rescale of v
+        return torch.nn.functional.normalize(v, dim=-1)
+
+    def centred(v: Tensor) -> Tensor:  # (batch, d): blind to a constant added to v
+        return v - v.mean(dim=-1, keepdim=True)
+
     return [
-        {"attend": causal, "x": x(5)},
-        {"attend": full, "x": x(5)},
+        {"attend": causal, "x": x(5)},  # None
+        {"attend": full, "x": x(5)},  # (0, 1)
         {"attend": _MaskedAttention("diagonal off by one", _tril(1), d, 3), "x": x(6)},
         {"attend": _MaskedAttention("strictly the past", _tril(-1), d, 4), "x": x(5)},
         # a leak from position 1 into position 0 only: changing the last token alone misses it
         {"attend": _MaskedAttention("0 peeks at 1", _first_sees_second, d, 5), "x": x(6)},
-        # layer norm first: it ignores a constant added to a position's vector, so the
-        # perturbation must be random, not "x + 1" or "2 * x"
+        # a leak two steps ahead only: a test of adjacent pairs, or one that changes the whole
+        # future at once and reports j = i + 1, gets it wrong
+        {"attend": _MaskedAttention("sees 2 ahead", _distance_two, d, 6), "x": x(6)},  # (0, 2)
+        # a leak into late positions only: a test that looks at output 0 alone misses it
+        {
+            "attend": _MaskedAttention("4 peeks at 5", _with_extra(_tril(0), (4, 5)), d, 7),
+            "x": x(7),
+        },  # (4, 5)
+        # leaks blind to a deterministic change: "2 * x" and "x + 1" miss them, random does not
+        {
+            "attend": _Elementwise("direction of x[3] into 1", _add_at(causal, 1, 3, direction)),
+            "x": x(5),
+        },  # (1, 3)
+        {
+            "attend": _Elementwise("centred x[4] into 2", _add_at(causal, 2, 4, centred)),
+            "x": x(6),
+        },  # (2, 4)
+        # layer norm first: it ignores a constant added to a position's vector
         {
             "attend": _Elementwise("layer norm, then no mask", lambda x: full(_layer_norm(x))),
             "x": x(4),
@@ -393,16 +459,18 @@ def _future_leak_cases() -> list[Case]:
     ]
 
 
-def check_future_leaks(
-    future_leaks: Callable[[Callable[[Tensor], Tensor], Tensor], bool], verbose: bool = True
+def check_first_leak(
+    first_leak: Callable[[Callable[[Tensor], Tensor], Tensor], tuple[int, int] | None],
+    verbose: bool = True,
 ) -> CheckResult:
-    """Check ``future_leaks(attend, x) -> bool`` on causal models (no leak) and on models that
-    leak the future into the past in several ways (full attention, an off-by-one diagonal, a
-    single leaking pair, a reversed cumulative sum)."""
+    """Check ``first_leak(attend, x) -> (i, j) | None`` on causal models (``None``) and on models
+    that leak in several ways: full attention, an off-by-one diagonal, a single pair (0, 1), a
+    leak two steps ahead only, a leak into a late position only, and leaks that a positive
+    rescale or an added constant cannot reveal."""
     return run_check(
-        "future_leaks",
-        future_leaks,
-        reference_future_leaks,
+        "first_leak",
+        first_leak,
+        reference_first_leak,
         _future_leak_cases(),
         verbose=verbose,
     )
