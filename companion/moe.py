@@ -16,11 +16,12 @@ For a token :math:`x` (one row of ``(batch, seq, d_model)``)::
     y = sum_{i in S, kept} g_i * expert_i(x)
 
 **Gates.** With ``top_k > 1`` the gates are renormalised over the chosen experts, so they sum
-to 1: Mixtral computes ``softmax(TopK(x W_r))`` (Jiang et al., 2024, "Mixtral of Experts",
-eq. 1), which is the same thing, and GShard normalises its two gates the same way (Lepikhin et
-al., 2021). With ``top_k = 1`` the gate stays ``p_i`` as in the Switch Transformer (Fedus et
-al., 2022, section 2.1): renormalised it would always be 1, and the router would get no
-gradient from the task.
+to 1: Mixtral computes ``softmax(TopK(x W_r))`` over the chosen logits (Jiang et al., 2024,
+"Mixtral of Experts", arXiv:2401.04088, section 2.1), which is the same thing, and GShard
+divides its two gates by their sum (Lepikhin et al., 2020, arXiv:2006.16668, Algorithm 1).
+With ``top_k = 1`` the gate stays ``p_i`` as in the Switch Transformer (Fedus et al., 2021,
+arXiv:2101.03961, section 2.1): renormalised it would always be 1, and the router would get
+no gradient from the task loss.
 
 **Capacity.** Each expert takes at most ``capacity = ceil(capacity_factor * tokens * top_k /
 num_experts)`` assignments, ``tokens`` counting the real (unpadded) tokens of the batch.
@@ -32,9 +33,10 @@ every assignment.
 
 **Balancing.** After each call, :attr:`MoEFeedForward.last_aux` holds a :class:`MoEStats`:
 the load-balancing loss of the Switch Transformer (:func:`load_balancing_loss`), the router
-z-loss of ST-MoE (:func:`router_z_loss`, Zoph et al., 2022), the assignments each expert kept
-and the number dropped. Add ``coefficient * last_aux.balance_loss`` (Switch uses 0.01) to the
-task loss so that the router spreads the tokens.
+z-loss of ST-MoE (:func:`router_z_loss`, Zoph et al., 2022, arXiv:2202.08906), the
+assignments each expert kept and the number dropped. Add ``coefficient *
+last_aux.balance_loss`` (Switch uses 0.01; ST-MoE adds ``0.001 * z_loss``) to the task loss so
+that the router spreads the tokens.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from companion._validation import (
     check_probability,
     check_sequence,
     checked,
+    checks_enabled,
     shape_str,
 )
 from companion.layers import FeedForward
@@ -92,15 +95,16 @@ class MoEStats:
 def load_balancing_loss(
     router_probs: Tensor, expert_index: Tensor, num_experts: int, mask: Tensor | None = None
 ) -> Tensor:
-    r"""The Switch Transformer's auxiliary loss :math:`E \sum_i f_i P_i` (Fedus et al., 2022, eq. 4).
+    r"""The Switch Transformer's auxiliary loss :math:`E \sum_i f_i P_i` (Fedus et al., 2021,
+    eq. 4).
 
     :math:`f_i` is the fraction of the routing assignments that chose expert ``i`` (each token
     makes ``k`` of them, so :math:`\sum_i f_i = 1`; it is counted before any capacity drops
     and carries no gradient), :math:`P_i` the mean router probability of expert ``i``. Both
     average over the real tokens only. With uniform routing, :math:`f_i = P_i = 1/E`, the loss
-    is 1; when :math:`f = P` it is :math:`E\lVert P\rVert^2 \ge 1` (Cauchy-Schwarz), and it reaches
-    ``E`` when every token goes to one expert with probability 1. The gradient pushes down the
-    probabilities of the experts that receive the most tokens.
+    is 1; when :math:`f = P` it is :math:`E\lVert P\rVert^2 \ge 1` (Cauchy-Schwarz), and it
+    reaches ``E`` when every token goes to one expert with probability 1. The gradient pushes
+    down the probabilities of the experts that receive the most tokens.
 
     Args:
         router_probs: ``(..., num_experts)`` softmax of the router logits.
@@ -111,24 +115,8 @@ def load_balancing_loss(
     Returns:
         A scalar tensor (0 when there is no real token).
     """
-    check_positive_int("num_experts", num_experts)
-    check_floating("router_probs", router_probs)
-    check_min_ndim("router_probs", router_probs, 1, "(..., num_experts)")
-    if router_probs.shape[-1] != num_experts:
-        raise ValueError(
-            f"router_probs must have shape (..., num_experts={num_experts}), "
-            f"got {shape_str(router_probs.shape)}"
-        )
-    check_integer("expert_index", expert_index)
-    if (
-        expert_index.dim() != router_probs.dim()
-        or expert_index.shape[:-1] != router_probs.shape[:-1]
-    ):
-        raise ValueError(
-            f"expert_index must have shape {shape_str((*router_probs.shape[:-1], 'k'))} to match "
-            f"router_probs {shape_str(router_probs.shape)}, got {shape_str(expert_index.shape)}"
-        )
-    check_index_range("expert_index", expert_index, num_experts, "num_experts")
+    if checks_enabled():  # skipped when MoEFeedForward.forward calls it
+        _check_balance_inputs(router_probs, expert_index, num_experts, mask)
     real = _real_tokens(mask, router_probs.shape[:-1], router_probs.device)  # (...)
     real = real.to(router_probs.dtype)  # (...) 1.0 = real
     num_real = real.sum().clamp(min=1.0)  # () tokens that count
@@ -142,7 +130,7 @@ def load_balancing_loss(
 
 def router_z_loss(router_logits: Tensor, mask: Tensor | None = None) -> Tensor:
     r"""ST-MoE's router z-loss, the mean over real tokens of :math:`(\log\sum_j e^{z_j})^2`
-    (Zoph et al., 2022, eq. 5): it keeps the router's logits small, which keeps its softmax
+    (Zoph et al., 2022, section 3.1): it keeps the router's logits small, which keeps its softmax
     numerically stable.
 
     Args:
@@ -152,8 +140,10 @@ def router_z_loss(router_logits: Tensor, mask: Tensor | None = None) -> Tensor:
     Returns:
         A scalar tensor (0 when there is no real token).
     """
-    check_floating("router_logits", router_logits)
-    check_min_ndim("router_logits", router_logits, 1, "(..., num_experts)")
+    if checks_enabled():  # skipped when MoEFeedForward.forward calls it
+        check_floating("router_logits", router_logits)
+        check_min_ndim("router_logits", router_logits, 1, "(..., num_experts)")
+        _check_mask(mask, router_logits.shape[:-1])
     real = _real_tokens(mask, router_logits.shape[:-1], router_logits.device)  # (...)
     log_z = torch.logsumexp(router_logits, dim=-1)  # (...)
     squared = log_z.pow(2) * real.to(log_z.dtype)  # (...) 0 on padding
@@ -161,16 +151,45 @@ def router_z_loss(router_logits: Tensor, mask: Tensor | None = None) -> Tensor:
 
 
 def _real_tokens(mask: Tensor | None, shape: torch.Size, device: torch.device) -> Tensor:
-    """``mask`` checked to be bool of exactly ``shape``, or all ``True``: ``(...)``."""
+    """``mask``, or all ``True`` when it is ``None``: ``(...)``."""
     if mask is None:
         return torch.ones(shape, dtype=torch.bool, device=device)  # (...)
+    return mask
+
+
+def _check_mask(mask: object, shape: torch.Size) -> None:
+    """Raise unless ``mask`` is ``None`` or a bool tensor of exactly ``shape``."""
+    if mask is None:
+        return
     check_bool_tensor("mask", mask)
+    assert isinstance(mask, Tensor)
     if mask.shape != shape:
         raise ValueError(
             f"mask must have shape {shape_str(shape)} (one bool per token, True = real), "
             f"got {shape_str(mask.shape)}"
         )
-    return mask
+
+
+def _check_balance_inputs(
+    router_probs: object, expert_index: object, num_experts: object, mask: object
+) -> None:
+    """The checks of :func:`load_balancing_loss` (same arguments)."""
+    check_positive_int("num_experts", num_experts)
+    probs = check_floating("router_probs", router_probs)
+    check_min_ndim("router_probs", probs, 1, "(..., num_experts)")
+    if probs.shape[-1] != num_experts:
+        raise ValueError(
+            f"router_probs must have shape (..., num_experts={num_experts}), "
+            f"got {shape_str(probs.shape)}"
+        )
+    index = check_integer("expert_index", expert_index)
+    if index.dim() != probs.dim() or index.shape[:-1] != probs.shape[:-1]:
+        raise ValueError(
+            f"expert_index must have shape {shape_str((*probs.shape[:-1], 'k'))} to match "
+            f"router_probs {shape_str(probs.shape)}, got {shape_str(index.shape)}"
+        )
+    check_index_range("expert_index", index, num_experts, "num_experts")
+    _check_mask(mask, probs.shape[:-1])
 
 
 class MoEFeedForward(nn.Module):
@@ -295,5 +314,4 @@ class MoEFeedForward(nn.Module):
         dtype and ``mask`` is ``None`` or bool ``(batch, seq)``."""
         check_sequence("x", x, self.d_model, "seq")
         check_module_dtype("x", x, self)
-        if mask is not None:
-            _real_tokens(mask, x.shape[:2], x.device)
+        _check_mask(mask, x.shape[:2])

@@ -370,3 +370,15 @@ def test_bad_balance_loss_inputs():
         load_balancing_loss(probs, index + 4, 4)
     with pytest.raises(ValueError, match=r"mask must have shape \(5,\)"):
         load_balancing_loss(probs, index, 4, torch.ones(4, dtype=torch.bool))
+
+
+def test_bad_z_loss_inputs():
+    logits = torch.zeros(2, 3, 4)
+    with pytest.raises(TypeError, match="router_logits must be a floating-point tensor"):
+        router_z_loss(logits.long())
+    with pytest.raises(ValueError, match=r"router_logits must have shape \(..., num_experts\)"):
+        router_z_loss(torch.tensor(1.0))
+    with pytest.raises(TypeError, match="mask must be a boolean tensor, got dtype torch.int64"):
+        router_z_loss(logits, torch.ones(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"mask must have shape \(2, 3\).*got \(3, 2\)"):
+        router_z_loss(logits, torch.ones(3, 2, dtype=torch.bool))
