@@ -112,6 +112,26 @@ def test_causal_leak_check_is_vocabulary_agnostic(padded):
     assert torch.equal(seen, torch.tril(torch.ones(13, 13, dtype=torch.bool)))
 
 
+def test_causal_leak_gradient_sees_what_the_perturbation_sees(padded):
+    src, tgt_in, _ = padded
+    healthy, sick = reader(), reader(attention=clinic.SoftmaxOverQueries)
+    assert clinic.causal_leak_gradient(healthy, (src, tgt_in), healthy.embed)
+    finding = clinic.causal_leak_gradient(sick, (src, tgt_in), sick.embed)
+    upper = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    assert not finding and finding.details["dependence"][upper].all()  # every later token
+    toy_src, toy_in, _ = clinic.toy_batch(2, torch.Generator().manual_seed(0))
+    for bug, leaks in ((None, False), (1, True), (6, True)):
+        model = clinic.build(bug)
+        found = clinic.causal_leak_gradient(model, (toy_src, toy_in), model.tgt_embedding)
+        assert found.passed != leaks, (bug, str(found))
+    off_by_one = clinic.build(6)
+    gradient = clinic.causal_leak_gradient(off_by_one, (toy_src, toy_in), off_by_one.tgt_embedding)
+    perturbed = clinic.causal_leak(off_by_one, toy_src, toy_in)
+    assert torch.equal(gradient.details["dependence"], perturbed)  # the same leak, two ways
+    with pytest.raises(ValueError, match=r"embedding was never called on inputs\[-1\]"):
+        clinic.causal_leak_gradient(off_by_one, (toy_src, toy_in), off_by_one.src_embedding)
+
+
 def test_causal_leak_check_works_on_a_decoder_only_adapter():
     """A decoder-only logits function (ids → logits): a causal cumulative mean passes, a
     reversed one fails."""
@@ -323,6 +343,16 @@ def test_check_diagnosis_accepts_names_and_synonyms_and_rejects_others(capsys):
     assert "several" in capsys.readouterr().out
     assert clinic.check_diagnosis(clinic.admit(None), "healthy", verbose=False)
     assert not clinic.check_diagnosis(clinic.admit(None), "unshifted labels", verbose=False)
+
+
+def test_museum_patients_are_the_catalogue():
+    from mutants.catalogue import MUTANTS
+
+    patients = clinic.museum_patients()
+    assert [p["id"] for p in patients] == [m.id for m in MUTANTS]
+    assert patients[-1]["tests"] == list(MUTANTS[-1].tests)
+    with pytest.raises(FileNotFoundError, match="the bug museum is not at"):
+        clinic.museum_patients("/nonexistent")
 
 
 # --------------------------------------------------------------------------------------------

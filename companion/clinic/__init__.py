@@ -23,14 +23,32 @@ them with the symptom each produces and the test that catches it:
 The toy task is :func:`toy_batch`: reverse 12 symbols, vocabulary 11 (the four special tokens
 of :mod:`companion.data.vocab` and 7 symbols).
 
+**Any model.** The diagnostics of :mod:`companion.clinic.toolkit` (second half) work on any
+``nn.Module`` through an adapter from token ids to logits (:func:`as_logits_fn`) and return a
+:class:`Finding` (``PASS``/``FAIL``, one line with the numbers): :func:`causal_leak_check`
+(vocabulary-agnostic) and :func:`causal_leak_gradient`, :func:`permutation_equivariance`,
+:func:`batch_independence`, :func:`padding_invariance`, :func:`initial_loss_check`,
+:func:`overfit_check`, :func:`registration_check`, :func:`deterministic_check`,
+:func:`loss_padding_check`, :func:`label_shift_check`, and :func:`parity_with_torch` (a
+``state_dict`` key map onto ``torch.nn.Transformer``; :func:`clinic_key_map`). Their
+patients: :class:`ReaderTransformer`, a reader's plain-PyTorch model on the padded,
+variable-length task :func:`padded_batch`, with the common bugs of :data:`CONDITIONS`
+(:func:`admit` builds a :class:`Patient`, :func:`examine` runs the diagnostics). The exercise:
+:func:`mystery` plants an unnamed bug, :func:`check_diagnosis` checks its name. More
+patients: the bug museum, :func:`museum_patients` (``tests/mutants/catalogue.py``).
+
 Every public name is importable from here (``from companion import clinic``; ``clinic.build``);
 the files, in reading order:
 
-- :mod:`companion.clinic.patient`: the model, blog style (correct), and the toy task's ids.
-- :mod:`companion.clinic.toolkit`: the toy task and the tests that examine the model.
-- :mod:`companion.clinic.ward1`: bugs 1-10, each overriding one method of the correct class.
+- :mod:`companion.clinic.patient`: the model, blog style (correct), and the toy task's ids;
+  the reader's model, the padded task and :class:`Patient`.
+- :mod:`companion.clinic.toolkit`: the toy task and the tests that examine the model; the
+  diagnostics for any model.
+- :mod:`companion.clinic.ward1`: bugs 1-10, each overriding one method of the correct class;
+  the common bugs of the reader's model.
 - :mod:`companion.clinic.ward2`: bugs 11-18, a few lines of buggy code beside the fix.
-- :mod:`companion.clinic.registry`: :data:`BUGS` and :func:`build`.
+- :mod:`companion.clinic.registry`: :data:`BUGS` and :func:`build`; :data:`CONDITIONS`,
+  :func:`admit`, :func:`mystery`, :func:`check_diagnosis`, :func:`museum_patients`.
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ patient with an unnamed bug, and the check of the reader's diagnosis.
 
 from __future__ import annotations
 
+import ast
 import random
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -80,6 +82,8 @@ __all__ = [
     "admit",
     "mystery",
     "check_diagnosis",
+    "MUSEUM",
+    "museum_patients",
 ]
 
 
@@ -338,3 +342,40 @@ def check_diagnosis(patient: Patient, answer: str, verbose: bool = True) -> bool
     if verbose:
         print(message)
     return correct
+
+
+#: Where the bug museum lives in the course repository: one mutant of the package per entry,
+#: with the tests that must catch it (``tests/test_mutants.py`` proves that they do).
+MUSEUM = "tests/mutants/catalogue.py"
+
+
+def museum_patients(root: str | Path | None = None) -> list[dict[str, object]]:
+    """More patients: the bug museum's mutants, ``[{"id", "bug", "path", "tests"}, ...]``.
+
+    Each is a bug planted in a copy of ``companion`` (``path``, relative to the package) and
+    the tests that catch it. The museum is part of the repository, not of the installed
+    package: ``root`` is the repository's folder (default: the folder above the package, which
+    is right for a clone with ``pip install -e .``).
+
+    Raises:
+        FileNotFoundError: the museum is not there (a package installed without the
+            repository); the message gives the path to look in.
+    """
+    base = Path(__file__).resolve().parents[2] if root is None else Path(root)
+    catalogue = base / MUSEUM
+    if not catalogue.is_file():
+        raise FileNotFoundError(
+            f"the bug museum is not at {catalogue}: pass root=, the folder of a clone of the "
+            f"course repository (the museum is {MUSEUM} there)"
+        )
+    tree = ast.parse(catalogue.read_text(encoding="utf-8"))  # read, never executed
+    entries = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "_m"
+    ]
+    patients = []
+    for node in sorted(entries, key=lambda n: n.lineno):
+        mutant_id, bug, path, _edits, *tests = (ast.literal_eval(arg) for arg in node.args)
+        patients.append({"id": mutant_id, "bug": bug, "path": path, "tests": tests})
+    return patients

@@ -23,7 +23,8 @@ reads ``PASS causal leak: ...``, and ``bool(finding)`` is ``finding.passed``.
 diagnostic                            catches
 ====================================  =====================================================
 :func:`causal_leak_check`             a decoder output that reads a later token (mask off by
-                                      one, softmax over the queries, a missing causal mask)
+                                      one, softmax over the queries, a missing causal mask);
+                                      :func:`causal_leak_gradient` by gradients
 :func:`permutation_equivariance`      a layer that mixes tokens by index (heads split
                                       without a transpose)
 :func:`batch_independence`            a sentence's output that depends on the others or on
@@ -99,6 +100,7 @@ __all__ = [
     "Finding",
     "as_logits_fn",
     "causal_leak_check",
+    "causal_leak_gradient",
     "permutation_equivariance",
     "batch_independence",
     "padding_invariance",
@@ -476,6 +478,103 @@ def causal_leak_check(
         f"read their own token"
     )
     return Finding("causal leak", True, summary, details)
+
+
+def causal_leak_gradient(
+    model: nn.Module,
+    inputs: Inputs,
+    embedding: nn.Module,
+    *,
+    vary: int = -1,
+    forward: Callable[..., Tensor] | None = None,
+    atol: float = 0.0,
+    seed: int = 0,
+) -> Finding:
+    """Whether any output of a causal decoder reads a later token, by gradients:
+    ``∂ logits[:, t] / ∂ e[:, t']`` must be zero for every ``t' > t``, where ``e`` is the output
+    of ``embedding`` on ``inputs[vary]``.
+
+    A forward hook on ``embedding`` (the module that turns the ids of ``inputs[vary]`` into
+    vectors, e.g. ``model.tgt_embedding``; a table shared with the source is fine, the call on
+    ``inputs[vary]`` is the one used) makes its output a leaf of the graph. For each output
+    position ``t``, one backward pass of ``logits[:, t] @ r`` (``r`` a fixed random vector:
+    a plain sum would miss outputs that always sum to a constant, such as probabilities)
+    gives the gradient at every input position. It sees every differentiable dependence,
+    however small, with no choice of substitute tokens; it needs the embedding module, and
+    ``seq`` backward passes.
+
+    Args:
+        model: the module (put in eval mode).
+        inputs: ``(batch, seq)`` ids or a tuple in ``forward``'s order, e.g. ``(src, tgt_in)``.
+        embedding: the sub-module whose output is differentiated against.
+        vary: which input's embedding (default the last input, the decoder's).
+        forward: ``forward(*inputs)`` → logits ``(batch, seq, vocab)`` with gradients; default
+            ``model`` itself.
+        atol: the gradient size that counts as a dependence.
+
+    Returns:
+        A :class:`Finding`; ``details["dependence"]`` is the ``(seq, seq)`` boolean matrix,
+        ``details["gradient"]`` the largest gradient entry of each pair.
+    """
+    check_instance("model", model, nn.Module, "a torch.nn.Module")
+    check_instance("embedding", embedding, nn.Module, "a torch.nn.Module (the embedding)")
+    inputs = _inputs(inputs)
+    index = _vary_index(inputs, vary)
+    check_nonnegative_float("atol", atol)
+    forward = model if forward is None else check_callable("forward", forward)
+    ids = inputs[index]  # (batch, seq)
+    captured: dict[str, Tensor] = {}
+
+    def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
+        given = args[0] if args else None
+        if "e" not in captured and isinstance(given, Tensor) and given.shape == ids.shape:
+            if given is ids or torch.equal(given, ids):
+                captured["e"] = output.detach().requires_grad_(True)  # (batch, seq, d)
+                return captured["e"]
+        return None
+
+    handle = embedding.register_forward_hook(hook)
+    try:
+        model.eval()
+        with torch.enable_grad():
+            out = forward(*inputs)  # (batch, seq, vocab)
+    finally:
+        handle.remove()
+    if "e" not in captured:
+        raise ValueError(
+            f"embedding was never called on inputs[{vary}] of shape {shape_str(ids.shape)}: "
+            "pass the module that embeds those ids"
+        )
+    check_floating("the model's output", out)
+    check_ndim("the model's output", out, 3, "(batch, seq, vocab)")
+    seq = ids.shape[1]
+    if out.shape[1] != seq:
+        raise ValueError(
+            f"the logits must have one position per token of inputs[{vary}] ({seq}), got "
+            f"shape {shape_str(out.shape)}"
+        )
+    probe = torch.randn(out.shape[-1], generator=torch.Generator().manual_seed(seed))  # (vocab,)
+    probe = probe.to(out.device, out.dtype)
+    gradient = torch.zeros(seq, seq)  # (seq, seq): [t, t'] largest |∂ out_t / ∂ e_t'|
+    for t in range(seq):
+        (grad,) = torch.autograd.grad((out[:, t] @ probe).sum(), captured["e"], retain_graph=True,
+                                      allow_unused=True)  # fmt: skip
+        if grad is not None:
+            gradient[t] = grad.abs().amax(dim=(0, 2)).nan_to_num(float("inf")).float().cpu()
+    dependence = gradient > atol  # (seq, seq)
+    future = dependence.triu(1)
+    pairs = seq * (seq - 1) // 2
+    details = {"dependence": dependence, "gradient": gradient}
+    if future.any():
+        t, later = (int(v) for v in future.nonzero()[0])
+        summary = (
+            f"{int(future.sum())} of {pairs} (output, later token) pairs have a gradient, e.g. "
+            f"output {t} on token {later}; largest {gradient.triu(1).max().item():.2g}"
+        )
+        return Finding("causal leak (gradient)", False, summary, details)
+    largest = gradient.triu(1).max().item() if seq > 1 else 0.0
+    summary = f"no output has a gradient on a later token ({pairs} pairs, largest {largest:.2g})"
+    return Finding("causal leak (gradient)", True, summary, details)
 
 
 def permutation_equivariance(
