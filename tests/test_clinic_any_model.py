@@ -401,3 +401,9 @@ def test_diagnostics_reject_bad_input(padded):
         clinic.check_diagnosis(clinic.admit(None), 3)
     with pytest.raises(TypeError, match="seed must be an int"):
         clinic.mystery("3")
+    with pytest.raises(ValueError, match=r"tgt must be a \(batch, tgt_len\) tensor"):
+        clinic.teacher_forcing(torch.zeros(3, dtype=torch.long))
+    with pytest.raises(TypeError, match="encoder_prefix must be a str"):
+        clinic.clinic_key_map(2, encoder_prefix=None)
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        clinic.logits_in_eval("model")

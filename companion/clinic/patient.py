@@ -452,6 +452,9 @@ def teacher_forcing(tgt: Tensor) -> tuple[Tensor, Tensor]:
     """``tgt (batch, tgt_len)`` → ``(tgt_in, labels)``, each ``(batch, tgt_len - 1)``: the
     decoder reads tokens ``0 … n-2`` and predicts tokens ``1 … n-1`` (the label of position
     ``t`` is the *next* token)."""
+    if not isinstance(tgt, Tensor) or tgt.dim() != 2 or tgt.shape[1] < 2:
+        got = f"shape {tuple(tgt.shape)}" if isinstance(tgt, Tensor) else type(tgt).__name__
+        raise ValueError(f"tgt must be a (batch, tgt_len) tensor of ids, tgt_len >= 2, got {got}")
     return tgt[:, :-1], tgt[:, 1:]  # (batch, tgt_len - 1) each
 
 

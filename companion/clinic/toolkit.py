@@ -1105,6 +1105,15 @@ def clinic_key_map(
     model of other layer names needs its own map: a dict of the same form, or a function
     ``state_dict → {reference key: tensor}``."""
     check_positive_int("num_layers", num_layers)
+    for name, value in (("encoder_prefix", encoder_prefix), ("decoder_prefix", decoder_prefix),
+                        ("src_embedding", src_embedding), ("tgt_embedding", tgt_embedding),
+                        ("generator_weight", generator_weight)):  # fmt: skip
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str (a state_dict key), got {type(value).__name__}")
+    if generator_bias is not None and not isinstance(generator_bias, str):
+        raise TypeError(
+            f"generator_bias must be a str or None, got {type(generator_bias).__name__}"
+        )
     key_map: dict[str, str | tuple[str, ...]] = {
         "src_embedding.weight": src_embedding,
         "tgt_embedding.weight": tgt_embedding,

@@ -280,6 +280,8 @@ def logits_without_eval(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
 
 def logits_in_eval(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:
     """The fix of :func:`logits_without_eval`: switch the model to evaluation mode first."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
 
     def logits(src: Tensor, tgt_in: Tensor) -> Tensor:
         model.eval()  # dropout off
