@@ -10,64 +10,95 @@ from companion import masking
 from companion.exercises import ch05
 
 # --------------------------------------------------------------------------------------------
-# padding_mask
+# lengths_padding_mask
 # --------------------------------------------------------------------------------------------
 
 
-def padding_correct(tokens, pad_id):
-    return (tokens != pad_id).unsqueeze(1).unsqueeze(2)
+def lengths_correct(lengths, k_len, left):
+    positions = torch.arange(k_len)  # (k_len,)
+    if left:
+        real = positions[None, :] >= (k_len - lengths)[:, None]
+    else:
+        real = positions[None, :] < lengths[:, None]
+    return real[:, None, None, :]
 
 
-def padding_inverted(tokens, pad_id):  # True = padding: PyTorch's key_padding_mask convention
-    return (tokens == pad_id)[:, None, None, :]
+def lengths_via_companion(lengths, k_len, left):  # build the ids, then companion's padding_mask
+    tokens = torch.ones(len(lengths), k_len, dtype=torch.long)
+    for row, length in enumerate(lengths.tolist()):
+        if left:
+            tokens[row, : k_len - length] = 0
+        else:
+            tokens[row, length:] = 0
+    return masking.padding_mask(tokens, 0)
 
 
-def padding_flat(tokens, pad_id):  # (batch, k_len): does not broadcast over heads and queries
-    return tokens != pad_id
+def lengths_inverted(lengths, k_len, left):  # True = padding: PyTorch's key_padding_mask
+    return ~lengths_correct(lengths, k_len, left)
 
 
-def padding_over_queries(tokens, pad_id):  # (batch, 1, k_len, 1): masks queries, not keys
-    return (tokens != pad_id)[:, None, :, None]
+def lengths_flat(lengths, k_len, left):  # (batch, k_len): does not broadcast over heads, queries
+    return lengths_correct(lengths, k_len, left)[:, 0, 0, :]
 
 
-def padding_hard_coded_zero(tokens, pad_id):
-    return (tokens != 0)[:, None, None, :]
+def lengths_over_queries(lengths, k_len, left):  # (batch, 1, k_len, 1): masks queries
+    return lengths_correct(lengths, k_len, left)[:, :, 0, :, None]
 
 
-def padding_as_integers(tokens, pad_id):  # 0/1 instead of False/True
-    return (tokens != pad_id).long()[:, None, None, :]
+def lengths_ignores_left(lengths, k_len, left):  # always right padding
+    return lengths_correct(lengths, k_len, False)
 
 
-def test_padding_mask_accepts_correct_and_companion():
-    assert ch05.check_padding_mask(padding_correct, verbose=False)
-    assert ch05.check_padding_mask(masking.padding_mask, verbose=False)
+def lengths_left_mirrored_wrong(lengths, k_len, left):  # left: j < k_len - length (the pads)
+    if not left:
+        return lengths_correct(lengths, k_len, False)
+    return (torch.arange(k_len)[None, :] < (k_len - lengths)[:, None])[:, None, None, :]
+
+
+def lengths_off_by_one(lengths, k_len, left):  # j <= length: one pad too many is "real"
+    if left:
+        real = torch.arange(k_len)[None, :] >= (k_len - lengths - 1)[:, None]
+    else:
+        real = torch.arange(k_len)[None, :] <= lengths[:, None]
+    return real[:, None, None, :]
+
+
+def lengths_as_integers(lengths, k_len, left):  # 0/1 instead of False/True
+    return lengths_correct(lengths, k_len, left).long()
+
+
+def test_lengths_padding_mask_accepts_correct_and_companion():
+    assert ch05.check_lengths_padding_mask(lengths_correct, verbose=False)
+    assert ch05.check_lengths_padding_mask(lengths_via_companion, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        padding_inverted,
-        padding_flat,
-        padding_over_queries,
-        padding_hard_coded_zero,
-        padding_as_integers,
+        lengths_inverted,
+        lengths_flat,
+        lengths_over_queries,
+        lengths_ignores_left,
+        lengths_left_mirrored_wrong,
+        lengths_off_by_one,
+        lengths_as_integers,
     ],
 )
-def test_padding_mask_rejects_wrong(wrong):
-    assert not ch05.check_padding_mask(wrong, verbose=False)
+def test_lengths_padding_mask_rejects_wrong(wrong):
+    assert not ch05.check_lengths_padding_mask(wrong, verbose=False)
 
 
-def test_padding_mask_explains_a_wrong_dtype():
-    result = ch05.check_padding_mask(padding_as_integers, verbose=False)
+def test_lengths_padding_mask_explains_a_wrong_dtype():
+    result = ch05.check_lengths_padding_mask(lengths_as_integers, verbose=False)
     assert "boolean" in result.message and "torch.int64" in result.message
 
 
-def test_padding_cases_cover_other_pad_ids_and_all_padding_rows():
-    cases = ch05._padding_cases()
-    assert any(c["pad_id"] != 0 for c in cases)
-    assert any(bool((c["tokens"] == c["pad_id"]).all(dim=1).any()) for c in cases)
-    assert any(not bool((c["tokens"] == c["pad_id"]).any()) for c in cases)
-    assert all(c["tokens"].shape[0] != c["tokens"].shape[1] for c in cases)
+def test_lengths_cases_cover_both_sides_and_the_edges():
+    cases = ch05._lengths_cases()
+    assert {c["left"] for c in cases} == {True, False}
+    assert any(bool((c["lengths"] == 0).any()) for c in cases)  # a row of padding only
+    assert any(bool((c["lengths"] == c["k_len"]).all()) for c in cases)  # no padding at all
+    assert all(len(c["lengths"]) != c["k_len"] for c in cases)
 
 
 # --------------------------------------------------------------------------------------------
@@ -408,8 +439,9 @@ def test_reference_leak_test_agrees_with_companion_attention():
 
 
 def test_references_agree_with_companion_masking():
-    for case in ch05._padding_cases():
-        assert torch.equal(ch05.reference_padding_mask(**case), masking.padding_mask(**case))
+    for case in ch05._lengths_cases():
+        expected = lengths_via_companion(**case)
+        assert torch.equal(ch05.reference_lengths_padding_mask(**case), expected)
     for case in ch05._causal_window_cases():
         expected = masking.sliding_window_mask(
             case["q_len"], case["k_len"], window=case["window"], causal=True
@@ -420,7 +452,7 @@ def test_references_agree_with_companion_masking():
 
 
 def test_cases_are_reproducible():
-    first, second = ch05._padding_cases(), ch05._padding_cases()
-    assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(first, second))
+    first, second = ch05._decoder_cases(), ch05._decoder_cases()
+    assert all(torch.equal(a["tgt"], b["tgt"]) for a, b in zip(first, second))
     first, second = ch05._future_leak_cases(), ch05._future_leak_cases()
     assert all(torch.equal(a["x"], b["x"]) for a, b in zip(first, second))

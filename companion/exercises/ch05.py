@@ -12,7 +12,7 @@ in :func:`check_additive_from_blocked`, whose input uses PyTorch's ``True`` = *b
 =====================================================  ==================================
 exercise                                               check
 =====================================================  ==================================
-padding mask from token ids                            :func:`check_padding_mask`
+padding mask from lengths, right or left padding       :func:`check_lengths_padding_mask`
 causal sliding-window mask, also with a cache          :func:`check_causal_window_mask`
 decoder self-attention mask (padding and causal)       :func:`check_decoder_mask`
 ``True`` = blocked → additive float mask               :func:`check_additive_from_blocked`
@@ -38,7 +38,7 @@ from companion.exercises._checker import (
 )
 
 __all__ = [
-    "check_padding_mask",
+    "check_lengths_padding_mask",
     "check_causal_window_mask",
     "check_decoder_mask",
     "check_additive_from_blocked",
@@ -73,23 +73,58 @@ def _returning(dtype_kind: str, name: str, fn: Callable[..., Any]) -> Callable[.
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: padding mask from token ids
+# Exercise 1: padding mask from the lengths, right or left padding
 # --------------------------------------------------------------------------------------------
 
 
-def reference_padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
-    """Which keys are real tokens.
+def reference_lengths_padding_mask(lengths: Tensor, k_len: int, left: bool) -> Tensor:
+    """Which keys are real tokens, from the sequence lengths, for right or left padding.
 
     Args:
-        tokens: token ids, shape ``(batch, k_len)``.
-        pad_id: the id used for padding.
+        lengths: number of real tokens of each sequence, integer tensor of shape ``(batch,)``.
+        k_len: the padded length.
+        left: ``False`` when the padding follows the tokens (right padding), ``True`` when it
+            precedes them (left padding, as for a batch of prompts).
 
     Returns:
-        Boolean mask ``(batch, 1, 1, k_len)``, ``True`` where the key is not padding; the two
-        size-1 axes broadcast over heads and queries.
+        Boolean mask ``(batch, 1, 1, k_len)``, ``True`` where the key is a real token: key ``j``
+        of sequence ``b`` is real when ``j < lengths[b]`` (right padding) or
+        ``j >= k_len - lengths[b]`` (left padding).
     """
-    real = tokens != pad_id  # (batch, k_len)
+    positions = torch.arange(k_len)[None, :]  # (1, k_len)
+    first_real = (k_len - lengths)[:, None] if left else torch.zeros_like(lengths)[:, None]
+    real = (positions >= first_real) & (positions < first_real + lengths[:, None])  # (batch, k_len)
     return real[:, None, None, :]  # (batch, 1, 1, k_len)
+
+
+def _lengths_cases() -> list[Case]:
+    # batch != k_len everywhere, so a transposed mask cannot pass by accident
+    return [
+        {"lengths": torch.tensor([5, 3]), "k_len": 5, "left": False},
+        {"lengths": torch.tensor([2, 7, 4]), "k_len": 7, "left": True},
+        {"lengths": torch.tensor([6, 1, 3, 6]), "k_len": 6, "left": False},
+        {"lengths": torch.tensor([1, 6, 5, 2]), "k_len": 6, "left": True},
+        # no padding at all, and a row that is only padding
+        {"lengths": torch.tensor([4, 4, 4]), "k_len": 4, "left": True},
+        {"lengths": torch.tensor([3, 0]), "k_len": 3, "left": False},
+        {"lengths": torch.tensor([0, 2]), "k_len": 3, "left": True},
+        {"lengths": torch.tensor([1]), "k_len": 9, "left": True},
+    ]
+
+
+def check_lengths_padding_mask(
+    lengths_padding_mask: Callable[[Tensor, int, bool], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``lengths_padding_mask(lengths, k_len, left)``: ``(batch,)`` lengths → boolean
+    ``(batch, 1, 1, k_len)``, ``True`` where the key is a real token, for right and left
+    padding."""
+    return run_check(
+        "lengths_padding_mask",
+        _returning("bool", "lengths_padding_mask", lengths_padding_mask),
+        reference_lengths_padding_mask,
+        _lengths_cases(),
+        verbose=verbose,
+    )
 
 
 def _padded_batch(g: torch.Generator, lengths: list[int], k_len: int, pad_id: int) -> Tensor:
@@ -99,36 +134,6 @@ def _padded_batch(g: torch.Generator, lengths: list[int], k_len: int, pad_id: in
     for row, length in enumerate(lengths):
         tokens[row, length:] = pad_id
     return tokens
-
-
-def _padding_cases() -> list[Case]:
-    g = seeded_generator(501)
-    return [
-        # (batch, lengths) with batch ≠ k_len, so a transposed mask cannot pass by accident
-        {"tokens": _padded_batch(g, [5, 3], 5, 0), "pad_id": 0},
-        {"tokens": _padded_batch(g, [2, 7, 4], 7, 0), "pad_id": 0},
-        # a pad id other than 0: a hard-coded `tokens != 0` fails here
-        {"tokens": _padded_batch(g, [6, 1, 3, 6], 6, 1), "pad_id": 1},
-        # no padding at all, and a row that is only padding
-        {"tokens": _padded_batch(g, [4, 4, 4], 4, 0), "pad_id": 0},
-        {"tokens": _padded_batch(g, [3, 0], 3, 7), "pad_id": 7},
-        # a single sequence
-        {"tokens": _padded_batch(g, [2], 9, 0), "pad_id": 0},
-    ]
-
-
-def check_padding_mask(
-    padding_mask: Callable[[Tensor, int], Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``padding_mask(tokens, pad_id)``: ``(batch, k_len)`` ids → boolean
-    ``(batch, 1, 1, k_len)``, ``True`` where the key is a real token."""
-    return run_check(
-        "padding_mask",
-        _returning("bool", "padding_mask", padding_mask),
-        reference_padding_mask,
-        _padding_cases(),
-        verbose=verbose,
-    )
 
 
 # --------------------------------------------------------------------------------------------
