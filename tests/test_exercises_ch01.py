@@ -41,13 +41,77 @@ def softmax_global_sum(scores):
     return shifted.exp() / shifted.exp().sum()
 
 
-def test_row_softmax_accepts_correct_and_builtin():
+def test_row_softmax_accepts_correct():
     assert ch01.check_row_softmax(softmax_correct, verbose=False)
-    assert ch01.check_row_softmax(lambda scores: torch.softmax(scores, dim=-1), verbose=False)
+    assert ch01.check_row_softmax(ch01.reference_row_softmax, verbose=False)
 
 
 @pytest.mark.parametrize(
-    "wrong", [softmax_wrong_axis, softmax_naive, softmax_global_max, softmax_global_sum]
+    ("builtin", "named"),
+    [
+        (lambda scores: torch.softmax(scores, dim=-1), "torch.softmax"),
+        (lambda scores: torch.nn.functional.softmax(scores, dim=-1), "torch.nn.functional.softmax"),
+        (lambda scores: scores.softmax(dim=-1), "Tensor.softmax"),
+        (lambda scores: torch.log_softmax(scores, dim=-1).exp(), "torch.log_softmax"),
+        (lambda scores: torch.special.softmax(scores, dim=-1), "torch.special.softmax"),
+    ],
+)
+def test_row_softmax_rejects_the_builtin_softmax_and_restores_it(builtin, named):
+    """The exercise says 'without calling torch.softmax': the check enforces it, names the
+    function that was called, and leaves PyTorch's softmax working afterwards."""
+    result = ch01.check_row_softmax(builtin, verbose=False)
+    assert not result
+    assert f"{named} was called" in result.message, result.message
+    scores = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    half = torch.full((2, 2), 0.5)
+    assert torch.equal(torch.softmax(scores, dim=-1), half)
+    assert torch.equal(torch.nn.functional.softmax(scores, dim=-1), half)
+    assert torch.equal(scores.softmax(dim=-1), half)
+    assert torch.equal(torch.log_softmax(scores, dim=-1).exp(), half)
+    assert "softmax" not in torch.Tensor.__dict__, "Tensor.softmax restored to the inherited one"
+
+
+def softmax_minus_mean(scores):
+    # the row mean is not the row maximum: a score far above the mean still overflows
+    shifted = scores - scores.mean(dim=-1, keepdim=True)
+    return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+
+
+def softmax_minus_min(scores):
+    shifted = scores - scores.amin(dim=-1, keepdim=True)
+    return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+
+
+def softmax_max_without_keepdim(scores):
+    # (..., k_len) - (...,): the maxima broadcast along the wrong axis (or not at all)
+    shifted = scores - scores.amax(dim=-1)
+    return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+
+
+def softmax_sum_without_keepdim(scores):
+    shifted = scores - scores.amax(dim=-1, keepdim=True)
+    return shifted.exp() / shifted.exp().sum(dim=-1)
+
+
+def softmax_second_axis(scores):  # written for (rows, k_len) only
+    shifted = scores - scores.amax(dim=1, keepdim=True)
+    return shifted.exp() / shifted.exp().sum(dim=1, keepdim=True)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        softmax_wrong_axis,
+        softmax_naive,
+        softmax_global_max,
+        softmax_global_sum,
+        softmax_minus_mean,
+        softmax_minus_min,
+        softmax_max_without_keepdim,
+        softmax_sum_without_keepdim,
+        softmax_second_axis,
+        lambda scores: torch.log_softmax(scores, dim=-1),  # log-weights, not weights
+    ],
 )
 def test_row_softmax_rejects_wrong(wrong):
     assert not ch01.check_row_softmax(wrong, verbose=False)
@@ -170,38 +234,66 @@ def test_reference_self_attention_matches_companion():
 # --------------------------------------------------------------------------------------------
 
 
-def additive_correct(q, k, w_q, w_k, w):
+def additive_correct(q, k, w_q, w_k, w_a):
     hidden = torch.tanh((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :])
-    return (hidden * w).sum(-1)
+    return (hidden * w_a).sum(-1)
 
 
-def additive_tanh_separately(q, k, w_q, w_k, w):
+def additive_tanh_separately(q, k, w_q, w_k, w_a):
     hidden = torch.tanh(q @ w_q)[..., :, None, :] + torch.tanh(k @ w_k)[..., None, :, :]
-    return hidden @ w
+    return hidden @ w_a
 
 
-def additive_no_broadcast(q, k, w_q, w_k, w):
-    return torch.tanh(q @ w_q + k @ w_k) @ w  # pairs q_i with k_i only
+def additive_no_broadcast(q, k, w_q, w_k, w_a):
+    return torch.tanh(q @ w_q + k @ w_k) @ w_a  # pairs q_i with k_i only
 
 
-def additive_no_tanh(q, k, w_q, w_k, w):
-    return ((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :]) @ w
+def additive_no_tanh(q, k, w_q, w_k, w_a):
+    return ((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :]) @ w_a
 
 
-def additive_swapped(q, k, w_q, w_k, w):
-    return additive_correct(q, k, w_q, w_k, w).transpose(-2, -1)
+def additive_swapped(q, k, w_q, w_k, w_a):
+    return additive_correct(q, k, w_q, w_k, w_a).transpose(-2, -1)
 
 
 def test_additive_scores_accepts_correct():
     assert ch01.check_additive_scores(additive_correct, verbose=False)
 
 
+def additive_w_before_tanh(q, k, w_q, w_k, w_a):
+    return torch.tanh(((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :]) @ w_a)
+
+
+def additive_product(q, k, w_q, w_k, w_a):  # multiplies the projections instead of adding them
+    return torch.tanh((q @ w_q)[..., :, None, :] * (k @ w_k)[..., None, :, :]) @ w_a
+
+
+def additive_softmaxed(q, k, w_q, w_k, w_a):  # weights, not scores
+    return torch.softmax(additive_correct(q, k, w_q, w_k, w_a), dim=-1)
+
+
 @pytest.mark.parametrize(
     "wrong",
-    [additive_tanh_separately, additive_no_broadcast, additive_no_tanh, additive_swapped],
+    [
+        additive_tanh_separately,
+        additive_no_broadcast,
+        additive_no_tanh,
+        additive_swapped,
+        additive_w_before_tanh,
+        additive_product,
+        additive_softmaxed,
+    ],
 )
 def test_additive_scores_rejects_wrong(wrong):
     assert not ch01.check_additive_scores(wrong, verbose=False)
+
+
+def test_additive_scores_old_parameter_name_is_named_in_the_message():
+    def old_names(q, k, w_q, w_k, w):
+        return additive_correct(q, k, w_q, w_k, w)
+
+    result = ch01.check_additive_scores(old_names, verbose=False)
+    assert not result and "keep the parameter names" in result.message
 
 
 def test_reference_additive_matches_companion_module():
@@ -321,6 +413,48 @@ def test_equivariance_test_rejects_wrong(wrong):
     assert not ch01.check_is_permutation_equivariant(wrong, verbose=False)
 
 
+def equivariance_test_default_allclose(layer, x):  # atol=1e-8: rejects float32 rounding
+    n = x.shape[0]
+    out = layer(x)
+    swap = torch.arange(n)
+    swap[[0, -1]] = swap[[-1, 0]]
+    g = torch.Generator().manual_seed(0)
+    perms = [swap] + [torch.randperm(n, generator=g) for _ in range(20)]
+    return all(torch.allclose(layer(x[p]), out[p]) for p in perms)
+
+
+def test_equivariance_default_allclose_is_rejected_and_the_message_says_why():
+    """A test with torch.allclose's default tolerances rejects a layer that IS equivariant:
+    the message says so, gives the size of the float32 rounding and the tolerance to use."""
+    for strict in (equivariance_test_default_allclose, equivariance_test_exact):
+        result = ch01.check_is_permutation_equivariant(strict, verbose=False)
+        assert not result
+        message = result.message
+        assert "your test rejected NamedLayer(" in message, message
+        assert "IS permutation-equivariant" in message, message
+        assert "float32 rounding" in message and "atol=1e-5" in message, message
+        gap = float(message.split("by at most ")[1].split(" ")[0])
+        assert 0 < gap < 1e-5, gap
+
+
+def test_equivariance_too_loose_test_is_rejected_and_the_message_says_why():
+    result = ch01.check_is_permutation_equivariant(equivariance_test_loose, verbose=False)
+    assert not result
+    assert "your test accepted NamedLayer('attention with small position codes')" in result.message
+    assert "NOT permutation-equivariant" in result.message and "stricter" in result.message
+
+
+def test_equivariance_verdict_must_be_a_bool():
+    result = ch01.check_is_permutation_equivariant(lambda layer, x: 1, verbose=False)
+    assert not result and "True or False" in result.message
+    stub_result = ch01.check_is_permutation_equivariant(_equivariance_stub, verbose=False)
+    assert not stub_result and "not attempted yet" in stub_result.message
+
+
+def _equivariance_stub(layer, x):
+    raise NotImplementedError
+
+
 def test_equivariance_layers_are_what_their_names_say():
     """Each layer of the check is (or is not) equivariant, and attention's reordered output
     differs in its last bits, so an exact comparison is not enough."""
@@ -341,3 +475,109 @@ def test_equivariance_layers_are_what_their_names_say():
     attention = layers["self-attention"]
     perms = [torch.randperm(6, generator=torch.Generator().manual_seed(s)) for s in range(5)]
     assert any(not torch.equal(attention(x[p]), attention(x)[p]) for p in perms)
+
+
+# --------------------------------------------------------------------------------------------
+# offset_head: graded by what the head does, so every right construction passes
+# --------------------------------------------------------------------------------------------
+
+
+def _turn(angle):
+    """(2, 2): the row vector (cos φ, sin φ) times it is (cos(φ + angle), sin(φ + angle))."""
+    return torch.tensor([[math.cos(angle), math.sin(angle)], [-math.sin(angle), math.cos(angle)]])
+
+
+def make_head(stretch, query_turn, key_turn=0.0, word_rows=0.0, d_k=2):
+    """An offset_head built from a rule: stretch(θ), the query's and the key's turn(θ, offset)."""
+
+    def offset_head(d_content, step_angle, offset):
+        w_q = torch.zeros(d_content + 2, d_k)
+        w_k = torch.zeros(d_content + 2, d_k)
+        w_q[d_content:, :2] = stretch(step_angle) * _turn(query_turn(step_angle, offset))
+        w_k[d_content:, :2] = _turn(key_turn(step_angle, offset) if callable(key_turn) else 0.0)
+        w_q[:d_content, 0] = word_rows
+        w_k[:d_content, 0] = word_rows
+        return w_q, w_k
+
+    return offset_head
+
+
+def enough(step_angle):
+    return 8 / (1 - math.cos(step_angle))
+
+
+def forward(step_angle, offset):
+    return offset * step_angle
+
+
+def test_offset_head_accepts_right_heads():
+    assert ch01.check_offset_head(ch01.reference_offset_head, verbose=False)
+    assert ch01.check_offset_head(make_head(enough, forward), verbose=False)
+    # turn the key back instead of the query forward, a huge stretch, d_k = 3
+    assert ch01.check_offset_head(
+        make_head(enough, lambda t, o: 0.0, key_turn=lambda t, o: -o * t), verbose=False
+    )
+    assert ch01.check_offset_head(make_head(lambda t: 1e4, forward), verbose=False)
+    assert ch01.check_offset_head(make_head(enough, forward, d_k=3), verbose=False)
+    # the same head in float64 and with requires_grad
+    assert ch01.check_offset_head(
+        lambda **kw: tuple(w.double().requires_grad_() for w in ch01.reference_offset_head(**kw)),
+        verbose=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong, why",
+    [
+        (make_head(lambda t: 30.0, forward), "larger stretch"),  # section 1.6's λ, every θ
+        (make_head(lambda t: 1.0, forward), "larger stretch"),  # no stretch at all
+        (make_head(enough, lambda t, o: -o * t), "other way"),  # turned the wrong way
+        (make_head(enough, lambda t, o: -t), "most"),  # the chapter's previous-token head
+        (make_head(enough, lambda t, o: math.copysign(t, o) if o else 0.0), "most"),  # θ, not Δθ
+        (make_head(enough, forward, key_turn=forward), "itself"),  # both turned: cancels
+        (make_head(enough, forward, word_rows=1.0), "word"),  # reads the random words
+        (lambda d_content, step_angle, offset: tuple(  # (d_k, d_content + 2): transposed
+            w.T for w in ch01.reference_offset_head(d_content, step_angle, offset)
+        ), "rows"),
+        (lambda d_content, step_angle, offset: ch01.reference_offset_head(
+            d_content, step_angle, offset
+        )[0], "pair"),  # only w_q
+    ],
+)  # fmt: skip
+def test_offset_head_rejects_wrong_heads_and_says_why(wrong, why):
+    result = ch01.check_offset_head(wrong, verbose=False)
+    assert not result
+    assert why in result.message, result.message
+
+
+def test_offset_head_message_for_a_stub_and_a_crash():
+    def stub(d_content, step_angle, offset):
+        raise NotImplementedError
+
+    assert "not attempted" in ch01.check_offset_head(stub, verbose=False).message
+    crash = ch01.check_offset_head(lambda d_content, step_angle, offset: 1 / 0, verbose=False)
+    assert not crash and "ZeroDivisionError" in crash.message
+
+
+def test_offset_head_cases_see_every_angle_once_and_cover_the_offsets():
+    """θ·(seq_len - 1) <= 180°, so cos((j - target)θ) has its maximum only at the target; the
+    offsets include 0 and both signs; a small θ where λ = 30 falls short."""
+    cases = ch01._offset_head_cases()
+    offsets = {case["offset"] for case in cases}
+    assert {-2, -1, 0, 1, 2, 3} <= offsets
+    for case in cases:
+        seq_len = case["content"].shape[0]
+        assert case["step_angle"] * (seq_len - 1) <= math.pi + 1e-9
+    assert min(case["step_angle"] for case in cases) <= math.radians(15)
+    assert max(case["content"].abs().max().item() for case in cases) > 5  # large words
+
+
+def test_offset_head_weights_match_the_chapter_layout():
+    """The check's inputs are laid out as section 1.6 lays them out: the word, then the angle."""
+    content = torch.randn(7, 4, generator=torch.Generator().manual_seed(0))
+    step_angle = math.pi / 6
+    w_q, w_k = ch01.reference_offset_head(d_content=4, step_angle=step_angle, offset=-1)
+    weights = ch01.offset_head_weights(w_q, w_k, content, step_angle)
+    assert torch.equal(weights[1:].argmax(dim=-1), torch.arange(6))  # the previous token
+    positions = ch01.angle_positions(7, step_angle)
+    assert torch.allclose(positions[3], torch.tensor([0.0, 1.0], dtype=torch.float64), atol=1e-12)

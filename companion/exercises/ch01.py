@@ -6,22 +6,33 @@ returns a :class:`~companion.exercises._checker.CheckResult` that is truthy when
 matches. The checks call your function with keyword arguments, so keep the parameter names of
 the stub in the notebook.
 
-- a numerically safe softmax: :func:`check_row_softmax`
-- dot-product scores, batched: :func:`check_relevance_scores`
+- exercise 1, a numerically safe softmax: :func:`check_row_softmax`
+- exercise 2, dot-product scores, batched: :func:`check_relevance_scores`
+- exercise 3, a hand-set head that looks ``offset`` positions away: :func:`check_offset_head`
+  (graded by what the head does, not by comparison with one answer: many matrices are right)
+- exercise 4, a permutation-equivariance test of your own: :func:`check_is_permutation_equivariant`
+- exercise 5, additive relevance scores for every pair: :func:`check_additive_scores`
 - self-attention from scratch: :func:`check_self_attention` (not in the chapter; for practice)
-- a permutation-equivariance test of your own: :func:`check_is_permutation_equivariant`
-- additive relevance scores for every pair: :func:`check_additive_scores`
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
+from companion._validation import check_callable as _check_callable
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    call_reader,
+    run_check,
+    seeded_generator,
+)
 
 __all__ = [
     "check_row_softmax",
@@ -29,8 +40,13 @@ __all__ = [
     "check_self_attention",
     "check_additive_scores",
     "check_is_permutation_equivariant",
+    "check_offset_head",
     "NamedLayer",
     "equivariance_test_layers",
+    "equivariance_gap",
+    "OFFSET_HEAD_MIN_WEIGHT",
+    "angle_positions",
+    "offset_head_weights",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -42,14 +58,14 @@ def reference_row_softmax(scores: Tensor) -> Tensor:
     """Softmax over the last dimension with the max-subtraction trick.
 
     Args:
-        scores: shape ``(..., n)``, any finite values (even ±1000).
+        scores: shape ``(..., k_len)``, any finite values (even ±1000).
 
     Returns:
-        Weights of shape ``(..., n)``: positive, each row sums to 1.
+        Weights of shape ``(..., k_len)``: positive, each row sums to 1.
     """
-    shifted = scores - scores.amax(dim=-1, keepdim=True)  # (..., n), largest entry is 0
-    exp = shifted.exp()  # (..., n), in (0, 1]: cannot overflow
-    return exp / exp.sum(dim=-1, keepdim=True)  # (..., n)
+    shifted = scores - scores.amax(dim=-1, keepdim=True)  # (..., k_len), largest entry is 0
+    exp = shifted.exp()  # (..., k_len), in (0, 1]: cannot overflow
+    return exp / exp.sum(dim=-1, keepdim=True)  # (..., k_len)
 
 
 def _row_softmax_cases() -> list[Case]:
@@ -67,14 +83,70 @@ def _row_softmax_cases() -> list[Case]:
     return cases
 
 
+class BuiltinSoftmaxCalled(RuntimeError):
+    """Raised when the reader's ``row_softmax`` calls one of PyTorch's softmax functions."""
+
+
+#: The functions exercise 1 asks the reader not to call: (owner, attribute name).
+_BUILTIN_SOFTMAXES = (
+    (torch, "softmax"),
+    (torch, "log_softmax"),
+    (torch.nn.functional, "softmax"),
+    (torch.nn.functional, "log_softmax"),
+    (torch.special, "softmax"),
+    (torch.special, "log_softmax"),
+    (torch.Tensor, "softmax"),
+    (torch.Tensor, "log_softmax"),
+)
+
+
+@contextlib.contextmanager
+def _builtin_softmax_forbidden() -> Iterator[None]:
+    """While active, PyTorch's softmax functions raise :class:`BuiltinSoftmaxCalled`."""
+
+    def forbidden(name: str) -> Callable[..., Tensor]:
+        def call(*args: object, **kwargs: object) -> Tensor:
+            raise BuiltinSoftmaxCalled(
+                f"{name} was called: the exercise asks for the softmax written with exp, a "
+                "maximum and a sum, without PyTorch's softmax functions"
+            )
+
+        return call
+
+    saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr in _BUILTIN_SOFTMAXES]
+    try:
+        for owner, attr in _BUILTIN_SOFTMAXES:
+            prefix = "Tensor." if owner is torch.Tensor else f"{owner.__name__}."
+            setattr(owner, attr, forbidden(prefix + attr))
+        yield
+    finally:
+        for owner, attr, original in saved:
+            if original is None:  # inherited (Tensor's methods come from its C base class)
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+
+
 def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``row_softmax(scores)``: softmax over the last dimension of ``(..., n)`` scores.
+    """Check ``row_softmax(scores)``: softmax over the last dimension of ``(..., k_len)`` scores.
 
     The cases include scores of magnitude 1000, where ``exp`` overflows unless the row
-    maximum is subtracted first.
+    maximum is subtracted first. While the reader's function runs, PyTorch's softmax
+    functions (``torch.softmax``, ``F.softmax``, ``Tensor.softmax`` and their ``log_softmax``
+    siblings) raise, so calling one of them is reported instead of passing.
     """
+
+    @functools.wraps(row_softmax)
+    def without_builtin_softmax(**kwargs: Tensor) -> Tensor:
+        with _builtin_softmax_forbidden():
+            return row_softmax(**kwargs)
+
     return run_check(
-        "row_softmax", row_softmax, reference_row_softmax, _row_softmax_cases(), verbose=verbose
+        "row_softmax",
+        without_builtin_softmax,
+        reference_row_softmax,
+        _row_softmax_cases(),
+        verbose=verbose,
     )
 
 
@@ -126,7 +198,7 @@ def check_relevance_scores(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: self-attention from scratch (no scaling yet - that is chapter 2)
+# Practice: self-attention from scratch (no scaling yet - that is chapter 2)
 # --------------------------------------------------------------------------------------------
 
 
@@ -193,26 +265,31 @@ def check_self_attention(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: additive relevance scores from explicit weight matrices
+# Exercise 5: additive relevance scores from explicit weight matrices
 # --------------------------------------------------------------------------------------------
 
 
-def reference_additive_scores(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w: Tensor) -> Tensor:
-    """Additive (Bahdanau) scores ``α_ij = w · tanh(q_i W_q + k_j W_k)`` for every pair.
+def reference_additive_scores(
+    q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w_a: Tensor
+) -> Tensor:
+    """Additive (Bahdanau) scores ``e_ij = tanh(a_i W_q + a_j W_k) w_a`` for every pair.
+
+    ``a_i`` is row ``i`` of ``q`` (the vector that asks) and ``a_j`` row ``j`` of ``k`` (the
+    vector that is scored): the inputs themselves, not projected queries and keys.
 
     Args:
-        q: queries, shape ``(..., q_len, d_q)``.
-        k: keys, shape ``(..., k_len, d_k)``, same leading dimensions as ``q``.
+        q: the query-side vectors, shape ``(..., q_len, d_q)``.
+        k: the key-side vectors, shape ``(..., k_len, d_k)``, same leading dimensions as ``q``.
         w_q: shape ``(d_q, d_hidden)``.
         w_k: shape ``(d_k, d_hidden)``.
-        w: shape ``(d_hidden,)``.
+        w_a: shape ``(d_hidden,)``.
 
     Returns:
         Scores of shape ``(..., q_len, k_len)``.
     """
     hq = (q @ w_q).unsqueeze(-2)  # (..., q_len, 1, d_hidden)
     hk = (k @ w_k).unsqueeze(-3)  # (..., 1, k_len, d_hidden)
-    return torch.tanh(hq + hk) @ w  # (..., q_len, k_len)
+    return torch.tanh(hq + hk) @ w_a  # (..., q_len, k_len)
 
 
 def _additive_cases() -> list[Case]:
@@ -233,7 +310,7 @@ def _additive_cases() -> list[Case]:
                 "k": torch.randn(k_shape, generator=g),
                 "w_q": torch.randn(q_shape[-1], d_hidden, generator=g),
                 "w_k": torch.randn(k_shape[-1], d_hidden, generator=g),
-                "w": torch.randn(d_hidden, generator=g),
+                "w_a": torch.randn(d_hidden, generator=g),
             }
         )
     return cases
@@ -243,7 +320,7 @@ def check_additive_scores(
     additive_scores: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor],
     verbose: bool = True,
 ) -> CheckResult:
-    """Check ``additive_scores(q, k, w_q, w_k, w)``: ``(..., q_len, d_q)``,
+    """Check ``additive_scores(q, k, w_q, w_k, w_a)``: ``(..., q_len, d_q)``,
     ``(..., k_len, d_k)`` → ``(..., q_len, k_len)``."""
     return run_check(
         "additive_scores",
@@ -255,12 +332,12 @@ def check_additive_scores(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise: a permutation-equivariance test written by the reader
+# Exercise 4: a permutation-equivariance test written by the reader
 # --------------------------------------------------------------------------------------------
 
 
 class NamedLayer:
-    """A sequence layer ``(n, d_in) → (n, d_out)`` with a readable name.
+    """A sequence layer ``(seq_len, d_in) → (seq_len, d_out)`` with a readable name.
 
     The equivariance check hands these to the reader's test; the name is what a failed check
     prints, e.g. ``NamedLayer('causal self-attention')``.
@@ -271,7 +348,7 @@ class NamedLayer:
         self.fn = fn
 
     def __call__(self, x: Tensor) -> Tensor:
-        """``x (n, d_in)`` → ``(n, d_out)``."""
+        """``x (seq_len, d_in)`` → ``(seq_len, d_out)``."""
         return self.fn(x)
 
     def __repr__(self) -> str:
@@ -287,40 +364,41 @@ def reference_is_permutation_equivariant(layer: Callable[[Tensor], Tensor], x: T
     equality would reject a truly equivariant layer.
 
     Args:
-        layer: maps ``(n, d_in)`` to ``(n, d_out)``.
-        x: one sequence, shape ``(n, d_in)``.
+        layer: maps ``(seq_len, d_in)`` to ``(seq_len, d_out)``.
+        x: one sequence, shape ``(seq_len, d_in)``.
 
     Returns:
         ``True`` when every permutation tried commutes with ``layer``.
     """
-    n = x.shape[-2]
-    output = layer(x)  # (n, d_out)
+    seq_len = x.shape[-2]
+    output = layer(x)  # (seq_len, d_out)
     generator = seeded_generator(7)
-    swap = torch.arange(n)  # (n,)
+    swap = torch.arange(seq_len)  # (seq_len,)
     swap[[0, -1]] = swap[[-1, 0]]
-    perms = [torch.arange(n - 1, -1, -1), torch.roll(torch.arange(n), 1), swap]
-    perms += [torch.randperm(n, generator=generator) for _ in range(20)]
-    for perm in perms:  # each (n,)
+    perms = [torch.arange(seq_len - 1, -1, -1), torch.roll(torch.arange(seq_len), 1), swap]
+    perms += [torch.randperm(seq_len, generator=generator) for _ in range(20)]
+    for perm in perms:  # each (seq_len,)
         if not torch.allclose(layer(x[perm]), output[perm], atol=1e-5, rtol=1e-4):
             return False
     return True
 
 
 def _attention(x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor, causal: bool = False) -> Tensor:
-    """Unscaled self-attention of one sequence: ``x (n, d)`` → ``(n, d_v)``."""
-    scores = (x @ w_q) @ (x @ w_k).T  # (n, n)
+    """Unscaled self-attention of one sequence: ``x (seq_len, d)`` → ``(seq_len, d_v)``."""
+    scores = (x @ w_q) @ (x @ w_k).T  # (seq_len, seq_len)
     if causal:
-        n = x.shape[0]
-        blocked = torch.ones(n, n, dtype=torch.bool).triu(1)  # (n, n), keys after the query
-        scores = scores.masked_fill(blocked, float("-inf"))  # (n, n)
-    return torch.softmax(scores, dim=-1) @ (x @ w_v)  # (n, d_v)
+        seq_len = x.shape[0]
+        # (seq_len, seq_len), True for the keys after the query
+        blocked = torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(blocked, float("-inf"))  # (seq_len, seq_len)
+    return torch.softmax(scores, dim=-1) @ (x @ w_v)  # (seq_len, d_v)
 
 
 def _position_codes(positions: Tensor, d: int) -> Tensor:
-    """Sinusoidal codes ``(n, d)`` for the (float) ``positions`` ``(n,)`` (chapter 4)."""
+    """Sinusoidal codes ``(seq_len, d)`` for the (float) ``positions`` ``(seq_len,)`` (chapter 4)."""
     rates = 1.0 / 10.0 ** (torch.arange(d, dtype=torch.float32) / d)  # (d,)
     phases = (torch.arange(d) % 2) * (math.pi / 2)  # (d,): sin, cos, sin, ...
-    return torch.sin(positions[:, None] * rates + phases)  # (n, d)
+    return torch.sin(positions[:, None] * rates + phases)  # (seq_len, d)
 
 
 def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
@@ -341,22 +419,25 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     kernel = std * torch.randn(3, d, d, generator=g)  # (3, d, d): offsets -1, 0, +1
 
     def attention(x: Tensor) -> Tensor:
-        return _attention(x, w_q, w_k, w_v)  # (n, d)
+        return _attention(x, w_q, w_k, w_v)  # (seq_len, d)
 
     def with_positions(scale: float, symmetric: bool = False) -> Callable[[Tensor], Tensor]:
         def layer(x: Tensor) -> Tensor:
-            n = x.shape[0]
-            positions = torch.arange(n, dtype=torch.float32)  # (n,)
-            if symmetric:  # position i and position n-1-i get the same code
-                positions = (positions - (n - 1) / 2).abs()  # (n,)
-            return attention(x + scale * _position_codes(positions, d))  # (n, d)
+            seq_len = x.shape[0]
+            positions = torch.arange(seq_len, dtype=torch.float32)  # (seq_len,)
+            if symmetric:  # position i and position seq_len-1-i get the same code
+                positions = (positions - (seq_len - 1) / 2).abs()  # (seq_len,)
+            return attention(x + scale * _position_codes(positions, d))  # (seq_len, d)
 
         return layer
 
     def window(x: Tensor) -> Tensor:
-        n = x.shape[0]
-        weight = torch.randn(n * d, n * d, generator=seeded_generator(111 + n)) / n  # fixed per n
-        return (x.reshape(-1) @ weight).reshape(n, d)  # (n, d)
+        seq_len = x.shape[0]
+        weight = (
+            torch.randn(seq_len * d, seq_len * d, generator=seeded_generator(111 + seq_len))
+            / seq_len
+        )  # fixed per seq_len
+        return (x.reshape(-1) @ weight).reshape(seq_len, d)  # (seq_len, d)
 
     def circular_conv(x: Tensor) -> Tensor:
         return sum(torch.roll(x, shift, dims=0) @ kernel[shift + 1] for shift in (-1, 0, 1))
@@ -401,22 +482,283 @@ def _equivariance_cases() -> list[Case]:
     return cases
 
 
+def equivariance_gap(layer: Callable[[Tensor], Tensor], x: Tensor) -> float:
+    """The largest ``|layer(x[perm]) - layer(x)[perm]|`` over the reference's permutations.
+
+    The reversal, a cyclic shift, the swap of the first and last tokens and 20 random
+    permutations (the ones :func:`reference_is_permutation_equivariant` tries). For an
+    equivariant layer in float32 it is rounding, about ``1e-7`` times the outputs' size.
+
+    Args:
+        layer: maps ``(seq_len, d_in)`` to ``(seq_len, d_out)``.
+        x: one sequence, shape ``(seq_len, d_in)``.
+    """
+    seq_len = x.shape[-2]
+    output = layer(x)  # (seq_len, d_out)
+    generator = seeded_generator(7)
+    swap = torch.arange(seq_len)  # (seq_len,)
+    swap[[0, -1]] = swap[[-1, 0]]
+    perms = [torch.arange(seq_len - 1, -1, -1), torch.roll(torch.arange(seq_len), 1), swap]
+    perms += [torch.randperm(seq_len, generator=generator) for _ in range(20)]
+    return max((layer(x[perm]) - output[perm]).abs().max().item() for perm in perms)
+
+
+def _equivariance_verdict_problem(got: object, expected: bool, case: Case) -> str | None:
+    """Why the reader's verdict ``got`` on ``case`` is wrong, or ``None`` when it is right."""
+    layer, x = case["layer"], case["x"]
+    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
+        got = bool(got)
+    if not isinstance(got, bool):
+        return f"your test must return True or False, got {type(got).__name__} {got!r}"[:200]
+    if got == expected:
+        return None
+    gap = equivariance_gap(layer, x)
+    size = layer(x).abs().max().item()
+    tokens = f"{x.shape[0]} tokens"
+    if expected:
+        return (
+            f"your test rejected {layer!r} ({tokens}), a layer that IS permutation-equivariant; "
+            f"its outputs differ from the permuted ones by at most {gap:.1e} (on outputs up to "
+            f"{size:.1e}), float32 rounding: a reordered sum differs in its last bits. If your "
+            "test compares layer(x[perm]) with layer(x)[perm], its comparison is too strict "
+            "(exact equality, and torch.allclose with its default atol=1e-8, reject rounding): "
+            "compare with a tolerance such as atol=1e-5"
+        )
+    hint = (
+        " Your test needs a stricter tolerance (differences this small are not rounding)"
+        if gap < 0.1
+        else " Try more reorderings: the swap of two tokens, and random permutations"
+    )
+    return (
+        f"your test accepted {layer!r} ({tokens}), a layer that is NOT permutation-equivariant: "
+        f"some reordering changes its outputs by {gap:.1e} beyond the reordering itself.{hint}"
+    )
+
+
 def check_is_permutation_equivariant(
     is_permutation_equivariant: Callable[[Callable[[Tensor], Tensor], Tensor], bool],
     verbose: bool = True,
 ) -> CheckResult:
     """Check the reader's test ``is_permutation_equivariant(layer, x) -> bool``.
 
-    The test gets a layer ``(n, d) → (n, d)`` and one sequence ``x (n, d)`` and must say
-    whether reordering the tokens reorders the outputs the same way. The check hands it
-    equivariant layers (self-attention, a per-token layer) and layers that are not
-    (positions added, a causal mask, a window layer, a circular convolution), and compares
-    its verdicts with the reference test.
+    The test gets a layer ``(seq_len, d) → (seq_len, d)`` and one sequence ``x (seq_len, d)``
+    and must say whether reordering the tokens reorders the outputs the same way. The check
+    hands it equivariant layers (self-attention, a per-token layer, attention plus the mean
+    token) and layers that are not (positions added, a causal mask, a window layer, a
+    circular convolution), and compares its verdicts with the reference test. A wrong verdict
+    is explained: a rejected equivariant layer with the size of its float32 rounding (the
+    trap of exact equality and of ``torch.allclose``'s default tolerance), an accepted
+    non-equivariant one with the size of the difference it missed.
     """
-    return run_check(
-        "is_permutation_equivariant",
-        is_permutation_equivariant,
-        reference_is_permutation_equivariant,
-        _equivariance_cases(),
-        verbose=verbose,
+    name = "is_permutation_equivariant"
+    _check_callable("the function to check", is_permutation_equivariant)
+    cases = _equivariance_cases()
+    result: CheckResult | None = None
+    for count, case in enumerate(cases, start=1):
+        expected = reference_is_permutation_equivariant(case["layer"], case["x"].clone())
+        got, result = call_reader(
+            name,
+            count,
+            is_permutation_equivariant,
+            {"layer": case["layer"], "x": case["x"].clone()},
+        )
+        if result is not None:
+            break
+        problem = _equivariance_verdict_problem(got, expected, case)
+        if problem:
+            result = CheckResult(name, False, count, f"❌ {name}: case {count}: {problem}.")
+            break
+    if result is None:
+        result = CheckResult(
+            name, True, len(cases), f"✅ {name}: the right verdict on all {len(cases)} layers."
+        )
+    if verbose:
+        print(result.message)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: a hand-set head that looks `offset` positions away
+# --------------------------------------------------------------------------------------------
+
+#: The least weight every checked query must put on its target key.
+OFFSET_HEAD_MIN_WEIGHT = 0.9
+
+
+def angle_positions(seq_len: int, step_angle: float) -> Tensor:
+    """Section 1.6's two position coordinates: row ``i`` is ``(cos iθ, sin iθ)``.
+
+    Args:
+        seq_len: number of positions, counted from 0.
+        step_angle: the angle ``θ`` between two neighbouring positions, in radians.
+
+    Returns:
+        ``(seq_len, 2)``, float64.
+    """
+    angles = step_angle * torch.arange(seq_len, dtype=torch.float64)  # (seq_len,)
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)  # (seq_len, 2)
+
+
+def offset_head_weights(w_q: Tensor, w_k: Tensor, content: Tensor, step_angle: float) -> Tensor:
+    """The attention weights of a head on inputs laid out as in section 1.6.
+
+    Row ``i`` of the input is the word's ``content[i]`` followed by ``(cos iθ, sin iθ)``; the
+    weights are ``softmax(X W_Q (X W_K)ᵀ)``, unscaled as in chapter 1, computed in float64.
+
+    Args:
+        w_q: ``(d_content + 2, d_k)``.
+        w_k: ``(d_content + 2, d_k)``.
+        content: the words, ``(seq_len, d_content)``.
+        step_angle: ``θ`` in radians.
+
+    Returns:
+        ``(seq_len, seq_len)``: row ``i`` is query ``i``'s weights over the keys.
+    """
+    seq_len = content.shape[0]
+    x = torch.cat([content.double(), angle_positions(seq_len, step_angle)], dim=-1)
+    q = x @ w_q.detach().double()  # (seq_len, d_k)
+    k = x @ w_k.detach().double()  # (seq_len, d_k)
+    return torch.softmax(q @ k.T, dim=-1)  # (seq_len, seq_len)
+
+
+def reference_offset_head(d_content: int, step_angle: float, offset: int) -> tuple[Tensor, Tensor]:
+    """``(w_q, w_k)``, each ``(d_content + 2, 2)``: query ``i`` looks at key ``i + offset``.
+
+    ``W_K`` copies the angle ``jθ``; ``W_Q`` turns the angle ``iθ`` by ``offset · θ`` and
+    stretches it by ``κ = 8 / (1 - cos θ)``, so the target key's score leads its neighbours'
+    by 8. The rows that read the word are 0.
+    """
+    turn = offset * step_angle
+    rotate = torch.tensor(
+        [[math.cos(turn), math.sin(turn)], [-math.sin(turn), math.cos(turn)]]
+    )  # (2, 2): the row vector (cos φ, sin φ) becomes (cos(φ + turn), sin(φ + turn))
+    stretch = 8 / (1 - math.cos(step_angle))
+    w_q = torch.zeros(d_content + 2, 2)  # (d_content + 2, 2)
+    w_q[d_content:] = stretch * rotate
+    w_k = torch.zeros(d_content + 2, 2)  # (d_content + 2, 2)
+    w_k[d_content:] = torch.eye(2)
+    return w_q, w_k
+
+
+def _offset_head_cases() -> list[Case]:
+    """(d_content, θ in degrees, offset, seq_len, scale of the word vectors): θ·(seq_len - 1)
+    stays within 180°, so that every angle between two positions is seen only once."""
+    g = seeded_generator(113)
+    settings = [
+        (4, 30.0, 1, 7, 1.0),  # the chapter's sentence, the next token
+        (4, 30.0, -2, 7, 1.0),  # two back
+        (6, 15.0, -1, 12, 1.0),  # small steps: section 1.6's stretch of 30 is not enough
+        (3, 36.0, 3, 5, 1.0),
+        (5, 20.0, 0, 9, 1.0),  # the token itself
+        (4, 22.5, 2, 8, 5.0),  # large word vectors: a head that reads them is pulled away
+        (1, 18.0, -3, 10, 3.0),
+    ]
+    cases: list[Case] = []
+    for d_content, degrees, offset, seq_len, scale in settings:
+        cases.append(
+            {
+                "d_content": d_content,
+                "step_angle": math.radians(degrees),
+                "offset": offset,
+                "content": scale * torch.randn(seq_len, d_content, generator=g),
+            }
+        )
+    return cases
+
+
+def _offset_head_problem(got: object, case: Case) -> str | None:
+    """Why the reader's ``(w_q, w_k)`` fails ``case``, or ``None`` when it passes."""
+    d_content, offset, content = case["d_content"], case["offset"], case["content"]
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        return f"return a pair (w_q, w_k), got {type(got).__name__}"
+    w_q, w_k = got
+    for name, w in (("w_q", w_q), ("w_k", w_k)):
+        if not isinstance(w, Tensor) or not w.is_floating_point() or w.dim() != 2:
+            return f"{name} must be a 2-D float tensor"
+        if w.shape[0] != d_content + 2:
+            return (
+                f"{name} must have d_content + 2 = {d_content + 2} rows (one per input number), "
+                f"got shape {tuple(w.shape)}"
+            )
+    if w_q.shape[1] != w_k.shape[1]:
+        return f"w_q and w_k need the same number of columns (d_k), got {tuple(w_q.shape)} and {tuple(w_k.shape)}"
+    weights = offset_head_weights(w_q, w_k, content, case["step_angle"])  # (seq_len, seq_len)
+    if not torch.isfinite(weights).all():
+        return "the weights are not finite (NaN or inf in w_q or w_k?)"
+    seq_len = content.shape[0]
+    checked = [i for i in range(seq_len) if 0 <= i + offset < seq_len]  # the others have no key
+    tops = {i: int(weights[i].argmax()) for i in checked}
+    failing = [i for i in checked if weights[i, i + offset] < OFFSET_HEAD_MIN_WEIGHT]
+    if not failing:
+        return None
+    i = failing[0]
+    said = f"query {i} puts {weights[i, i + offset].item():.2f} of its weight on key {i + offset}"
+    mirrored = [j for j in checked if 0 <= j - offset < seq_len]
+    if all(tops[j] == j + offset for j in checked):
+        return (
+            f"{said}: its largest weight, but under {OFFSET_HEAD_MIN_WEIGHT}. The scores are too "
+            "close together: the target's lead over its neighbours must be larger (a larger "
+            "stretch; how large depends on the angle step)"
+        )
+    if offset != 0 and mirrored and all(tops[j] == j - offset for j in mirrored):
+        return (
+            f"{said}; query {mirrored[0]} looks most at key {mirrored[0] - offset}: the head "
+            "looks the other way. Turn by the opposite angle"
+        )
+    if offset != 0 and all(tops[j] == j for j in checked):
+        return (
+            f"{said}; every query looks most at itself: the query's angle is not turned "
+            "relative to the key's (turning W_Q and W_K by the same angle cancels)"
+        )
+    reads_words = bool(w_q[:d_content].any() or w_k[:d_content].any())
+    hint = (
+        "; your matrices read the word's numbers (their first d_content rows are not 0), and "
+        "the check's word vectors are random"
+        if reads_words
+        else ""
     )
+    return f"{said} and most ({weights[i, tops[i]].item():.2f}) on key {tops[i]}{hint}"
+
+
+def check_offset_head(
+    offset_head: Callable[[int, float, int], tuple[Tensor, Tensor]], verbose: bool = True
+) -> CheckResult:
+    """Check ``offset_head(d_content, step_angle, offset) -> (w_q, w_k)``.
+
+    The matrices, each ``(d_content + 2, d_k)``, are graded by what they do: on inputs laid
+    out as in section 1.6 (the word's ``d_content`` numbers, then ``cos iθ``, ``sin iθ``) and
+    unscaled attention, every query ``i`` whose key ``i + offset`` exists must put at least
+    :data:`OFFSET_HEAD_MIN_WEIGHT` of its weight on it. The cases mix offsets from -3 to +3
+    (0 included), angle steps from 15° to 36° and random word vectors, large ones included.
+    """
+    name = "offset_head"
+    result: CheckResult | None = None
+    cases = _offset_head_cases()
+    for count, case in enumerate(cases, start=1):
+        kwargs = {k: case[k] for k in ("d_content", "step_angle", "offset")}
+        got, result = call_reader(name, count, offset_head, kwargs)
+        if result is not None:
+            break
+        problem = _offset_head_problem(got, case)
+        if problem:
+            seq_len = case["content"].shape[0]
+            degrees = math.degrees(case["step_angle"])
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: case {count} (d_content={case['d_content']}, step_angle = "
+                f"{degrees:g}°, offset={case['offset']}, {seq_len} tokens): {problem}.",
+            )
+            break
+    if result is None:
+        result = CheckResult(
+            name,
+            True,
+            len(cases),
+            f"✅ {name}: in all {len(cases)} cases every query puts at least "
+            f"{OFFSET_HEAD_MIN_WEIGHT:.0%} of its weight on key i + offset.",
+        )
+    if verbose:
+        print(result.message)
+    return result
