@@ -1318,24 +1318,26 @@ def parity_with_torch(
 
 def examine(patient: Patient, *, batch_size: int = 8, seed: int = 0) -> list[Finding]:
     """Run the diagnostics that need no training on ``patient``
-    (:class:`~companion.clinic.patient.Patient`): causal leak, batch independence, padding
-    invariance (of the source), loss at initialisation, registration, deterministic
-    evaluation, loss ignores padding, labels shifted. Each on the patient's own adapter,
-    loss and label shift, on a padded batch of ``batch_size`` sentences. About a second on
-    a laptop; :func:`overfit_check` and :func:`parity_with_torch` are left to the reader (one
-    trains, the other needs a key map)."""
+    (:class:`~companion.clinic.patient.Patient`), in this order: deterministic evaluation,
+    registration, causal leak, batch independence, padding invariance (of the source), loss
+    at initialisation, loss ignores padding, labels shifted. Each on the patient's own
+    adapter, loss and label shift, on a padded batch of ``batch_size`` sentences; about half
+    a second on a laptop. Read them in order: when two evaluations differ (dropout on), the
+    comparisons after it differ too, so the first failure is the one to explain.
+    :func:`overfit_check` and :func:`parity_with_torch` are left to the reader (one trains,
+    the other needs a key map)."""
     check_instance("patient", patient, Patient, "a clinic Patient")
     check_positive_int("batch_size", batch_size, minimum=2)
     src, tgt_in, labels = patient.batch(batch_size, seed)  # (batch, src_len), (batch, tgt_len) x2
     fn, vocab, pad = patient.logits, patient.vocab_size, patient.pad_id
     logits = _logits(fn, (src, tgt_in))  # (batch, tgt_len, vocab)
     return [
+        deterministic_check(fn, (src, tgt_in)),
+        registration_check(patient.model),
         causal_leak_check(fn, (src[:2], tgt_in[:2]), vocab_size=vocab, pad_id=pad),
         batch_independence(fn, (src, tgt_in), vocab_size=vocab, pad_id=pad),
         padding_invariance(fn, (src, tgt_in), pad_id=pad, vary=0),
         initial_loss_check(fn, (src, tgt_in), labels, pad_id=pad, vocab_size=vocab),
-        registration_check(patient.model),
-        deterministic_check(fn, (src, tgt_in)),
         loss_padding_check(patient.loss, logits, labels, pad_id=pad),
         label_shift_check(tgt_in, labels, pad_id=pad),
     ]
