@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from companion._validation import check_callable
+from companion._validation import check_callable as _check_callable
 from companion.data import PAD_ID
 from companion.decode import sampling_distribution
 from companion.exercises._checker import (
@@ -203,7 +203,7 @@ def check_decoder_layer_forward(
     """Check ``decoder_layer_forward(layer, x, memory, tgt_mask, memory_mask)`` →
     ``(batch, tgt_len, d_model)``, the Pre-LN forward pass built from ``layer``'s sub-modules.
     Only the rows of real target positions are compared (:func:`_real_rows_only`)."""
-    check_callable("the function to check", decoder_layer_forward)
+    _check_callable("the function to check", decoder_layer_forward)
     return run_check(
         "decoder_layer_forward",
         _real_rows_only(decoder_layer_forward, "tgt_mask"),
@@ -629,7 +629,7 @@ def check_transformer_forward(
     tgt_vocab)``, the forward pass assembled from the model's parts, against
     ``model(src, tgt_in)``. Only the rows of real target positions are compared
     (:func:`_real_rows_only`)."""
-    check_callable("the function to check", transformer_forward)
+    _check_callable("the function to check", transformer_forward)
     return run_check(
         "transformer_forward",
         _real_rows_only(transformer_forward, "tgt_in"),
