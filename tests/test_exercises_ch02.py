@@ -67,28 +67,6 @@ def masked_softmax_blocked_row_uniform(scores, mask):  # fully blocked row: 1/k_
 
 
 # ---------------------------------------------------------------------------------------------
-# weight_entropy
-# ---------------------------------------------------------------------------------------------
-
-
-def weight_entropy_xlogy(weights):
-    return -torch.special.xlogy(weights, weights).sum(dim=-1)
-
-
-def weight_entropy_base_2(weights):
-    return ch02.reference_weight_entropy(weights) / math.log(2)
-
-
-def weight_entropy_naive(weights):  # 0 · log 0 = 0 · (-inf) = NaN
-    return -(weights * torch.log(weights)).sum(dim=-1)
-
-
-def weight_entropy_wrong_axis(weights):
-    safe = torch.where(weights > 0, weights, torch.ones_like(weights))
-    return -(weights * torch.log(safe)).sum(dim=-2)
-
-
-# ---------------------------------------------------------------------------------------------
 # dot_product_variance
 # ---------------------------------------------------------------------------------------------
 
@@ -149,11 +127,6 @@ CHECKS = {
             masked_softmax_zeroed_after,
             masked_softmax_blocked_row_uniform,
         ],
-    ),
-    "weight_entropy": (
-        ch02.check_weight_entropy,
-        [ch02.reference_weight_entropy, weight_entropy_xlogy],
-        [weight_entropy_base_2, weight_entropy_naive, weight_entropy_wrong_axis],
     ),
     "dot_product_variance": (
         ch02.check_dot_product_variance,
@@ -506,3 +479,221 @@ def test_attention_backward_rejects_wrong(wrong):
 def test_attention_backward_explains_the_autograd_refusal():
     result = ch02.check_attention_backward(backward_with_autograd, verbose=False)
     assert "chain rule itself" in result.message
+
+
+def backward_with_enable_grad(q, k, v, grad_output):  # autograd switched back on by hand
+    with torch.enable_grad():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        output, _ = scaled_dot_product_attention(*leaves)
+        return torch.autograd.grad(output, leaves, grad_output)
+
+
+def backward_with_tensor_backward(q, k, v, grad_output):
+    with torch.enable_grad():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        output, _ = scaled_dot_product_attention(*leaves)
+        output.backward(grad_output)
+        return tuple(leaf.grad for leaf in leaves)
+
+
+def backward_with_torch_func(q, k, v, grad_output):
+    with torch.enable_grad():
+        _, vjp = torch.func.vjp(lambda *t: scaled_dot_product_attention(*t)[0], q, k, v)
+        return vjp(grad_output)
+
+
+@pytest.mark.parametrize(
+    "cheat", [backward_with_enable_grad, backward_with_tensor_backward, backward_with_torch_func]
+)
+def test_attention_backward_blocks_autograd_even_under_enable_grad(cheat):
+    # the cheat is right: outside the check it matches the reference ...
+    case = next(ch02._attention_backward_cases())
+    expected = ch02.reference_attention_backward(**case)
+    got = cheat(**case)
+    assert all(torch.allclose(g, e, atol=1e-5) for g, e in zip(got, expected))
+    # ... but inside the check autograd is switched off
+    result = ch02.check_attention_backward(cheat, verbose=False)
+    assert not result
+    assert "chain rule itself" in result.message
+
+
+def test_autograd_forbidden_restores_autograd():
+    originals = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
+    with pytest.raises(RuntimeError, match="chain rule"):
+        with ch02.autograd_forbidden():
+            x = torch.ones(2, requires_grad=True)
+            (x * x).sum().backward()
+    assert (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward) == originals
+    x = torch.ones(2, requires_grad=True)
+    (x * x).sum().backward()
+    assert torch.equal(x.grad, torch.full((2,), 2.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# is_scaled_attention (a test of your own that catches a wrong scale)
+# ---------------------------------------------------------------------------------------------
+
+
+def _formula(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+
+
+def _compare_on(attention, shapes, close):
+    gen = torch.Generator().manual_seed(0)
+    for lead, q_len, k_len, d_k, d_v in shapes:
+        q = torch.randn(*lead, q_len, d_k, generator=gen)
+        k = torch.randn(*lead, k_len, d_k, generator=gen)
+        v = torch.randn(*lead, k_len, d_v, generator=gen)
+        got = attention(q, k, v)
+        if got.shape != (*lead, q_len, d_v) or not close(got, _formula(q, k, v)):
+            return False
+    return True
+
+
+GOOD_SHAPES = [((), 3, 5, 4, 2), ((2,), 4, 6, 16, 3), ((2, 3), 2, 7, 9, 5)]
+
+
+def scale_test_correct(attention):
+    return _compare_on(attention, GOOD_SHAPES, lambda a, b: torch.allclose(a, b, atol=1e-5))
+
+
+def scale_test_pytest_style(attention):  # asserts instead of returning False
+    assert scale_test_correct(attention), "not softmax(q kᵀ/√d_k) v"
+    return True
+
+
+def scale_test_weights_through_identity(attention):  # v = I reads the weights off the output
+    gen = torch.Generator().manual_seed(1)
+    for lead, q_len, k_len, d_k in [((), 3, 5, 4), ((2, 2), 2, 6, 25)]:
+        q = torch.randn(*lead, q_len, d_k, generator=gen)
+        k = torch.randn(*lead, k_len, d_k, generator=gen)
+        eye = torch.eye(k_len).expand(*lead, k_len, k_len)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)
+        if not torch.allclose(attention(q, k, eye), torch.softmax(scores, -1), atol=1e-5):
+            return False
+    return True
+
+
+def scale_test_shape_only(attention):
+    return _compare_on(attention, GOOD_SHAPES, lambda a, b: a.shape == b.shape)
+
+
+def scale_test_rows_sum_to_one(attention):  # v = ones: every convex combination gives 1
+    q, k = torch.randn(2, 3, 4), torch.randn(2, 5, 4)
+    return torch.allclose(attention(q, k, torch.ones(2, 5, 1)), torch.ones(2, 3, 1))
+
+
+def scale_test_only_d_k_64(attention):  # the paper's width, square shapes
+    shapes = [((2,), 8, 8, 64, 64)]
+    return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
+
+
+def scale_test_d_v_equals_d_k(attention):
+    shapes = [((2,), 3, 5, 4, 4), ((2,), 4, 6, 16, 16)]
+    return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
+
+
+def scale_test_k_len_equals_d_k(attention):
+    shapes = [((2,), 3, 4, 4, 2), ((2,), 5, 16, 16, 3)]
+    return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
+
+
+def scale_test_2d_only(attention):
+    shapes = [((), 3, 5, 4, 2), ((), 4, 6, 16, 3)]
+    return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
+
+
+def scale_test_exact(attention):  # torch.equal: float32 rounding rejects correct functions
+    return _compare_on(attention, GOOD_SHAPES, torch.equal)
+
+
+def scale_test_default_allclose(attention):  # atol=1e-8 is below float32 rounding
+    shapes = [((4,), 16, 32, 48, 24), ((3, 2), 8, 40, 96, 7)]
+    return _compare_on(attention, shapes, torch.allclose)
+
+
+def scale_test_ranking(attention):  # "scaling keeps the order of the keys"
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
+    eye = torch.eye(5).expand(2, 5, 5)
+    expected = torch.softmax(q @ k.transpose(-2, -1), -1).argsort(-1)
+    return torch.equal(attention(q, k, eye).argsort(-1), expected)
+
+
+def scale_test_never_calls(attention):
+    return True
+
+
+@pytest.mark.parametrize(
+    "good",
+    [
+        ch02.reference_is_scaled_attention,
+        scale_test_correct,
+        scale_test_pytest_style,
+        scale_test_weights_through_identity,
+    ],
+)
+def test_scale_test_accepts_correct(good, capsys):
+    assert ch02.check_scale_test(good)
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong,says",
+    [
+        (scale_test_shape_only, "which is wrong"),
+        (scale_test_rows_sum_to_one, "which is wrong"),
+        (scale_test_only_d_k_64, "other than 64"),
+        (scale_test_d_v_equals_d_k, "d_v ≠ d_k"),
+        (scale_test_k_len_equals_d_k, "k_len ≠ d_k"),
+        (scale_test_2d_only, "batched inputs"),
+        (scale_test_ranking, "which is wrong"),
+        (scale_test_never_calls, "without calling it"),
+        (lambda attention: "yes", "True or False"),
+    ],
+)
+def test_scale_test_rejects_wrong(wrong, says):
+    result = ch02.check_scale_test(wrong, verbose=False)
+    assert not result
+    assert "❌" in result.message
+    assert says in result.message, result.message
+
+
+@pytest.mark.parametrize("strict", [scale_test_exact, scale_test_default_allclose])
+def test_scale_test_explains_a_too_strict_comparison(strict):
+    result = ch02.check_scale_test(strict, verbose=False)
+    assert not result
+    assert "IS correct" in result.message and "float32 rounding" in result.message
+    assert "atol=1e-5" in result.message
+    # the message states the size of the rounding it saw: a small number, not the formula's gap
+    size = float(result.message.split("by at most ")[1].split(" ")[0])
+    assert 0 < size < 1e-5, result.message
+
+
+def test_scale_test_candidates_are_what_they_claim():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(2, 3, 9, generator=gen), torch.randn(2, 5, 9, generator=gen), None
+    v = torch.randn(2, 5, 4, generator=gen)
+    for what, fn, correct, _ in ch02.SCALE_TEST_CANDIDATES:
+        close = torch.allclose(fn(q, k, v), _formula(q, k, v), atol=1e-5)
+        assert close == correct, what
+        assert ch02.reference_is_scaled_attention(fn) == correct, what
+
+
+def test_scale_test_hides_the_candidates_names():
+    seen = []
+    ch02.check_scale_test(lambda attention: seen.append(repr(attention)) or True, verbose=False)
+    assert seen and all(s.startswith("attention #") for s in seen)
+
+
+def test_scale_test_tolerance_separates_rounding_from_slips():
+    """The solution's claim: on its inputs, rounding stays near 1e-7, each slip moves > 1e-2."""
+    recorded = ch02._Recorded(ch02.SCALE_TEST_CANDIDATES[0][1], 1)
+    assert ch02.reference_is_scaled_attention(recorded)
+    assert len(recorded.calls) == 3
+    for what, fn, correct, _ in ch02.SCALE_TEST_CANDIDATES:
+        gap = max(
+            (fn(q, k, v).double() - _formula(q.double(), k.double(), v.double())).abs().max().item()
+            for q, k, v in recorded.calls
+        )
+        assert gap < 1e-6 if correct else gap > 1e-2, (what, gap)

@@ -9,13 +9,14 @@ difference. It never raises on a wrong answer; it returns a truthy/falsy
     ch02.check_scaled_attention(my_scaled_attention)
 
 The chapter's exercises use :func:`check_blockwise_attention`, :func:`check_masked_softmax`,
-:func:`check_weight_entropy`, :func:`check_gradient_gap` and
+:func:`check_scale_test`, :func:`check_gradient_gap` and
 :func:`check_attention_backward`; the other checks are kept for readers who want to write
 the plain function or the variance experiment themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from companion._validation import check_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
@@ -39,13 +41,16 @@ from companion.exercises._checker import (
 __all__ = [
     "GAP_FACTOR",
     "GAP_SETTINGS",
+    "autograd_forbidden",
     "check_attention_backward",
     "check_blockwise_attention",
     "check_gradient_gap",
     "sampled_query_gradient_norms",
     "check_scaled_attention",
     "check_masked_softmax",
-    "check_weight_entropy",
+    "check_scale_test",
+    "reference_is_scaled_attention",
+    "SCALE_TEST_CANDIDATES",
     "check_dot_product_variance",
 ]
 
@@ -176,58 +181,257 @@ def check_masked_softmax(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 3 - the entropy of each row of attention weights
+# Exercise 3 - a test of your own that catches a wrong scale
 # ---------------------------------------------------------------------------------------------
 
 
-def reference_weight_entropy(weights: Tensor) -> Tensor:
-    """Reference: entropy in nats (natural log) of each row, ``-Σ_j p_j ln p_j``.
+def _correct_four_lines(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v  # (..., q_len, d_v)
+
+
+def _correct_torch(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)  # (..., q_len, d_v)
+
+
+def _correct_float64(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    return _correct_four_lines(q.double(), k.double(), v.double()).to(q.dtype)
+
+
+def _correct_split_scale(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    quarter = q.shape[-1] ** -0.25  # d_k^(-1/4) on each side: the same product, other rounding
+    weights = torch.softmax((q * quarter) @ (k * quarter).transpose(-2, -1), dim=-1)
+    return weights @ v  # (..., q_len, d_v)
+
+
+def _with_factor(factor: Callable[[Tensor, Tensor, Tensor], float]) -> Callable[..., Tensor]:
+    def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        weights = torch.softmax(q @ k.transpose(-2, -1) * factor(q, k, v), dim=-1)
+        return weights @ v  # (..., q_len, d_v)
+
+    return attention
+
+
+def _softmax_over_axis_1(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    # axis 1 is the keys' axis of a 2-D score matrix, but not of a batched one
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=1)
+    return weights @ v  # (..., q_len, d_v)
+
+
+def _scaled_after_softmax(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1) / math.sqrt(q.shape[-1])
+    return weights @ v  # (..., q_len, d_v)
+
+
+#: The attention functions :func:`check_scale_test` hands to the reader's test:
+#: (what it does, the function, whether it computes softmax(q kᵀ/√d_k) v, a hint when a test
+#: accepts it). Correct and wrong ones alternate, so a test that always answers the same
+#: fails early.
+SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] = (
+    ("the four lines of section 2.1", _correct_four_lines, True, ""),
+    ("no scale at all", _with_factor(lambda q, k, v: 1.0), False, "compare with the formula"),
+    (
+        "a division by d_k instead of √d_k",
+        _with_factor(lambda q, k, v: 1 / q.shape[-1]),
+        False,
+        "compare the output itself, not only its shape or its rows' sums",
+    ),
+    (
+        "torch.nn.functional.scaled_dot_product_attention",
+        _correct_torch,
+        True,
+        "",
+    ),
+    (
+        "a division by √64 = 8, the paper's d_k, whatever the width",
+        _with_factor(lambda q, k, v: 1 / 8),
+        False,
+        "test a width d_k other than 64",
+    ),
+    (
+        "a division by √d_v, the width of a value, instead of √d_k",
+        _with_factor(lambda q, k, v: 1 / math.sqrt(v.shape[-1])),
+        False,
+        "test with d_v ≠ d_k",
+    ),
+    ("the formula computed in float64, rounded to float32", _correct_float64, True, ""),
+    (
+        "a division by √k_len, the number of keys, instead of √d_k",
+        _with_factor(lambda q, k, v: 1 / math.sqrt(k.shape[-2])),
+        False,
+        "test with k_len ≠ d_k",
+    ),
+    (
+        "a softmax over axis 1, right for 2-D scores but over the queries of a batch",
+        _softmax_over_axis_1,
+        False,
+        "test batched inputs, (batch, q_len, d_k)",
+    ),
+    (
+        "q and k each multiplied by d_k^(-1/4): the same scores, rounded differently",
+        _correct_split_scale,
+        True,
+        "",
+    ),
+    (
+        "a multiplication by √d_k instead of a division",
+        _with_factor(lambda q, k, v: math.sqrt(q.shape[-1])),
+        False,
+        "compare with the formula",
+    ),
+    (
+        "the division by √d_k applied after the softmax, to the weights",
+        _scaled_after_softmax,
+        False,
+        "compare the output itself, not only the ranking of the keys",
+    ),
+)
+
+
+class _Recorded:
+    """An attention function that remembers its inputs; shown to the reader's test as
+    ``attention #n`` so that its name gives nothing away."""
+
+    def __init__(self, fn: Callable[..., Tensor], number: int) -> None:
+        self.fn = fn
+        self.number = number
+        self.calls: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        self.calls.append((q.detach().clone(), k.detach().clone(), v.detach().clone()))
+        return self.fn(q, k, v)
+
+    def __repr__(self) -> str:
+        return f"attention #{self.number}"
+
+
+def _largest_error(recorded: _Recorded) -> tuple[float, float]:
+    """(largest |output − exact|, largest |exact|) over the inputs the reader's test used,
+    the exact output computed in float64."""
+    error, size = 0.0, 0.0
+    for q, k, v in recorded.calls:
+        try:
+            got = recorded.fn(q, k, v).double()  # (..., q_len, d_v)
+            exact = _correct_four_lines(q.double(), k.double(), v.double())  # (..., q_len, d_v)
+            error = max(error, (got - exact).abs().max().item())
+            size = max(size, exact.abs().max().item())
+        except (RuntimeError, ValueError, IndexError):  # inputs the formula cannot take
+            continue
+    return error, size
+
+
+def reference_is_scaled_attention(attention: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
+    """Reference test: does ``attention(q, k, v)`` compute ``softmax(q kᵀ/√d_k) v``?
+
+    Compares the output with the formula, computed in float64, on inputs whose shapes tell
+    the widths apart (``d_k ≠ 64``, ``d_v ≠ d_k``, ``k_len ≠ d_k``, ``q_len ≠ k_len``) and
+    carry zero, one and two batch axes; the tolerance ``atol=1e-5`` is far above float32
+    rounding and far below what a wrong scale changes.
 
     Args:
-        weights: ``(..., q_len, k_len)``, non-negative rows (summing to 1, or all zero for a
-            fully masked query).
-
-    Returns:
-        ``(..., q_len)``; terms with ``p_j = 0`` contribute 0 (the limit of ``p ln p``).
+        attention: maps ``q (..., q_len, d_k)``, ``k (..., k_len, d_k)``,
+            ``v (..., k_len, d_v)`` to the output ``(..., q_len, d_v)``.
     """
-    safe = torch.where(weights > 0, weights, torch.ones_like(weights))  # (..., q_len, k_len)
-    return -(weights * torch.log(safe)).sum(dim=-1)  # (..., q_len)
+    gen = seeded_generator(40)
+    shapes = [((), 3, 5, 4, 2), ((2,), 4, 6, 16, 3), ((2, 3), 2, 7, 9, 5)]
+    for lead, q_len, k_len, d_k, d_v in shapes:  # (leading dims, q_len, k_len, d_k, d_v)
+        q = torch.randn(*lead, q_len, d_k, generator=gen)
+        k = torch.randn(*lead, k_len, d_k, generator=gen)
+        v = torch.randn(*lead, k_len, d_v, generator=gen)
+        exact = _correct_four_lines(q.double(), k.double(), v.double())  # (..., q_len, d_v)
+        got = attention(q, k, v)
+        if got.shape != exact.shape or not torch.allclose(got.double(), exact, atol=1e-5):
+            return False
+    return True
 
 
-def _weight_entropy_cases(seed: int = 0) -> Iterator[Case]:
-    gen = seeded_generator(seed)
-    # 1. ordinary softmax rows, q_len ≠ k_len so summing over the wrong axis changes the shape
-    yield {"weights": torch.softmax(torch.randn(3, 5, generator=gen), dim=-1)}
-    # 2. batched, with masked (exactly zero) weights and one fully masked row
-    scores = 2 * torch.randn(2, 4, 6, generator=gen)
-    mask = random_bool_mask((2, 4, 6), 0.5, gen)
-    mask[:, :, 0] = True
-    mask[1, 2] = False
-    yield {"weights": reference_masked_softmax(scores, mask)}
-    # 3. special rows: one-hot (entropy 0), uniform (entropy ln k_len), half-half (ln 2)
-    special = torch.zeros(3, 4)
-    special[0, 2] = 1.0
-    special[1] = 0.25
-    special[2, :2] = 0.5
-    yield {"weights": special}
-    # 4. batch × heads, a sharp (nearly saturated) softmax
-    yield {"weights": torch.softmax(8 * torch.randn(2, 3, 4, 7, generator=gen), dim=-1)}
-
-
-def check_weight_entropy(
-    weight_entropy: Callable[[Tensor], Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``weight_entropy(weights) -> entropy``, in nats, one number per row.
-
-    ``weights (..., q_len, k_len)`` → ``(..., q_len)``; zero weights contribute 0, never NaN.
-    """
-    return run_check(
-        "weight_entropy",
-        weight_entropy,
-        reference_weight_entropy,
-        _weight_entropy_cases(),
-        verbose=verbose,
+def _scale_verdict_problem(
+    got: object, correct: bool, what: str, hint: str, recorded: _Recorded
+) -> str | None:
+    """Why the reader's verdict on one candidate is wrong, or ``None`` when it is right."""
+    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
+        got = bool(got)
+    elif isinstance(got, np.bool_):
+        got = bool(got)
+    if not isinstance(got, bool):
+        return f"your test must return True or False, got {type(got).__name__} {got!r}"[:200]
+    if got == correct:
+        return None
+    if not recorded.calls:
+        return (
+            f"your test {'rejected' if correct else 'accepted'} {recorded!r} without calling it:"
+            " call it on inputs you choose and compare its output with the formula"
+        )
+    error, size = _largest_error(recorded)
+    shapes = ", ".join(
+        "q " + str(tuple(q.shape)) + " k " + str(tuple(k.shape)) + " v " + str(tuple(v.shape))
+        for q, k, v in recorded.calls[:3]
     )
+    if correct:
+        return (
+            f"your test rejected {recorded!r}, {what}, an attention that IS correct; on the"
+            f" inputs your test used ({shapes}) its outputs differ from the exact values by at"
+            f" most {error:.1e} (on outputs up to {size:.1e}), float32 rounding. Exact equality,"
+            " and torch.allclose with its default atol=1e-8, are too strict: compare with a"
+            " tolerance such as atol=1e-5"
+        )
+    return (
+        f"your test accepted {recorded!r}, which is wrong: {what}. On the inputs your test used"
+        f" ({shapes}) its outputs differ from the formula by at most {error:.1e}"
+        + (" (rounding only: those inputs cannot tell it apart)" if error < 1e-5 else "")
+        + f". Hint: {hint}"
+    )
+
+
+def check_scale_test(
+    is_scaled_attention: Callable[[Callable[[Tensor, Tensor, Tensor], Tensor]], bool],
+    verbose: bool = True,
+) -> CheckResult:
+    """Check the reader's test ``is_scaled_attention(attention) -> bool``.
+
+    The test gets an attention function ``attention(q, k, v) -> output`` (the shapes of
+    :func:`reference_scaled_attention`, the output only, as PyTorch's function returns it)
+    and must say whether it computes ``softmax(q kᵀ/√d_k) v``. The check hands it the
+    functions of :data:`SCALE_TEST_CANDIDATES`, four correct ones (with different float32
+    rounding) and eight with a classic slip (no scale, ``d_k``, a fixed ``√64``, ``√d_v``,
+    ``√k_len``, the softmax over axis 1, a multiplication, the scale after the softmax). A
+    wrong verdict is explained with the inputs the test used: a rejected correct function
+    with its float32 rounding (the trap of exact equality), an accepted wrong one with the
+    largest difference the test's inputs produced and what to vary. An ``AssertionError``
+    raised by the test counts as the verdict ``False``.
+    """
+    name = "is_scaled_attention"
+    check_callable("the function to check", is_scaled_attention)
+    result: CheckResult | None = None
+    count = 0
+    for count, (what, fn, correct, hint) in enumerate(SCALE_TEST_CANDIDATES, start=1):
+        recorded = _Recorded(fn, count)
+
+        def verdict(attention: _Recorded) -> object:
+            try:
+                return is_scaled_attention(attention)
+            except AssertionError:  # a pytest-style test: a failed assert is the verdict False
+                return False
+
+        got, result = call_reader(name, count, verdict, {"attention": recorded})
+        if result is not None:
+            break
+        problem = _scale_verdict_problem(got, correct, what, hint, recorded)
+        if problem:
+            result = CheckResult(name, False, count, f"❌ {name}: case {count}: {problem}.")
+            break
+    if result is None:
+        result = CheckResult(
+            name,
+            True,
+            count,
+            f"✅ {name}: the right verdict on all {count} attention functions "
+            f"({sum(c for _, _, c, _ in SCALE_TEST_CANDIDATES)} correct, "
+            f"{sum(not c for _, _, c, _ in SCALE_TEST_CANDIDATES)} with a slip).",
+        )
+    if verbose:
+        print(result.message)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,6 +741,47 @@ def _attention_backward_cases(seed: int = 30) -> Iterator[Case]:
         }
 
 
+#: What :func:`autograd_forbidden` switches off: ``(module, attribute)`` pairs.
+_AUTOGRAD_ENTRY_POINTS = (
+    (torch.autograd, "grad"),
+    (torch.autograd, "backward"),
+    (torch.Tensor, "backward"),
+    (torch.func, "grad"),
+    (torch.func, "grad_and_value"),
+    (torch.func, "vjp"),
+    (torch.func, "jacrev"),
+    (torch.func, "jacfwd"),
+    (torch.autograd.functional, "vjp"),
+    (torch.autograd.functional, "jacobian"),
+)
+
+
+@contextlib.contextmanager
+def autograd_forbidden() -> Iterator[None]:
+    """Inside the block, every way to ask autograd for a gradient raises a ``RuntimeError``.
+
+    ``torch.autograd.grad``, ``torch.autograd.backward``, ``Tensor.backward`` and the
+    gradient transforms of ``torch.func`` and ``torch.autograd.functional`` are replaced for
+    the duration of the block and restored afterwards, even when the block raises.
+    :func:`check_attention_backward` runs the reader's function inside it.
+    """
+    saved = [(owner, attr, getattr(owner, attr)) for owner, attr in _AUTOGRAD_ENTRY_POINTS]
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            "attention_backward must apply the chain rule itself: during the check autograd"
+            " (torch.autograd.grad, Tensor.backward, torch.func) is switched off"
+        )
+
+    try:
+        for owner, attr, _ in saved:
+            setattr(owner, attr, refuse)
+        yield
+    finally:
+        for owner, attr, original in saved:
+            setattr(owner, attr, original)
+
+
 def check_attention_backward(
     attention_backward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
     verbose: bool = True,
@@ -546,22 +791,14 @@ def check_attention_backward(
     ``q (..., q_len, d_k)``, ``k (..., k_len, d_k)``, ``v (..., k_len, d_v)``,
     ``grad_output (..., q_len, d_v)``; the three gradients of ``L`` (with
     ``∂L/∂output = grad_output``) through ``softmax(q kᵀ/√d_k) v``, shaped like ``q``, ``k``
-    and ``v``. Your function runs under ``torch.no_grad()``: it must apply the chain rule
-    itself, not call autograd.
+    and ``v``. Your function runs under ``torch.no_grad()`` and :func:`autograd_forbidden`: it
+    must apply the chain rule itself, not call autograd.
     """
     name = "attention_backward"
 
     def without_autograd(q: Tensor, k: Tensor, v: Tensor, grad_output: Tensor) -> Any:
-        with torch.no_grad():
-            try:
-                return attention_backward(q, k, v, grad_output)
-            except RuntimeError as exc:
-                if "does not require grad" in str(exc) or "grad_fn" in str(exc):
-                    raise RuntimeError(
-                        "attention_backward must apply the chain rule itself: the check runs"
-                        " it under torch.no_grad(), where autograd records nothing"
-                    ) from None
-                raise
+        with torch.no_grad(), autograd_forbidden():
+            return attention_backward(q, k, v, grad_output)
 
     return run_check(
         name,
