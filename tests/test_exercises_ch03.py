@@ -404,68 +404,110 @@ def test_permuted_companion_module_computes_the_same_layer():
 
 
 # --------------------------------------------------------------------------------------------
-# head_entropy
+# head_score_matrices
 # --------------------------------------------------------------------------------------------
 
 
-def entropy_masked_log(weights):
-    safe = torch.where(weights > 0, weights, torch.ones_like(weights))
-    return -(weights * torch.log(safe)).sum(-1).mean((0, 2))
+def scores_loop(w_q, w_k, num_heads):
+    """Head by head with slices: a different route to the reference's unflatten/matmul."""
+    d_k = w_q.shape[1] // num_heads
+    return torch.stack(
+        [
+            w_q[:, r * d_k : (r + 1) * d_k] @ w_k[:, r * d_k : (r + 1) * d_k].T
+            for r in range(num_heads)
+        ]
+    )
 
 
-def entropy_naive_log(weights):
-    # 0 · log 0 = 0 · (-inf) = NaN for every blocked or underflowed key
-    return -(weights * torch.log(weights)).sum(-1).mean((0, 2))
+def scores_einsum(w_q, w_k, num_heads):
+    q = w_q.unflatten(1, (num_heads, -1))  # (d_model, h, d_k)
+    k = w_k.unflatten(1, (num_heads, -1))
+    return torch.einsum("ahc,bhc->hab", q, k)
 
 
-def entropy_in_bits(weights):
-    return ch03.reference_head_entropy(weights) / math.log(2)
+def scores_transposed(w_q, w_k, num_heads):
+    # W_K^(r) W_Q^(r)ᵀ: entry (i, j) is the score of query j for key i
+    return scores_loop(w_q, w_k, num_heads).transpose(-2, -1)
 
 
-def entropy_over_queries(weights):
-    # the distribution is over the keys (dim -1), not over the queries
-    return -torch.special.xlogy(weights, weights).sum(-2).mean((0, 2))
+def scores_scaled(w_q, w_k, num_heads):
+    # the softmax's input, not the raw score the exercise asks for
+    return scores_loop(w_q, w_k, num_heads) / math.sqrt(w_q.shape[1] // num_heads)
 
 
-def entropy_of_the_mean_weights(weights):
-    # entropy of the averaged distribution: never below the mean entropy (concavity)
-    mean = weights.mean((0, 2))  # (heads, k_len)
-    return -torch.special.xlogy(mean, mean).sum(-1)
+def scores_whole_layer(w_q, w_k, num_heads):
+    # one wide head's matrix, repeated: the sum of the heads' matrices, not each one
+    return (w_q @ w_k.T).expand(num_heads, -1, -1)
 
 
-def entropy_sign_flipped(weights):
-    return torch.special.xlogy(weights, weights).sum(-1).mean((0, 2))
+def scores_strided(w_q, w_k, num_heads):
+    # features r, r + h, r + 2h, ... taken as head r
+    q = w_q.unflatten(1, (-1, num_heads)).permute(2, 0, 1)  # (h, d_model, d_k)
+    k = w_k.unflatten(1, (-1, num_heads)).permute(2, 0, 1)
+    return q @ k.transpose(-2, -1)
 
 
-def test_head_entropy_accepts_correct():
-    assert ch03.check_head_entropy(ch03.reference_head_entropy, verbose=False)
-    assert ch03.check_head_entropy(entropy_masked_log, verbose=False)
+def scores_small_gram(w_q, w_k, num_heads):
+    # W_Q^(r)ᵀ W_K^(r): a (d_k, d_k) matrix, not the (d_model, d_model) form of the scores
+    d_k = w_q.shape[1] // num_heads
+    return torch.stack(
+        [
+            w_q[:, r * d_k : (r + 1) * d_k].T @ w_k[:, r * d_k : (r + 1) * d_k]
+            for r in range(num_heads)
+        ]
+    )
+
+
+def test_head_score_matrices_accepts_correct():
+    assert ch03.check_head_score_matrices(ch03.reference_head_score_matrices, verbose=False)
+    assert ch03.check_head_score_matrices(scores_loop, verbose=False)
+    assert ch03.check_head_score_matrices(scores_einsum, verbose=False)
 
 
 @pytest.mark.parametrize(
-    "wrong",
+    "wrong, hint",
     [
-        entropy_naive_log,
-        entropy_in_bits,
-        entropy_over_queries,
-        entropy_of_the_mean_weights,
-        entropy_sign_flipped,
+        (scores_transposed, "the transpose"),
+        (scores_scaled, "scaled by 1/√d_k"),
+        (scores_whole_layer, "of all heads together"),
+        (scores_strided, "strided heads"),
+        (scores_small_gram, None),
     ],
 )
-def test_head_entropy_rejects_wrong(wrong):
-    assert not ch03.check_head_entropy(wrong, verbose=False)
+def test_head_score_matrices_rejects_wrong(wrong, hint):
+    result = ch03.check_head_score_matrices(wrong, verbose=False)
+    assert not result
+    if hint is not None:
+        assert hint in result.message, result.message
 
 
-def test_head_entropy_bounds():
-    uniform = torch.full((2, 3, 4, 5), 0.2)
-    torch.testing.assert_close(ch03.reference_head_entropy(uniform), torch.full((3,), math.log(5)))
-    one_hot = torch.zeros(2, 3, 4, 5)
-    one_hot[..., 0] = 1.0
-    torch.testing.assert_close(ch03.reference_head_entropy(one_hot), torch.zeros(3))
+def test_head_score_matrices_reports_a_stub():
+    def stub(w_q, w_k, num_heads):
+        raise NotImplementedError
+
+    result = ch03.check_head_score_matrices(stub, verbose=False)
+    assert not result and "not attempted yet" in result.message
 
 
-def test_entropy_cases_contain_exact_zeros():
-    assert any((case["weights"] == 0).any() for case in ch03._entropy_cases())
+def test_head_score_matrices_give_the_raw_scores_and_add_up_to_one_wide_head():
+    """x_i M_r x_jᵀ is head r's raw score; the h matrices sum to W_Q W_Kᵀ; rank M_r <= d_k."""
+    torch.manual_seed(0)
+    module = MultiHeadAttention(12, 3, bias=False)
+    x = torch.randn(2, 5, 12)
+    w_q, w_k = module.query_proj.weight.T, module.key_proj.weight.T  # math convention
+    with torch.no_grad():
+        forms = ch03.reference_head_score_matrices(w_q, w_k, 3)  # (3, 12, 12)
+        q = module.split_heads(module.query_proj(x))  # (2, 3, 5, 4)
+        k = module.split_heads(module.key_proj(x))
+        torch.testing.assert_close(x[:, None] @ forms @ x[:, None].transpose(-2, -1), q @ k.mT)
+        torch.testing.assert_close(forms.sum(0), w_q @ w_k.T)
+    assert torch.linalg.matrix_rank(forms).max().item() == 4
+
+
+def test_score_matrix_cases_have_heads_whose_width_differs_from_d_model_over_h():
+    cases = ch03._score_matrix_cases()
+    assert any(c["w_q"].shape[1] != c["w_q"].shape[0] for c in cases)
+    assert any(c["num_heads"] == 1 for c in cases) and any(c["num_heads"] > 1 for c in cases)
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ split a per-head fused projection  :func:`check_split_fused_qkv`
 multi-head attention from weights  :func:`check_multi_head_attention`
 grouped-query attention            :func:`check_grouped_query_attention`
 reorder the heads, same layer      :func:`check_permute_heads`
-the entropy of each head           :func:`check_head_entropy`
+what each head compares            :func:`check_head_score_matrices`
 =================================  ============================================
 
 Weight matrices follow the *math* convention of the chapter, ``y = x W`` with ``W`` of shape
@@ -44,7 +44,7 @@ __all__ = [
     "check_multi_head_attention",
     "check_grouped_query_attention",
     "check_permute_heads",
-    "check_head_entropy",
+    "check_head_score_matrices",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -126,8 +126,8 @@ def reference_multi_head_attention(
         query: shape ``(batch, q_len, d_model)``.
         key: shape ``(batch, k_len, d_model)``.
         value: shape ``(batch, k_len, d_model)``.
-        w_q: shape ``(d_model, num_heads · d_k)``; head ``h`` uses columns
-            ``h·d_k … (h+1)·d_k - 1``.
+        w_q: shape ``(d_model, num_heads · d_k)``; head ``r`` (0-based) uses columns
+            ``r·d_k … (r+1)·d_k - 1``.
         w_k: shape ``(d_model, num_heads · d_k)``.
         w_v: shape ``(d_model, num_heads · d_v)``.
         w_o: shape ``(num_heads · d_v, d_model)``.
@@ -212,9 +212,9 @@ def reference_grouped_query_attention(
 ) -> Tensor:
     """Grouped-query attention (Ainslie et al., 2023) without biases, math convention ``y = x W``.
 
-    ``num_heads`` query heads share ``num_kv_heads`` key/value heads: query heads
-    ``g·r … (g+1)·r - 1`` use key/value head ``g``, with ``r = num_heads / num_kv_heads``
-    (``repeat_interleave``). ``num_kv_heads == num_heads`` is multi-head attention, 1 is
+    ``num_heads`` query heads share ``num_kv_heads`` key/value heads: each group of
+    ``num_heads / num_kv_heads`` consecutive query heads shares one key/value head: query head
+    ``r`` uses key/value head ``r // (num_heads / num_kv_heads)`` (``repeat_interleave``). ``num_kv_heads == num_heads`` is multi-head attention, 1 is
     multi-query attention.
 
     Args:
@@ -237,7 +237,7 @@ def reference_grouped_query_attention(
     v = (
         (value @ w_v).view(batch, k_len, num_kv_heads, d_k).transpose(1, 2)
     )  # (batch, g, k_len, d_k)
-    k = k.repeat_interleave(group, dim=1)  # (batch, h, k_len, d_k): kv head g for its r queries
+    k = k.repeat_interleave(group, dim=1)  # (batch, h, k_len, d_k): each kv head for its group
     v = v.repeat_interleave(group, dim=1)  # (batch, h, k_len, d_k)
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)  # (batch, h, q, k)
     heads = weights @ v  # (batch, h, q_len, d_k)
@@ -409,56 +409,97 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: how sharp is each head? The entropy of its weights
+# Exercise 5: what each head compares, its bilinear form W_Q^(r) W_K^(r)T
 # --------------------------------------------------------------------------------------------
 
 
-def reference_head_entropy(weights: Tensor) -> Tensor:
-    """Mean entropy, in nats, of each head's attention distributions.
+def reference_head_score_matrices(w_q: Tensor, w_k: Tensor, num_heads: int) -> Tensor:
+    """The matrix of each head's raw scores, ``M_r = W_Q^(r) W_K^(r)ᵀ`` (math convention).
 
-    For every batch element ``b``, head ``r`` and query ``i``, the row ``weights[b, r, i]`` is a
-    distribution over the keys; its entropy is ``-Σ_j α_ij ln α_ij`` with ``0 · ln 0 = 0``
-    (blocked keys have weight exactly 0). The result averages over the batch and the queries.
+    Head ``r`` (0-based) owns columns ``r·d_k … (r+1)·d_k - 1`` of ``w_q`` and ``w_k``; its raw
+    score of token rows ``x_i``, ``x_j`` is ``s_ij = (x_i W_Q^(r)) · (x_j W_K^(r)) = x_i M_r x_jᵀ``
+    (no ``1/√d_k``). Each ``M_r`` has rank at most ``d_k``, and the ``h`` matrices add up to
+    ``W_Q W_Kᵀ``, the matrix of one wide head with the same weights.
 
     Args:
-        weights: shape ``(batch, num_heads, q_len, k_len)``, rows summing to 1.
+        w_q, w_k: shape ``(d_model, num_heads · d_k)``.
+        num_heads: number of heads.
 
     Returns:
-        Shape ``(num_heads,)``: 0 for a head that puts all its weight on one key, ``ln k_len``
-        for a uniform one.
+        Shape ``(num_heads, d_model, d_model)``.
     """
-    per_row = -torch.special.xlogy(weights, weights).sum(-1)  # (batch, heads, q_len)
-    return per_row.mean((0, 2))  # (heads,)
+    q_blocks = w_q.unflatten(1, (num_heads, -1)).transpose(0, 1)  # (h, d_model, d_k)
+    k_blocks = w_k.unflatten(1, (num_heads, -1)).transpose(0, 1)  # (h, d_model, d_k)
+    return q_blocks @ k_blocks.transpose(-2, -1)  # (h, d_model, d_model)
 
 
-def _entropy_cases() -> list[Case]:
+def _score_matrix_cases() -> list[Case]:
     g = seeded_generator(305)
     cases: list[Case] = []
-    for batch, heads, q_len, k_len, sharpness, blocked in (
-        (2, 3, 5, 5, 1.0, 0),  # ordinary weights
-        (2, 4, 3, 6, 4.0, 2),  # sharper heads, the last two keys blocked (weight 0)
-        (1, 2, 4, 4, 30.0, 0),  # nearly one-hot: many weights underflow to 0
-        (3, 1, 2, 7, 0.5, 3),  # one head, a short query axis
-        (2, 8, 6, 3, 2.0, 1),  # more heads than keys
+    for d_model, heads, d_k in (
+        (12, 3, 4),  # the chapter's sizes
+        (8, 2, 3),  # h·d_k = 6 != d_model
+        (6, 3, 4),  # h·d_k = 12 > d_model: each M_r still has rank <= 4
+        (16, 4, 4),
+        (8, 1, 8),  # one head: M = W_Q W_Kᵀ
+        (4, 4, 1),  # heads of width 1: every M_r has rank 1
     ):
-        scores = sharpness * torch.randn(batch, heads, q_len, k_len, generator=g)
-        scale = torch.linspace(0.2, 2.0, heads)[None, :, None, None]  # heads of different sharpness
-        scores = scores * scale
-        if blocked:
-            scores[..., k_len - blocked :] = float("-inf")
-        cases.append({"weights": torch.softmax(scores, dim=-1)})
-    uniform = torch.full((1, 2, 3, 4), 0.25)  # ln 4 in every head
-    one_hot = torch.zeros(1, 2, 3, 4)
-    one_hot[..., 1] = 1.0  # 0 in every head
-    cases += [{"weights": uniform}, {"weights": one_hot}]
+        cases.append(
+            {
+                "w_q": torch.randn(d_model, heads * d_k, generator=g) / math.sqrt(d_model),
+                "w_k": torch.randn(d_model, heads * d_k, generator=g) / math.sqrt(d_model),
+                "num_heads": heads,
+            }
+        )
     return cases
 
 
-def check_head_entropy(
-    head_entropy: Callable[[Tensor], Tensor], verbose: bool = True
+def _score_matrix_hint(case: Case, got: object) -> str:
+    """Name the classic slip that ``got`` reproduces, if any (empty string otherwise)."""
+    if not isinstance(got, Tensor):
+        return ""
+    w_q, w_k, heads = case["w_q"], case["w_k"], case["num_heads"]
+    right = reference_head_score_matrices(w_q, w_k, heads)
+    d_k = w_q.shape[1] // heads
+    strided = w_q.unflatten(1, (-1, heads)).permute(2, 0, 1) @ w_k.unflatten(
+        1, (-1, heads)
+    ).permute(2, 1, 0)  # (h, d_model, d_model): features r, r + h, ... taken as head r
+    slips = {
+        "W_K^(r) W_Q^(r)ᵀ, the transpose: its entry (i, j) is the score of query j for key i": (
+            right.transpose(-2, -1)
+        ),
+        "the scores scaled by 1/√d_k: the exercise asks for the raw scores s_ij": right
+        / math.sqrt(d_k),
+        "W_Q W_Kᵀ of all heads together for every head, not each head's own columns": (
+            (w_q @ w_k.T).expand(heads, -1, -1)
+        ),
+        "strided heads (features r, r + h, r + 2h, ...): head r owns a contiguous block of d_k "
+        "columns": strided,
+    }
+    for slip, value in slips.items():
+        if got.shape == value.shape and torch.allclose(got, value, atol=1e-5, rtol=1e-4):
+            return f"\n   this looks like {slip}."
+    return ""
+
+
+def check_head_score_matrices(
+    head_score_matrices: Callable[[Tensor, Tensor, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``head_entropy(weights)``: ``(batch, heads, q_len, k_len)`` → ``(heads,)``, the mean
-    entropy in nats of each head's rows; keys with weight 0 add nothing (never NaN)."""
-    return run_check(
-        "head_entropy", head_entropy, reference_head_entropy, _entropy_cases(), verbose=verbose
+    """Check ``head_score_matrices(w_q, w_k, num_heads)`` → ``(num_heads, d_model, d_model)``,
+    head ``r``'s ``W_Q^(r) W_K^(r)ᵀ``; names the transpose, the scale, the whole-layer product
+    and strided heads when the answer is one of them."""
+    result = run_check(
+        "head_score_matrices",
+        head_score_matrices,
+        reference_head_score_matrices,
+        _score_matrix_cases(),
+        verbose=False,
     )
+    if not result and result.message.startswith("❌") and "is wrong" in result.message:
+        case = _score_matrix_cases()[result.cases_run - 1]
+        args = {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
+        got, _ = call_reader("head_score_matrices", result.cases_run, head_score_matrices, args)
+        result.message += _score_matrix_hint(case, got)
+    if verbose:
+        print(result.message)
+    return result
