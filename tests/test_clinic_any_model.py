@@ -315,12 +315,28 @@ def test_parity_with_torch_lists_what_does_not_fit():
 
 def test_mystery_is_deterministic_and_covers_the_pool():
     first, again = clinic.mystery(3), clinic.mystery(3)
-    assert first.condition == again.condition
+    assert first._condition == again._condition
     assert all(
         torch.equal(a, b) for a, b in zip(first.model.parameters(), again.model.parameters())
     )
-    assert "mystery patient 3" in repr(first) and first.condition not in repr(first)
-    assert {clinic.mystery(seed).condition for seed in range(40)} == set(clinic.CONDITIONS)
+    assert "mystery patient 3" in repr(first) and first._condition not in repr(first)
+    assert {clinic.mystery(seed)._condition for seed in range(40)} == set(clinic.CONDITIONS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 6, 7, 9])  # one of each condition
+def test_a_mystery_patient_does_not_name_its_bug(seed):
+    """Neither its repr, nor its model's printout and class, nor its functions' names tell
+    the bug; its findings are those of the same patient admitted by name."""
+    patient = clinic.mystery(seed)
+    condition = clinic.CONDITIONS[patient._condition]
+    telling = {condition.buggy.__name__.lower(), condition.name.lower()}
+    functions = (patient.logits, patient.loss, patient.shift)
+    shown = " ".join([repr(patient), str(patient.model), type(patient.model).__name__,
+                      *(f.__qualname__ for f in functions)]).lower()  # fmt: skip
+    assert not [word for word in telling if word in shown], shown[:300]
+    findings = {f.test: f.passed for f in clinic.examine(patient)}
+    named = {f.test: f.passed for f in clinic.examine(clinic.admit(patient._condition, seed))}
+    assert findings == named  # the disguise changes no behaviour
 
 
 def test_check_diagnosis_accepts_names_and_synonyms_and_rejects_others(capsys):

@@ -607,7 +607,7 @@ class Patient:
     vocab_size: int
     pad_id: int = PAD_ID
     label: str = "patient"
-    condition: str | None = field(default=None, repr=False, compare=False)
+    _condition: str | None = field(default=None, repr=False, compare=False)  # the answer
 
     def __post_init__(self) -> None:
         check_instance("model", self.model, nn.Module, "a torch.nn.Module")
@@ -616,7 +616,7 @@ class Patient:
         check_positive_int("vocab_size", self.vocab_size, minimum=2)
 
     def __repr__(self) -> str:
-        return f"Patient({self.label}: {type(self.model).__name__}, vocab_size={self.vocab_size})"
+        return f"Patient({self.label}, vocab_size={self.vocab_size})"
 
     def batch(self, batch_size: int = 8, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
         """``(src, tgt_in, labels)`` of :func:`padded_batch`, split by the patient's own

@@ -279,7 +279,7 @@ def admit(condition: str | None = None, seed: int = 0) -> Patient:
         shift=unshifted_labels if condition == "unshifted labels" else teacher_forcing,
         vocab_size=READER_VOCAB_SIZE,
         label="healthy" if condition is None else condition,
-        condition=condition,
+        _condition=condition,
     )
 
 
@@ -293,7 +293,38 @@ def mystery(seed: int) -> Patient:
     names = list(CONDITIONS)
     patient = admit(names[random.Random(seed).randrange(len(names))], seed)
     patient.label = f"mystery patient {seed}"
+    _disguise(patient)
     return patient
+
+
+_DISGUISES: dict[type, type] = {}
+
+
+def _disguise(patient: Patient) -> None:
+    """Hide the bug's name: every module of a bug class of ward 1 is given a subclass named
+    (and documented) like its healthy parent, and the adapter, loss and shift are wrapped in
+    functions of neutral names. The behaviour is unchanged: only the diagnostics tell."""
+    for module in patient.model.modules():
+        cls = type(module)
+        if cls.__module__ == SeqFirstPositions.__module__:  # a bug class of ward 1
+            if cls not in _DISGUISES:
+                base = cls.__mro__[1]
+                names = {"__module__": base.__module__, "__qualname__": base.__qualname__,
+                         "__doc__": base.__doc__}  # fmt: skip
+                _DISGUISES[cls] = type(base.__name__, (cls,), names)
+            module.__class__ = _DISGUISES[cls]
+    logits_fn, loss_fn, shift_fn = patient.logits, patient.loss, patient.shift
+
+    def logits(*ids: torch.Tensor) -> torch.Tensor:
+        return logits_fn(*ids)
+
+    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return loss_fn(logits, labels)
+
+    def shift(tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return shift_fn(tgt)
+
+    patient.logits, patient.loss, patient.shift = logits, loss, shift
 
 
 def _words(text: str) -> str:
@@ -319,7 +350,7 @@ def check_diagnosis(patient: Patient, answer: str, verbose: bool = True) -> bool
     check_instance("patient", patient, Patient, "a clinic Patient (from mystery or admit)")
     if not isinstance(answer, str):
         raise TypeError(f"answer must be a str naming the bug, got {type(answer).__name__}")
-    truth = patient.condition
+    truth = patient._condition
     named = _named(answer)
     if truth is None:
         correct = not named and bool(re.search(r"healthy|no bug|none", answer.lower()))
