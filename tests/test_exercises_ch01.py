@@ -296,6 +296,43 @@ def test_additive_scores_old_parameter_name_is_named_in_the_message():
     assert not result and "keep the parameter names" in result.message
 
 
+def additive_loop_over_pairs(q, k, w_q, w_k, w_a):  # right numbers, one pair at a time
+    scores = torch.empty(*q.shape[:-1], k.shape[-2])
+    for i in range(q.shape[-2]):
+        for j in range(k.shape[-2]):
+            scores[..., i, j] = torch.tanh(q[..., i, :] @ w_q + k[..., j, :] @ w_k) @ w_a
+    return scores
+
+
+def additive_loop_over_queries(q, k, w_q, w_k, w_a):  # right numbers, one query at a time
+    rows = [torch.tanh(q[..., i, None, :] @ w_q + k @ w_k) @ w_a for i in range(q.shape[-2])]
+    return torch.stack(rows, dim=-2)  # (..., q_len, k_len)
+
+
+@pytest.mark.parametrize("loop", [additive_loop_over_pairs, additive_loop_over_queries])
+def test_additive_scores_rejects_a_python_loop_and_says_so(loop):
+    """The prompt says 'without a Python loop': the check enforces it on the 12 x 10 case,
+    although the loop's numbers are right."""
+    case = ch01._additive_cases()[-1]
+    torch.testing.assert_close(loop(**case), ch01.reference_additive_scores(**case))
+    result = ch01.check_additive_scores(loop, verbose=False)
+    assert not result
+    assert "PythonLoopSuspected" in result.message and "loops in Python" in result.message
+
+
+def test_additive_scores_broadcast_answers_stay_under_the_call_budget():
+    def einsum_answer(q, k, w_q, w_k, w_a):
+        hidden = torch.tanh(
+            torch.einsum("...id,da->...ia", q, w_q)[..., :, None, :]
+            + torch.einsum("...jd,da->...ja", k, w_k)[..., None, :, :]
+        )
+        return torch.einsum("...ija,a->...ij", hidden, w_a)
+
+    assert ch01.check_additive_scores(einsum_answer, verbose=False)
+    assert ch01.check_additive_scores(additive_correct, verbose=False)
+    assert ch01.check_additive_scores(ch01.reference_additive_scores, verbose=False)
+
+
 def test_reference_additive_matches_companion_module():
     torch.manual_seed(0)
     module = AdditiveScore(d_query=3, d_key=5, d_hidden=4)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
@@ -41,6 +42,7 @@ __all__ = [
     "check_additive_scores",
     "check_is_permutation_equivariant",
     "check_offset_head",
+    "ADDITIVE_MAX_TORCH_CALLS",
     "NamedLayer",
     "equivariance_test_layers",
     "equivariance_gap",
@@ -301,6 +303,7 @@ def _additive_cases() -> list[Case]:
         ((3, 2), (5, 4), 3),  # d_q != d_k
         ((1, 3), (1, 3), 4),  # one query, one key
         ((2, 3, 4), (2, 6, 4), 3),  # a batch of 2
+        ((12, 4), (10, 4), 3),  # 120 pairs: a Python loop over queries or pairs shows here
     ]
     cases: list[Case] = []
     for q_shape, k_shape, d_hidden in shapes:
@@ -316,15 +319,57 @@ def _additive_cases() -> list[Case]:
     return cases
 
 
+#: The most PyTorch calls (functions, tensor methods and operators) exercise 5's answer may
+#: make on one case. A broadcast answer makes about 8 whatever the sizes; a Python loop over
+#: the 12 queries (or the 120 pairs) of the largest case makes several per iteration.
+ADDITIVE_MAX_TORCH_CALLS = 40
+
+
+class PythonLoopSuspected(RuntimeError):
+    """Raised when the reader's ``additive_scores`` makes too many PyTorch calls for one case."""
+
+
+class _TorchCallCounter(TorchFunctionMode):
+    """Counts the PyTorch functions, tensor methods and operators called from Python."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
 def check_additive_scores(
     additive_scores: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor],
     verbose: bool = True,
 ) -> CheckResult:
     """Check ``additive_scores(q, k, w_q, w_k, w_a)``: ``(..., q_len, d_q)``,
-    ``(..., k_len, d_k)`` → ``(..., q_len, k_len)``."""
+    ``(..., k_len, d_k)`` → ``(..., q_len, k_len)``.
+
+    The exercise asks for every pair at once, without a Python loop: the check counts the
+    PyTorch calls the reader's function makes on each case and reports a count above
+    :data:`ADDITIVE_MAX_TORCH_CALLS` (the largest case has 12 queries and 10 keys).
+    """
+
+    @functools.wraps(additive_scores)
+    def counted(**kwargs: Tensor) -> Tensor:
+        with _TorchCallCounter() as counter:
+            result = additive_scores(**kwargs)
+        if counter.calls > ADDITIVE_MAX_TORCH_CALLS:
+            q_len, k_len = kwargs["q"].shape[-2], kwargs["k"].shape[-2]
+            raise PythonLoopSuspected(
+                f"your function made {counter.calls} PyTorch calls for {q_len} queries and "
+                f"{k_len} keys (a broadcast answer makes about 8, whatever the sizes): it "
+                "loops in Python. Give every projected query a new axis for the keys, and "
+                "every projected key one for the queries, and add them once"
+            )
+        return result
+
     return run_check(
         "additive_scores",
-        additive_scores,
+        counted,
         reference_additive_scores,
         _additive_cases(),
         verbose=verbose,
