@@ -141,7 +141,12 @@ def concat_shift_blocks(shift, d_model):
 
 
 def concat_shift_interleaved(shift, d_model):
-    return sinusoidal_shift_matrix(shift, d_model)  # the other layout's matrix
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    blocks = [
+        torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]])
+        for a in (shift * omega).tolist()
+    ]
+    return torch.block_diag(*blocks)  # the other layout's matrix, built by hand
 
 
 def concat_shift_transposed(shift, d_model):
@@ -154,9 +159,22 @@ def concat_shift_signs_swapped(shift, d_model):
     return torch.cat([torch.cat([c, -s], 1), torch.cat([s, c], 1)], 0)
 
 
+def concat_shift_interleaved_reordered(shift, d_model):
+    """Correct: the interleaved blocks built by hand, rows and columns put in sin | cos order."""
+    order = torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+    return concat_shift_interleaved(shift, d_model)[order][:, order]
+
+
 def test_concat_shift_matrix_accepts_correct():
-    assert ch04.check_concat_shift_matrix(concat_shift_by_permutation, verbose=False)
     assert ch04.check_concat_shift_matrix(concat_shift_blocks, verbose=False)
+    assert ch04.check_concat_shift_matrix(concat_shift_interleaved_reordered, verbose=False)
+
+
+def test_concat_shift_matrix_rejects_a_call_into_companion_positional():
+    """The right numbers, but from sinusoidal_shift_matrix: the exercise forbids it."""
+    result = ch04.check_concat_shift_matrix(concat_shift_by_permutation, verbose=False)
+    assert not result
+    assert "called companion.positional (sinusoidal_shift_matrix)" in result.message
 
 
 @pytest.mark.parametrize(
@@ -183,53 +201,101 @@ def test_concat_table_is_a_column_permutation_of_the_interleaved_one():
 
 
 # --------------------------------------------------------------------------------------------
-# pe_similarity
+# closest_codes
 # --------------------------------------------------------------------------------------------
 
 
-def similarity_by_table(offsets, d_model):
-    """Correct, the long way: build the table and take dot products with row 0."""
-    size = int(offsets.abs().max()) + 1
-    table = sinusoidal_table(size, d_model, dtype=torch.float64)
-    # PE[0] · PE[|k|]: the dot product depends on |k| only
-    return table[offsets.abs()] @ table[0]
+def closest_by_table(seq_len, d_model):
+    """Correct: a float32 table, every pair of rows, the smallest distance off the diagonal."""
+    table = sinusoidal_table(seq_len, d_model)
+    offset = (torch.arange(seq_len)[None, :] - torch.arange(seq_len)[:, None]).abs()
+    distance = (table[:, None, :] - table[None, :, :]).norm(dim=-1)  # (seq_len, seq_len)
+    distance[offset == 0] = float("inf")
+    flat = int(distance.argmin())
+    return int(offset.flatten()[flat]), distance.flatten()[flat]
 
 
-def similarity_closed_form(offsets, d_model):
+def closest_by_cdist(seq_len, d_model):
+    """Correct: torch.cdist (its matrix-product shortcut costs precision: within 1e-3)."""
+    table = sinusoidal_table(seq_len, d_model)
+    distance = torch.cdist(table, table) + torch.eye(seq_len) * 1e9
+    i, j = divmod(int(distance.argmin()), seq_len)
+    return abs(i - j), distance[i, j].item()
+
+
+def _closest_over(offsets, d_model, transform=math.sqrt):
     omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    return torch.cos(offsets[:, None] * omega).sum(-1)
+    squared = d_model - 2 * torch.cos(offsets.double()[:, None] * omega).sum(-1)
+    best = int(squared.argmin())
+    return int(offsets[best]), transform(max(squared[best].item(), 0.0))
 
 
-def similarity_cosine(offsets, d_model):
-    return similarity_closed_form(offsets, d_model) / (d_model / 2)  # cosine similarity
+def closest_closed_form(seq_len, d_model):
+    """Correct: ‖PE_i - PE_j‖² = d - 2 S(Δ), the offsets 1 .. seq_len - 1."""
+    return _closest_over(torch.arange(1, seq_len), d_model)
 
 
-def similarity_all_dims(offsets, d_model):
+def closest_includes_zero(seq_len, d_model):
+    return _closest_over(torch.arange(0, seq_len), d_model)  # a position and itself: 0
+
+
+def closest_squared(seq_len, d_model):
+    return _closest_over(torch.arange(1, seq_len), d_model, transform=float)  # ‖·‖², no root
+
+
+def closest_one_short(seq_len, d_model):
+    return _closest_over(torch.arange(1, seq_len - 1), d_model)  # misses offset seq_len - 1
+
+
+def closest_one_too_far(seq_len, d_model):
+    return _closest_over(torch.arange(1, seq_len + 1), d_model)  # offset seq_len: no such pair
+
+
+def closest_similarity(seq_len, d_model):
+    offsets = torch.arange(1, seq_len)
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    similarity = torch.cos(offsets.double()[:, None] * omega).sum(-1)
+    best = int(similarity.argmax())
+    return int(offsets[best]), similarity[best].item()  # the dot product, not the distance
+
+
+def closest_all_dims(seq_len, d_model):
+    """Bug B's frequencies: one per dimension, d terms."""
+    offsets = torch.arange(1, seq_len)
     omega = 10000 ** (-torch.arange(d_model, dtype=torch.float64) / d_model)
-    return torch.cos(offsets[:, None] * omega).sum(-1)  # d terms, frequencies of bug B
+    squared = 2 * d_model - 2 * torch.cos(offsets.double()[:, None] * omega).sum(-1)
+    best = int(squared.argmin())
+    return int(offsets[best]), math.sqrt(squared[best].item())
 
 
-def similarity_double_index(offsets, d_model):
-    omega = 10000 ** (-2 * torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
-    return torch.cos(offsets[:, None] * omega).sum(-1)
+@pytest.mark.parametrize("correct", [closest_by_table, closest_by_cdist, closest_closed_form])
+def test_closest_codes_accepts_correct(correct):
+    assert ch04.check_closest_codes(correct, verbose=False)
 
 
-def test_pe_similarity_accepts_correct():
-    assert ch04.check_pe_similarity(similarity_by_table, verbose=False)
-    assert ch04.check_pe_similarity(similarity_closed_form, verbose=False)
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        closest_includes_zero,
+        closest_squared,
+        closest_one_short,
+        closest_one_too_far,
+        closest_similarity,
+        closest_all_dims,
+    ],
+)
+def test_closest_codes_rejects_wrong(wrong):
+    assert not ch04.check_closest_codes(wrong, verbose=False)
 
 
-@pytest.mark.parametrize("wrong", [similarity_cosine, similarity_all_dims, similarity_double_index])
-def test_pe_similarity_rejects_wrong(wrong):
-    assert not ch04.check_pe_similarity(wrong, verbose=False)
-
-
-def test_reference_similarity_is_the_dot_product_at_every_start():
-    table = sinusoidal_table(80, 32, dtype=torch.float64)
-    offsets = torch.arange(0, 30)
-    expected = ch04.reference_pe_similarity(offsets, 32)
-    for p in [0, 13, 50]:
-        torch.testing.assert_close(table[p + offsets] @ table[p], expected)
+def test_reference_closest_codes_is_the_brute_force_minimum():
+    for seq_len, d_model in [(45, 2), (60, 6), (200, 32)]:
+        offset, distance = closest_by_table(seq_len, d_model)
+        expected = ch04.reference_closest_codes(seq_len, d_model)
+        assert offset == expected[0]
+        assert abs(float(distance) - expected[1]) < 1e-4
+    with pytest.raises(ValueError, match="seq_len must be an int of at least 2"):
+        ch04.reference_closest_codes(1, 8)
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,8 +367,13 @@ def rope_one_angle(x, positions):
 
 
 def test_rope_rotate_accepts_correct():
-    for fn in [rope_correct, rope_with_companion, rope_complex]:
+    for fn in [rope_correct, rope_complex]:
         assert ch04.check_rope_rotate(fn, verbose=False), fn.__name__
+
+
+def test_rope_rotate_rejects_companion_rotary_embedding():
+    result = ch04.check_rope_rotate(rope_with_companion, verbose=False)
+    assert not result and "called companion.positional" in result.message
 
 
 @pytest.mark.parametrize(
@@ -338,7 +409,7 @@ def test_cases_are_reproducible():
 
 
 # --------------------------------------------------------------------------------------------
-# capstone: MyMHA, encode, the equivariance test
+# capstone: MyMHA, encode, the test that a layer is relative
 # --------------------------------------------------------------------------------------------
 
 
@@ -486,13 +557,30 @@ def test_reference_my_mha_matches_companion_with_and_without_rope():
     torch.testing.assert_close(ch04.reference_mha_forward(state, x, 2, rope=True), expected)
 
 
-def encode_correct(tokens, embedding, attention):
+def own_table(seq_len, d_model):
+    """The sinusoidal table written out (the encode check switches companion.positional off)."""
+    i = torch.arange(seq_len, dtype=torch.float64)[:, None]
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    return torch.stack([torch.sin(i * omega), torch.cos(i * omega)], -1).flatten(1).float()
+
+
+def encode_with_companion_table(tokens, embedding, attention):
     x = embedding(tokens) * math.sqrt(embedding.embedding_dim)
     return attention(x + sinusoidal_table(tokens.shape[1], embedding.embedding_dim))
 
 
+def test_encode_rejects_companion_table():
+    result = ch04.check_encode(encode_with_companion_table, verbose=False)
+    assert not result and "called companion.positional" in result.message
+
+
+def encode_correct(tokens, embedding, attention):
+    x = embedding(tokens) * math.sqrt(embedding.embedding_dim)
+    return attention(x + own_table(tokens.shape[1], embedding.embedding_dim))
+
+
 def encode_no_scale(tokens, embedding, attention):
-    return attention(embedding(tokens) + sinusoidal_table(tokens.shape[1], embedding.embedding_dim))
+    return attention(embedding(tokens) + own_table(tokens.shape[1], embedding.embedding_dim))
 
 
 def encode_no_positions(tokens, embedding, attention):
@@ -501,14 +589,12 @@ def encode_no_positions(tokens, embedding, attention):
 
 def encode_scales_the_sum(tokens, embedding, attention):
     d = embedding.embedding_dim
-    return attention((embedding(tokens) + sinusoidal_table(tokens.shape[1], d)) * math.sqrt(d))
+    return attention((embedding(tokens) + own_table(tokens.shape[1], d)) * math.sqrt(d))
 
 
 def encode_positions_from_one(tokens, embedding, attention):
     d = embedding.embedding_dim
-    return attention(
-        embedding(tokens) * math.sqrt(d) + sinusoidal_table(tokens.shape[1] + 1, d)[1:]
-    )
+    return attention(embedding(tokens) * math.sqrt(d) + own_table(tokens.shape[1] + 1, d)[1:])
 
 
 def test_encode_accepts_correct():
@@ -523,109 +609,121 @@ def test_encode_rejects_wrong(wrong):
     assert not ch04.check_encode(wrong, verbose=False)
 
 
-def equivariant_correct(fn, x):
-    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
-    return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=1e-5)
+STARTS = (1, 2, 3, 1000)
 
 
-def equivariant_exact(fn, x):
-    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
-    return torch.equal(fn(x[:, perm]), fn(x)[:, perm])  # float rounding makes it fail
+def relative_correct(layer, x):
+    out = layer(x, 0)
+    return all(torch.allclose(layer(x, s), out, atol=1e-5, rtol=1e-4) for s in STARTS)
 
 
-def equivariant_checks_invariance(fn, x):
-    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
-    return torch.allclose(fn(x[:, perm]), fn(x), atol=1e-5)  # forgot to permute the output
+def relative_tolerance(atol, starts=STARTS):
+    def test(layer, x):
+        out = layer(x, 0)
+        return all(torch.allclose(layer(x, s), out, atol=atol) for s in starts)
 
-
-def equivariant_reversal_only(fn, x):
-    perm = torch.arange(x.shape[1] - 1, -1, -1)  # one special permutation: misses a flip
-    return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=1e-5)
-
-
-def equivariant_identity_perm(fn, x):
-    perm = torch.arange(x.shape[1])  # tests nothing
-    return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=1e-5)
-
-
-def equivariant_wrong_axis(fn, x):
-    perm = torch.randperm(x.shape[-1], generator=torch.Generator().manual_seed(0))
-    return torch.allclose(fn(x[..., perm]), fn(x)[..., perm], atol=1e-5)  # permutes features
-
-
-def test_equivariance_test_accepts_correct():
-    assert ch04.check_is_permutation_equivariant(equivariant_correct, verbose=False)
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        equivariant_exact,
-        equivariant_checks_invariance,
-        equivariant_reversal_only,
-        equivariant_identity_perm,
-        equivariant_wrong_axis,
-    ],
-)
-def test_equivariance_test_rejects_wrong(wrong):
-    assert not ch04.check_is_permutation_equivariant(wrong, verbose=False)
-
-
-def equivariant_tolerance(atol):
-    def test(fn, x):
-        perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
-        return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=atol)
-
-    test.__name__ = f"equivariant_atol_{atol:g}"
+    test.__name__ = f"relative_atol_{atol:g}_starts_{'_'.join(map(str, starts))}"
     return test
 
 
-def equivariant_one_cyclic_shift(fn, x):
-    perm = torch.roll(torch.arange(x.shape[1]), 1)  # one special permutation: a cyclic shift
-    return torch.allclose(fn(x[:, perm]), fn(x)[:, perm], atol=1e-5)
+def relative_exact(layer, x):
+    out = layer(x, 0)
+    return all(torch.equal(layer(x, s), out) for s in STARTS)  # rounding makes RoPE fail
 
 
-def equivariant_shapes_only(fn, x):
-    perm = torch.randperm(x.shape[1], generator=torch.Generator().manual_seed(0))
-    return fn(x[:, perm]).shape == fn(x)[:, perm].shape  # cannot fail
+def relative_default_allclose(layer, x):
+    out = layer(x, 0)
+    return all(torch.allclose(layer(x, s), out) for s in STARTS)  # atol=1e-8: too strict
 
 
-@pytest.mark.parametrize("atol", [1e-6, 1e-4, 1e-3])
-def test_equivariance_test_accepts_a_tolerance_at_float32_rounding(atol):
-    assert ch04.check_is_permutation_equivariant(equivariant_tolerance(atol), verbose=False)
+def relative_same_start(layer, x):
+    return torch.allclose(layer(x, 0), layer(x, 0), atol=1e-5)  # compares a layer with itself
+
+
+def relative_shapes_only(layer, x):
+    return layer(x, 5).shape == layer(x, 0).shape  # cannot fail
+
+
+def relative_tensor_verdict(layer, x):
+    return torch.tensor(relative_correct(layer, x))  # a 0-d bool tensor is accepted too
+
+
+@pytest.mark.parametrize(
+    "correct",
+    [
+        relative_correct,
+        relative_tensor_verdict,
+        relative_tolerance(1e-5, (1, 2, 3, 500)),
+        relative_tolerance(1e-4, (1, 3, 10000)),
+        relative_tolerance(1e-5, (7, 1001, 5000)),
+    ],
+    ids=lambda fn: fn.__name__,
+)
+def test_relative_test_accepts_correct(correct):
+    assert ch04.check_is_relative(correct, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        equivariant_tolerance(1.0),  # passes every broken variant whose change is below 1
-        equivariant_tolerance(0.1),  # misses the learned position table
-        equivariant_tolerance(1e-2),  # misses the faint one
-        equivariant_one_cyclic_shift,  # misses the offsets taken modulo n
-        equivariant_shapes_only,
+        relative_same_start,
+        relative_shapes_only,
+        relative_tolerance(1e-2),  # misses the faint codes
+        relative_tolerance(1e-5, (2, 4, 100, 1000)),  # even starts only: misses the parity code
+        relative_tolerance(1e-5, (1, 2, 3)),  # near starts only: misses the slow code
+        relative_tolerance(1e-5, (1,)),
     ],
     ids=lambda fn: fn.__name__,
 )
-def test_equivariance_test_rejects_loose_or_special_tests(wrong):
-    assert not ch04.check_is_permutation_equivariant(wrong, verbose=False)
+def test_relative_test_rejects_loose_or_narrow_tests(wrong):
+    assert not ch04.check_is_relative(wrong, verbose=False)
 
 
-def test_equivariance_cases_include_small_and_cyclic_differences():
-    """The broken variants the loose tests miss are really broken, by the amounts said."""
-    cases = {case["fn"].__name__: case for case in ch04._equivariance_cases()}
-    perm = torch.randperm(12, generator=torch.Generator().manual_seed(1))
-    shift = torch.roll(torch.arange(12), 1)
+@pytest.mark.parametrize("too_strict", [relative_exact, relative_default_allclose])
+def test_relative_test_names_a_too_strict_comparison(too_strict):
+    """A test that rejects RoPE attention (relative, up to float32 rounding) is told so."""
+    result = ch04.check_is_relative(too_strict, verbose=False)
+    assert not result
+    assert "rejected attention with RoPE (relative)" in result.message
+    assert "do NOT depend on the start" in result.message
+    assert "float32 rounding" in result.message and "atol=1e-5" in result.message
 
-    def change(name, order):
-        fn, x = cases[name]["fn"], cases[name]["x"]
+
+def test_relative_test_explains_a_missed_dependence():
+    result = ch04.check_is_relative(relative_tolerance(1e-2), verbose=False)
+    assert (
+        "accepted attention on tokens plus sinusoidal codes 10000 times fainter" in result.message
+    )
+    assert "stricter tolerance" in result.message
+    result = ch04.check_is_relative(relative_tolerance(1e-5, (2, 4, 100, 1000)), verbose=False)
+    assert "parity" in result.message and "Try several starts" in result.message
+
+
+def test_relative_cases_are_what_they_say():
+    """The relative layers move by float32 rounding only; the absolute ones by the amounts said."""
+    cases = {repr(case["layer"]): case for case in ch04._relative_cases()}
+
+    def gap(name, start):
+        layer, x = cases[name]["layer"], cases[name]["x"]
         with torch.no_grad():
-            return (fn(x[:, order]) - fn(x)[:, order]).abs().max().item()
+            return (layer(x, start) - layer(x, 0)).abs().max().item()
 
-    assert 0.1 < change("attention_with_learned_positions", perm) < 1.0
-    assert 1e-3 < change("attention_with_faint_positions", perm) < 1e-2
-    assert change("attention_with_wrapped_offsets", perm) > 0.1
-    assert change("attention_with_wrapped_offsets", shift) < 1e-5  # a cyclic shift misses it
-    assert 0 < change("attention", perm) < 1e-5  # float32 rounding: not exactly equal
+    rope = "attention with RoPE (relative)"
+    assert 0 < gap(rope, 12345) < 1e-5  # rounding: not exactly equal
+    for case in ch04._relative_cases():
+        assert ch04.reference_is_relative(case["layer"], case["x"]) == case["relative"]
+    faint = "attention on tokens plus sinusoidal codes 10000 times fainter (absolute)"
+    assert 1e-4 < gap(faint, 1000) < 1e-2
+    parity = "attention on tokens plus ±1 by the parity of the position (period 2)"
+    assert gap(parity, 1) > 0.1 and gap(parity, 100) == 0
+    slow = [name for name in cases if "wavelength" in name][0]
+    assert gap(slow, 3) < 3e-5 and gap(slow, 1000) > 1e-4  # a near start barely moves it
+
+
+def test_relative_layers_reject_a_non_integer_start():
+    layer = ch04._relative_cases()[0]["layer"]
+    with pytest.raises(TypeError, match="start must be an int"):
+        layer(torch.zeros(1, 3, 16), 1.5)
 
 
 # --------------------------------------------------------------------------------------------
@@ -688,13 +786,11 @@ def port_as_stored(state, num_heads, num_kv_heads):
 
 
 def port_wrong_direction(state, num_heads, num_kv_heads):
-    from companion.positional import rope_layout_permutation
-
     hd = _head_dim(state, num_heads)  # interleaved → rotate-half, not back
     return _reorder(
         state,
-        rope_layout_permutation(hd, num_heads=num_heads),
-        rope_layout_permutation(hd, num_heads=num_kv_heads),
+        torch.argsort(_interleaving_rows(hd, num_heads)),
+        torch.argsort(_interleaving_rows(hd, num_kv_heads)),
     )
 
 
@@ -740,8 +836,13 @@ def port_kv_with_num_heads(state, num_heads, num_kv_heads):
     return _reorder(state, _interleaving_rows(hd, num_heads), _interleaving_rows(hd, num_heads))
 
 
+def test_half_to_interleaved_rejects_rope_layout_permutation():
+    result = ch04.check_half_to_interleaved(port_with_argsort, verbose=False)
+    assert not result and "called companion.positional" in result.message
+
+
 @pytest.mark.parametrize(
-    "correct", [ch04.reference_half_to_interleaved, port_correct, port_with_argsort,
+    "correct", [ch04.reference_half_to_interleaved, port_correct,
                 port_values_and_output_consistently],
     ids=lambda fn: fn.__name__,
 )  # fmt: skip

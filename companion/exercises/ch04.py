@@ -11,39 +11,52 @@ exercise                                         check
 ===============================================  ==================================
 the sinusoidal table, by hand                    :func:`check_sinusoidal_table`
 the shift matrix ``T_Δ`` of the sin | cos layout  :func:`check_concat_shift_matrix`
-the similarity ``PE[p] · PE[p + k]``, in closed form  :func:`check_pe_similarity`
+the two closest codes of a table, measured      :func:`check_closest_codes`
 porting a rotate-half checkpoint (GQA, biases)  :func:`check_half_to_interleaved`
 RoFormer's long-term decay bound, measured       :func:`check_rope_decay_bound`
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
 capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
 capstone: ``encode(tokens, ...)``                :func:`check_encode`
-capstone: a permutation-equivariance test        :func:`check_is_permutation_equivariant`
+capstone: a test that a layer is relative       :func:`check_is_relative`
 ===============================================  ==================================
 
 The references are written from the formulas (in float64), independently of
 :mod:`companion.positional`; ``tests/test_exercises_ch04.py`` checks that the two agree.
+The exercises that ask the reader to build something :mod:`companion.positional` already
+provides (the shift matrix, the layout reordering, the rotation, the table inside
+``encode``) are checked with that module switched off: a call into it fails the check.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
 
-from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
+import companion.positional as _positional
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    call_reader,
+    run_check,
+    seeded_generator,
+)
 
 __all__ = [
     "check_sinusoidal_table",
     "check_concat_shift_matrix",
-    "check_pe_similarity",
+    "check_closest_codes",
     "check_half_to_interleaved",
     "check_rope_decay_bound",
     "check_rope_rotate",
     "check_my_mha",
     "check_encode",
-    "check_is_permutation_equivariant",
+    "check_is_relative",
 ]
 
 #: The ``10000`` of "Attention Is All You Need"; every exercise of the chapter uses it.
@@ -54,6 +67,46 @@ def _frequencies(dim: int) -> Tensor:
     """``ω_i = BASE^(-2i/dim)`` for the pairs ``i = 0 .. dim/2 - 1``, float64, shape ``(dim/2,)``."""
     two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (dim/2,) = 0, 2, 4, ...
     return BASE ** (-two_i / dim)  # (dim/2,)
+
+
+@contextlib.contextmanager
+def _calls_into(module: object) -> Iterator[list[str]]:
+    """Record the functions of ``module`` entered while the block runs (``sys.setprofile``)."""
+    filename = getattr(module, "__file__", None)
+    calls: list[str] = []
+
+    def profiler(frame: object, event: str, arg: object) -> None:
+        code = frame.f_code  # type: ignore[attr-defined]
+        if event == "call" and code.co_filename == filename:
+            calls.append(code.co_qualname if hasattr(code, "co_qualname") else code.co_name)
+
+    previous = sys.getprofile()
+    sys.setprofile(profiler)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(previous)
+
+
+def _without_positional(fn: Callable[..., object], task: str) -> Callable[..., object]:
+    """``fn``, failing (``RuntimeError``) when it calls into :mod:`companion.positional`.
+
+    The exercise asks for ``task`` by hand; the module would be its answer. The signature of
+    ``fn`` is kept (``functools.wraps``) so that the checker still names missing parameters.
+    """
+
+    @functools.wraps(fn)
+    def run(**kwargs: object) -> object:
+        with _calls_into(_positional) as calls:
+            value = fn(**kwargs)
+        if calls:
+            raise RuntimeError(
+                f"your function called companion.positional ({calls[0]}); this exercise asks "
+                f"you to {task} yourself, from the formulas of the chapter"
+            )
+        return value
+
+    return run
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,10 +201,11 @@ def check_concat_shift_matrix(
     concat_shift_matrix: Callable[[int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``concat_shift_matrix(shift, d_model) -> (d_model, d_model)`` for the sin | cos
-    layout."""
+    layout, with :mod:`companion.positional` switched off (``sinusoidal_shift_matrix`` reordered
+    would be the answer)."""
     return run_check(
         "concat_shift_matrix",
-        concat_shift_matrix,
+        _without_positional(concat_shift_matrix, "build T_Δ"),
         reference_concat_shift_matrix,
         _shift_cases(),
         verbose=verbose,
@@ -159,48 +213,74 @@ def check_concat_shift_matrix(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: the similarity of two positions, in closed form
+# Exercise 2: the two closest codes of a table, measured
 # --------------------------------------------------------------------------------------------
 
 
-def reference_pe_similarity(offsets: Tensor, d_model: int) -> Tensor:
-    """``PE[p] · PE[p + k] = Σ_i cos(k ω_i)`` for each offset ``k`` (the same for every ``p``).
+def reference_closest_codes(seq_len: int, d_model: int) -> tuple[int, float]:
+    """The offset ``Δ > 0`` whose codes are closest, and their distance ``‖PE_i - PE_{i+Δ}‖``.
 
-    ``sin(a) sin(b) + cos(a) cos(b) = cos(a - b)``, one term per (sin, cos) pair.
+    Every code has ``‖PE_i‖² = d/2`` and ``PE_i · PE_{i+Δ} = S(Δ) = Σ_m cos(Δ ω_m)``, so
+    ``‖PE_i - PE_{i+Δ}‖² = d - 2 S(Δ)``: the same for every ``i``. The minimum runs over the
+    offsets ``1 .. seq_len - 1`` that two positions of a ``seq_len``-row table can have.
 
     Args:
-        offsets: integer offsets ``k``, shape ``(n,)``.
+        seq_len: number of positions ``0 .. seq_len - 1`` (at least 2).
         d_model: size of an encoding vector (even).
 
     Returns:
-        float64 tensor of shape ``(n,)``; ``d_model / 2`` at offset 0.
+        ``(offset, distance)``: a Python ``int`` and ``float``.
     """
-    angles = offsets.double()[:, None] * _frequencies(d_model)  # (n, d_model/2)
-    return torch.cos(angles).sum(dim=-1)  # (n,)
+    if not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len must be an int of at least 2 (two positions), got {seq_len!r}")
+    offsets = torch.arange(1, seq_len, dtype=torch.float64)  # (seq_len - 1,)
+    similarity = torch.cos(offsets[:, None] * _frequencies(d_model)).sum(dim=-1)  # (seq_len - 1,)
+    squared = (d_model - 2 * similarity).clamp(min=0)  # (seq_len - 1,)
+    best = int(squared.argmin())
+    return best + 1, math.sqrt(squared[best].item())
 
 
-def _similarity_cases() -> list[Case]:
-    g = seeded_generator(401)
-    cases: list[Case] = [
-        {"offsets": torch.arange(0, 10), "d_model": 8},
-        {"offsets": torch.tensor([0, 1, -1, 5, -5]), "d_model": 16},  # symmetric in k
-        {"offsets": torch.randint(-200, 200, (12,), generator=g), "d_model": 128},
-        {"offsets": torch.tensor([3]), "d_model": 2},
-        {"offsets": torch.randint(0, 1000, (20,), generator=g), "d_model": 64},
-    ]
-    return cases
+def _closest_cases() -> list[Case]:
+    # (45, 2): one pair of wavelength 2π, and 44 ≈ 7 · 2π: positions 0 and 44 nearly coincide;
+    # (44, 2): without offset 44 the closest is 25 ≈ 4 · 2π, so the offsets' range matters.
+    pairs = [(45, 2), (44, 2), (10, 2), (2, 8), (100, 4), (300, 8), (512, 16), (512, 128)]
+    return [{"seq_len": seq_len, "d_model": d_model} for seq_len, d_model in pairs]
 
 
-def check_pe_similarity(
-    pe_similarity: Callable[[Tensor, int], Tensor], verbose: bool = True
+def _as_offset_and_distance(value: object) -> object:
+    """``(offset, distance)`` with 0-d tensors turned into Python numbers; else unchanged."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        offset, distance = value
+        if isinstance(offset, Tensor) and offset.numel() == 1:
+            offset = offset.item()
+        if isinstance(distance, Tensor) and distance.numel() == 1:
+            distance = distance.item()
+        return (offset, distance)
+    return value
+
+
+def check_closest_codes(
+    closest_codes: Callable[[int, int], tuple[int, float]], verbose: bool = True
 ) -> CheckResult:
-    """Check ``pe_similarity(offsets, d_model) -> (n,)``, the dot product of two encodings."""
+    """Check ``closest_codes(seq_len, d_model) -> (offset, distance)``.
+
+    The distance may come from a float32 table (tolerance ``1e-3``, far below the gaps
+    between a distance and its square, or between neighbouring candidates). Offset 0 (a
+    position and itself), the squared distance, the largest dot product reported as the
+    distance, or an offset range that stops one short or runs one too far are all rejected.
+    """
+
+    @functools.wraps(closest_codes)
+    def run(**kwargs: object) -> object:
+        return _as_offset_and_distance(closest_codes(**kwargs))
+
     return run_check(
-        "pe_similarity",
-        pe_similarity,
-        reference_pe_similarity,
-        _similarity_cases(),
-        atol=1e-4,
+        "closest_codes",
+        run,
+        reference_closest_codes,
+        _closest_cases(),
+        atol=1e-3,
+        rtol=1e-3,
         verbose=verbose,
     )
 
@@ -390,7 +470,8 @@ def check_half_to_interleaved(
         state: dict[str, Tensor], x: Tensor, num_heads: int, num_kv_heads: int
     ) -> Tensor:
         given = {name: tensor.clone() for name, tensor in state.items()}
-        converted = half_to_interleaved(state=given, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        convert = _without_positional(half_to_interleaved, "build the reordering")
+        converted = convert(state=given, num_heads=num_heads, num_kv_heads=num_kv_heads)
         if not isinstance(converted, dict):
             raise TypeError(
                 f"half_to_interleaved must return a dict of tensors, got {type(converted).__name__}"
@@ -513,12 +594,16 @@ def check_rope_rotate(
 ) -> CheckResult:
     """Check ``rope_rotate(x, positions)``: ``(..., seq_len, head_dim)``, ``(seq_len,)`` → same shape as ``x``."""
     return run_check(
-        "rope_rotate", rope_rotate, reference_rope_rotate, _rope_cases(), verbose=verbose
+        "rope_rotate",
+        _without_positional(rope_rotate, "write the rotation"),
+        reference_rope_rotate,
+        _rope_cases(),
+        verbose=verbose,
     )
 
 
 # --------------------------------------------------------------------------------------------
-# Capstone (b)-(d): MyMHA (optional RoPE), encode, and a permutation-equivariance test
+# Capstone (b)-(d): MyMHA (optional RoPE), encode, and a test that a layer is relative
 # --------------------------------------------------------------------------------------------
 
 #: Parameter names a ``MyMHA`` must have, so that weights can be copied in by name.
@@ -540,6 +625,7 @@ def reference_mha_forward(
     num_heads: int,
     rope: bool,
     score_bias: Tensor | None = None,
+    start: int = 0,
 ) -> Tensor:
     """Multi-head self-attention from a state dict, with optional RoPE.
 
@@ -554,6 +640,8 @@ def reference_mha_forward(
         rope: rotate queries and keys.
         score_bias: added to every head's scaled scores, shape ``(seq_len, seq_len)``, or
             ``None``.
+        start: the position of the first token (RoPE rotates token ``t`` by
+            ``(start + t) ω_m``).
 
     Returns:
         Shape ``(batch, seq_len, d_model)``.
@@ -567,7 +655,7 @@ def reference_mha_forward(
 
     q, k, v = project("query_proj"), project("key_proj"), project("value_proj")
     if rope:
-        positions = torch.arange(seq_len)  # (seq_len,)
+        positions = torch.arange(start, start + seq_len)  # (seq_len,)
         q, k = reference_rope_rotate(q, positions), reference_rope_rotate(k, positions)
     scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (batch, h, seq_len, seq_len)
     if score_bias is not None:
@@ -733,119 +821,207 @@ def check_encode(encode: Callable[..., Tensor], verbose: bool = True) -> CheckRe
         return run
 
     return run_check(
-        "encode", no_grad(encode), no_grad(reference_encode), _encode_cases(), verbose=verbose
+        "encode",
+        no_grad(_without_positional(encode, "write the table of codes")),
+        no_grad(reference_encode),
+        _encode_cases(),
+        verbose=verbose,
     )
 
 
-def reference_is_permutation_equivariant(fn: Callable[[Tensor], Tensor], x: Tensor) -> bool:
-    """Whether ``fn(x[:, perm]) == fn(x)[:, perm]`` (to float32 rounding) for random ``perm``.
+#: The starts the reference test tries: neighbours (1, 2, 3: a code of period 2 or 3 moves),
+#: and far ones (100, 1000, 12345: a code that a step of 1 barely moves).
+RELATIVE_STARTS = (1, 2, 3, 7, 100, 1000, 12345)
+
+
+def reference_is_relative(layer: Callable[[Tensor, int], Tensor], x: Tensor) -> bool:
+    """Whether ``layer(x, start)`` is the same for every ``start`` (to float32 rounding).
 
     Args:
-        fn: maps ``(batch, seq_len, d)`` to ``(batch, seq_len, d_out)``.
+        layer: ``layer(x, start)`` runs a layer on ``x (batch, seq_len, d)`` with its tokens at
+            positions ``start, start + 1, ..., start + seq_len - 1``.
         x: shape ``(batch, seq_len, d)``.
     """
-    g = seeded_generator(405)
     with torch.no_grad():
-        out = fn(x)  # (batch, seq_len, d_out)
-        for _ in range(3):
-            perm = torch.randperm(x.shape[1], generator=g)  # (seq_len,)
-            if not torch.allclose(fn(x[:, perm]), out[:, perm], atol=1e-5, rtol=1e-4):
+        out = layer(x, 0)  # (batch, seq_len, d_out)
+        for start in RELATIVE_STARTS:
+            if not torch.allclose(layer(x, start), out, atol=1e-5, rtol=1e-4):
                 return False
     return True
 
 
-def _equivariance_cases() -> list[Case]:
+def relative_gap(layer: Callable[[Tensor, int], Tensor], x: Tensor) -> tuple[float, int]:
+    """The largest ``|layer(x, start) - layer(x, 0)|`` over :data:`RELATIVE_STARTS`, and the
+    start where it occurs."""
+    with torch.no_grad():
+        out = layer(x, 0)
+        gaps = [((layer(x, start) - out).abs().max().item(), start) for start in RELATIVE_STARTS]
+    return max(gaps)
+
+
+class _PositionedLayer:
+    """A layer ``(x, start) → output`` with a readable name for the check's messages."""
+
+    def __init__(self, name: str, fn: Callable[[Tensor, int], Tensor]) -> None:
+        self.name, self.fn = name, fn
+
+    def __call__(self, x: Tensor, start: int) -> Tensor:
+        if not isinstance(start, int) or isinstance(start, bool):
+            raise TypeError(f"start must be an int (the first position), got {start!r}")
+        return self.fn(x, start)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _codes_at(start: int, seq_len: int, d: int) -> Tensor:
+    """Sinusoidal codes of positions ``start .. start + seq_len - 1``, float32 ``(seq_len, d)``."""
+    positions = torch.arange(start, start + seq_len, dtype=torch.float64)[:, None]
+    angles = positions * _frequencies(d)  # (seq_len, d/2)
+    return torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(1).float()
+
+
+def _relative_cases() -> list[Case]:
     g = seeded_generator(406)
-    d = 16
+    d, heads = 16, 2
     state = _mha_state(d, g)
-    table = reference_sinusoidal_table(12, d)  # (12, d)
+    direction = torch.randn(d, generator=g)
+    direction = direction / direction.norm()  # (d,) a unit vector
 
-    def attention(x: Tensor) -> Tensor:  # no positions: equivariant
-        return reference_mha_forward(state, x, 2, rope=False)
+    def attention(x: Tensor, **kwargs: object) -> Tensor:
+        return reference_mha_forward(state, x, heads, **kwargs)  # type: ignore[arg-type]
 
-    def attention_with_positions(x: Tensor) -> Tensor:  # added codes: not equivariant
-        return attention(x + table[: x.shape[1]])
+    def distance_bias(n: int) -> Tensor:  # ALiBi-like: -0.5 |j - i|, offsets only
+        positions = torch.arange(n, dtype=torch.float32)
+        return -0.5 * (positions[None, :] - positions[:, None]).abs()  # (n, n)
 
-    def attention_with_rope(x: Tensor) -> Tensor:  # rotated q, k: not equivariant
-        return reference_mha_forward(state, x, 2, rope=True)
+    def q_only(x: Tensor, start: int) -> Tensor:  # RoPE on the queries alone: absolute
+        batch, n, _ = x.shape
+        head_dim = d // heads
+        q = (x @ state["query_proj.weight"].T + state["query_proj.bias"]).view(batch, n, heads, -1)
+        k = (x @ state["key_proj.weight"].T + state["key_proj.bias"]).view(batch, n, heads, -1)
+        v = (x @ state["value_proj.weight"].T + state["value_proj.bias"]).view(batch, n, heads, -1)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = reference_rope_rotate(q, torch.arange(start, start + n))
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(head_dim), dim=-1)
+        merged = (weights @ v).transpose(1, 2).reshape(batch, n, d)
+        return merged @ state["out_proj.weight"].T + state["out_proj.bias"]
 
-    def mean_broadcast(x: Tensor) -> Tensor:  # every row gets the mean: equivariant (invariant too)
-        return x.mean(dim=1, keepdim=True).expand_as(x)
-
-    def reversed_rows(x: Tensor) -> Tensor:  # a fixed reordering: not equivariant
-        return x.flip(1)
-
-    def running_sum(x: Tensor) -> Tensor:  # a causal prefix sum: not equivariant
-        return x.cumsum(dim=1)
-
-    def last_row_marked(x: Tensor) -> Tensor:  # one position treated apart: not equivariant
-        marked = x.clone()
-        marked[:, -1] += 1.0
-        return attention(marked)
-
-    # The cases above change the outputs by 1 or more; the next three by much less, or only
-    # under some permutations. They reject a tolerance of 0.01 or looser, and a test that
-    # tries one special permutation (a cyclic shift, a reversal) instead of random ones.
-    extra = seeded_generator(409)
-    learned = 0.02 * torch.randn(12, d, generator=extra)  # (12, d): GPT-2's initial std
-
-    def attention_with_learned_positions(x: Tensor) -> Tensor:  # outputs move by about 0.3
-        return attention(x + learned[: x.shape[1]])
-
-    def attention_with_faint_positions(x: Tensor) -> Tensor:  # 100 times fainter: about 0.003
-        return attention(x + learned[: x.shape[1]] / 100)
-
-    wrapped_bias = torch.randn(12, generator=extra)  # (12,): one score bias per offset mod n
-
-    def attention_with_wrapped_offsets(x: Tensor) -> Tensor:
-        """A relative-position bias b[(j - i) mod n]: equivariant under cyclic shifts only."""
-        n = x.shape[1]
-        offsets = (torch.arange(n)[None, :] - torch.arange(n)[:, None]) % n  # (n, n)
-        return reference_mha_forward(state, x, 2, rope=False, score_bias=wrapped_bias[offsets])
-
-    fns = [
-        attention,
-        attention_with_positions,
-        mean_broadcast,
-        reversed_rows,
-        attention_with_rope,
-        running_sum,
-        last_row_marked,
-        torch.tanh,  # row by row: equivariant
-        attention_with_learned_positions,
-        attention_with_faint_positions,
-        attention_with_wrapped_offsets,
+    layers = [
+        ("attention with RoPE (relative)", lambda x, s: attention(x, rope=True, start=s), True),
+        ("attention with no positions", lambda x, s: attention(x, rope=False), True),
+        (
+            "attention with a bias -0.5 |j - i| on the scores (relative)",
+            lambda x, s: attention(x, rope=False, score_bias=distance_bias(x.shape[1])),
+            True,
+        ),
+        ("tanh, token by token", lambda x, s: torch.tanh(x), True),
+        (
+            "attention on tokens plus sinusoidal codes (absolute)",
+            lambda x, s: attention(x + _codes_at(s, x.shape[1], d), rope=False),
+            False,
+        ),
+        ("attention with RoPE on the queries only (absolute)", q_only, False),
+        (
+            "attention on tokens plus ±1 by the parity of the position (period 2)",
+            lambda x, s: attention(
+                x + (1.0 - 2.0 * ((torch.arange(x.shape[1]) + s) % 2))[:, None] * direction,
+                rope=False,
+            ),
+            False,
+        ),
+        (
+            "attention on tokens plus sinusoidal codes 10000 times fainter (absolute)",
+            lambda x, s: attention(x + _codes_at(s, x.shape[1], d) / 10000, rope=False),
+            False,
+        ),
+        (
+            "attention on tokens plus a code of wavelength 2π·10^6 (a step of 1 barely moves it)",
+            lambda x, s: attention(
+                x
+                + 0.5
+                * torch.sin(1e-6 * torch.arange(s, s + x.shape[1], dtype=torch.float64))[
+                    :, None
+                ].float()
+                * direction,
+                rope=False,
+            ),
+            False,
+        ),
     ]
-    return [{"fn": fn, "x": torch.randn(2, 12, d, generator=g)} for fn in fns]
+    return [
+        {
+            "layer": _PositionedLayer(name, fn),
+            "x": torch.randn(2, 12, d, generator=g),
+            "relative": rel,
+        }
+        for name, fn, rel in layers
+    ]
 
 
-def check_is_permutation_equivariant(
-    is_permutation_equivariant: Callable[[Callable[[Tensor], Tensor], Tensor], bool],
+def _relative_verdict_problem(got: object, case: Case) -> str | None:
+    """Why the reader's verdict ``got`` on ``case`` is wrong, or ``None`` when it is right."""
+    layer, x, expected = case["layer"], case["x"], case["relative"]
+    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
+        got = bool(got)
+    if not isinstance(got, bool):
+        return f"your test must return True or False, got {type(got).__name__} {got!r}"[:200]
+    if got == expected:
+        return None
+    gap, start = relative_gap(layer, x)
+    if expected:
+        size = layer(x, 0).abs().max().item()
+        return (
+            f"your test rejected {layer!r}, a layer whose outputs do NOT depend on the start: "
+            f"they differ between starts by at most {gap:.1e} (on outputs up to {size:.1e}), "
+            "float32 rounding (RoPE turns far positions by angles rounded to float32). Your "
+            "comparison is too strict: exact equality, and torch.allclose with its default "
+            "atol=1e-8, reject rounding; compare with a tolerance such as atol=1e-5"
+        )
+    hint = (
+        " Your test needs a stricter tolerance (a difference this small is not rounding)"
+        if gap < 1e-2
+        else " Try several starts: near ones (1, 2, 3) and far ones (1000 and more)"
+    )
+    return (
+        f"your test accepted {layer!r}, a layer whose outputs DO depend on the absolute "
+        f"position: at start {start} they move by {gap:.1e}.{hint}"
+    )
+
+
+def check_is_relative(
+    is_relative: Callable[[Callable[[Tensor, int], Tensor], Tensor], bool],
     verbose: bool = True,
 ) -> CheckResult:
-    """Check the reader's test ``is_permutation_equivariant(fn, x) -> bool`` on functions whose
-    answer is known.
+    """Check the reader's test ``is_relative(layer, x) -> bool`` on layers whose answer is known.
 
-    Equivariant: attention without positions, a mean broadcast to every row, ``tanh``; their
-    outputs under a permutation differ by float32 rounding (up to about ``1e-6``), so a test
-    with no tolerance at all fails them. Not equivariant: attention with added sinusoidal
-    codes, with a learned position table (GPT-2's initial standard deviation 0.02), with one
-    100 times fainter (outputs move by about ``3e-3``: a tolerance of ``1e-2`` or looser
-    misses it), with RoPE, with a relative bias on offsets taken modulo ``n`` (equivariant
-    under cyclic shifts, not under other permutations), a reversal, a running sum, and
-    attention that treats the last row apart.
+    ``layer(x, start)`` runs a layer with the tokens of ``x`` at positions ``start ..
+    start + seq_len - 1``; a relative layer gives the same outputs for every start. Relative:
+    attention with RoPE (its outputs move by float32 rounding at far starts, so exact
+    equality fails it), attention with a bias on ``|j - i|``, attention with no positions,
+    ``tanh``. Absolute: attention on tokens plus sinusoidal codes, the same codes 10000 times
+    fainter (outputs move by at most about ``3e-3``: a tolerance of ``1e-2`` misses it), RoPE on the
+    queries only, a parity code (a test that tries only even starts misses it) and a code of
+    wavelength ``2π·10^6`` (a test that tries only starts up to about 10 misses it). A wrong
+    verdict is explained with the size of the difference.
     """
-
-    def as_bool(fn: Callable[..., object]) -> Callable[..., bool]:
-        def run(**kwargs: object) -> bool:
-            return bool(fn(**kwargs))
-
-        return run
-
-    return run_check(
-        "is_permutation_equivariant",
-        as_bool(is_permutation_equivariant),
-        reference_is_permutation_equivariant,
-        _equivariance_cases(),
-        verbose=verbose,
-    )
+    name = "is_relative"
+    cases = _relative_cases()
+    result: CheckResult | None = None
+    for count, case in enumerate(cases, start=1):
+        got, result = call_reader(
+            name, count, is_relative, {"layer": case["layer"], "x": case["x"].clone()}
+        )
+        if result is not None:
+            break
+        problem = _relative_verdict_problem(got, case)
+        if problem:
+            result = CheckResult(name, False, count, f"❌ {name}: case {count}: {problem}.")
+            break
+    if result is None:
+        result = CheckResult(
+            name, True, len(cases), f"✅ {name}: the right verdict on all {len(cases)} layers."
+        )
+    if verbose:
+        print(result.message)
+    return result
