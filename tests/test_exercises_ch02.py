@@ -697,3 +697,102 @@ def test_scale_test_tolerance_separates_rounding_from_slips():
             for q, k, v in recorded.calls
         )
         assert gap < 1e-6 if correct else gap > 1e-2, (what, gap)
+
+
+# ---------------------------------------------------------------------------------------------
+# gradient_crossover (a composition: the measurement, then a search over the widths)
+# ---------------------------------------------------------------------------------------------
+
+
+def _fast_gap(d_k, n_keys, statistic="median", scale_of=lambda d: 1 / math.sqrt(d)):
+    gen = torch.Generator().manual_seed(11)
+    scaled = ch02.sampled_query_gradient_norms(d_k, n_keys, scale_of(d_k), 10_000, gen)
+    unscaled = ch02.sampled_query_gradient_norms(d_k, n_keys, 1.0, 10_000, gen)
+    return (getattr(scaled, statistic)() / getattr(unscaled, statistic)()).item()
+
+
+def _scan(gap):
+    for d_k in ch02.CROSSOVER_D_KS:
+        if gap(d_k) > 1:
+            return d_k
+    return None
+
+
+def crossover_correct(n_keys):
+    return _scan(lambda d: _fast_gap(d, n_keys))
+
+
+def crossover_as_float(n_keys):
+    return float(crossover_correct(n_keys))
+
+
+def crossover_brute_force_small(n_keys):  # autograd, as the solution does (4 keys only)
+    if n_keys != 4:
+        return crossover_correct(n_keys)
+    return _scan(lambda d: _gap(d, n_keys, n=10_000))
+
+
+def crossover_at_softmax_input(n_keys):  # the chain rule's 1/√d_k left out
+    return _scan(lambda d: _gap(d, n_keys, at_query=False, n=4000))
+
+
+def crossover_of_means(n_keys):  # the mean never crosses: the few near ties carry it
+    return _scan(lambda d: _fast_gap(d, n_keys, statistic="mean"))
+
+
+def crossover_last_below(n_keys):  # off by one: the last width where the gap is below 1
+    return crossover_correct(n_keys) // 2
+
+
+def crossover_inverted(n_keys):
+    return _scan(lambda d: 1 / _fast_gap(d, n_keys))
+
+
+def crossover_divides_by_d_k(n_keys):
+    return _scan(lambda d: _fast_gap(d, n_keys, scale_of=lambda d: 1 / d))
+
+
+def crossover_ignores_n_keys(n_keys):
+    return _scan(lambda d: _fast_gap(d, 16))
+
+
+def crossover_copied(n_keys):  # the chapter's width for 16 keys
+    return 128
+
+
+def test_gradient_crossover_accepts_a_measurement(capsys):
+    assert ch02.check_gradient_crossover(crossover_correct)
+    assert "✅" in capsys.readouterr().out
+    assert ch02.check_gradient_crossover(crossover_as_float, verbose=False)
+    assert ch02.check_gradient_crossover(crossover_brute_force_small, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        crossover_at_softmax_input,
+        crossover_of_means,
+        crossover_last_below,
+        crossover_inverted,
+        crossover_divides_by_d_k,
+        crossover_ignores_n_keys,
+        crossover_copied,
+        lambda n_keys: "32",
+        lambda n_keys: 100,  # not a power of two
+    ],
+)
+def test_gradient_crossover_rejects_wrong(wrong):
+    result = ch02.check_gradient_crossover(wrong, verbose=False)
+    assert not result
+    assert "❌" in result.message
+
+
+def test_gradient_crossover_settings_are_clear_cut():
+    """At each checked number of keys one width is right, with the gap at least 10 % from 1
+    on both sides, so a measurement on 10 000 queries cannot land on the wrong side."""
+    assert 16 not in ch02.CROSSOVER_N_KEYS  # the chapter's setting
+    for n_keys in ch02.CROSSOVER_N_KEYS:
+        answer = crossover_correct(n_keys)
+        assert answer != 128
+        assert ch02.crossover_gap(answer, n_keys) > 1.1
+        assert ch02.crossover_gap(answer // 2, n_keys) < 1 / 1.1

@@ -9,9 +9,10 @@ difference. It never raises on a wrong answer; it returns a truthy/falsy
     ch02.check_scaled_attention(my_scaled_attention)
 
 The chapter's exercises use :func:`check_blockwise_attention`, :func:`check_masked_softmax`,
-:func:`check_scale_test`, :func:`check_gradient_gap` and
-:func:`check_attention_backward`; the other checks are kept for readers who want to write
-the plain function or the variance experiment themselves.
+:func:`check_scale_test`, :func:`check_gradient_crossover` and
+:func:`check_attention_backward`; the other checks (:func:`check_scaled_attention`,
+:func:`check_dot_product_variance`, :func:`check_gradient_gap`) are kept for readers who want
+to write the plain function, the variance experiment or the gap at one setting themselves.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ __all__ = [
     "check_attention_backward",
     "check_blockwise_attention",
     "check_gradient_gap",
+    "check_gradient_crossover",
+    "crossover_gap",
+    "CROSSOVER_N_KEYS",
+    "CROSSOVER_D_KS",
     "sampled_query_gradient_norms",
     "check_scaled_attention",
     "check_masked_softmax",
@@ -689,6 +694,106 @@ def check_gradient_gap(
             count,
             f"✅ {name}: all {count} settings agree with the reference measurement "
             f"(within a factor {GAP_FACTOR}).",
+        )
+    if verbose:
+        print(result.message)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 4 - a composition: the width from which the √d_k helps the typical query
+# ---------------------------------------------------------------------------------------------
+
+#: The numbers of keys per query at which :func:`check_gradient_crossover` calls the reader's
+#: function; chapter 2 measures 16 keys only.
+CROSSOVER_N_KEYS = (4, 64)
+
+#: The widths the crossover is looked for among: 2, 4, ..., 2048.
+CROSSOVER_D_KS = tuple(2**e for e in range(1, 12))
+
+
+@functools.cache
+def crossover_gap(d_k: int, n_keys: int) -> float:
+    """The median gradient gap of :func:`reference_gradient_gap`, on 50 000 queries per scale.
+
+    Cheaper than the reference (about 2 % sampling noise); :func:`check_gradient_crossover`
+    uses it only at settings where the gap is at least 14 % away from 1.
+    """
+    generator = seeded_generator(3)
+    scaled = sampled_query_gradient_norms(d_k, n_keys, 1 / math.sqrt(d_k), 50_000, generator)
+    unscaled = sampled_query_gradient_norms(d_k, n_keys, 1.0, 50_000, generator)
+    return scaled.median().item() / unscaled.median().item()
+
+
+def check_gradient_crossover(
+    gradient_crossover: Callable[[int], int], verbose: bool = True
+) -> CheckResult:
+    """Check ``gradient_crossover(n_keys) -> d_k``.
+
+    The answer is the smallest ``d_k`` of :data:`CROSSOVER_D_KS` at which the median
+    ``‖∂L/∂q‖`` with scaled scores exceeds the median with unscaled scores (chapter 2's
+    protocol, ``n_keys`` keys per query): from that width on, the typical query gets less
+    gradient without the ``√d_k``. Called for each of :data:`CROSSOVER_N_KEYS`; an answer
+    ``d`` is right when the gap measured by :func:`crossover_gap` is above 1 at ``d`` and
+    not above 1 at ``d / 2``. A message on a wrong answer says on which side the crossover
+    lies, not where.
+    """
+    name = "gradient_crossover"
+    check_callable("the function to check", gradient_crossover)
+    result = None
+    count = 0
+    for count, n_keys in enumerate(CROSSOVER_N_KEYS, start=1):
+        got, result = call_reader(name, count, gradient_crossover, {"n_keys": n_keys})
+        if result is not None:
+            break
+        setting = f"case {count} (n_keys={n_keys})"
+        if isinstance(got, Tensor) and got.numel() == 1:
+            got = got.item()
+        if isinstance(got, float) and got.is_integer():
+            got = int(got)
+        if (
+            not isinstance(got, (int, np.integer))
+            or isinstance(got, bool)
+            or got not in (CROSSOVER_D_KS)
+        ):
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: {setting}: expected one of the widths {CROSSOVER_D_KS[0]}, "
+                f"{CROSSOVER_D_KS[1]}, ..., {CROSSOVER_D_KS[-1]} (an int), got "
+                f"{type(got).__name__} {got!r}"[:300],
+            )
+            break
+        d_k = int(got)
+        problem = None
+        if crossover_gap(d_k, n_keys) <= 1:
+            problem = (
+                f"at d_k = {d_k} the typical unscaled query still gets at least as much gradient"
+                " as the scaled one: the crossover lies at a larger width"
+            )
+        elif d_k > CROSSOVER_D_KS[0] and crossover_gap(d_k // 2, n_keys) > 1:
+            problem = (
+                f"already at d_k = {d_k // 2} the typical unscaled query gets less gradient than"
+                " the scaled one: the crossover lies at a smaller width"
+            )
+        if problem:
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: {setting}: {problem}.\n   Check the protocol: the gradient with"
+                " respect to the query q (not the softmax input), one norm per query, the"
+                " median over at least 10 000 queries, scaled divided by unscaled, and every"
+                " width from 2 up.",
+            )
+            break
+    if result is None:
+        result = CheckResult(
+            name,
+            True,
+            count,
+            f"✅ {name}: the right width for all {count} numbers of keys.",
         )
     if verbose:
         print(result.message)
