@@ -318,9 +318,44 @@ def relative_zero_vectors(score_fn, dim):
     return True
 
 
+def relative_chapter_hint(score_fn, dim):
+    """The chapter's solution with the absolute tolerance its text suggests (1e-5, no relative
+    part) and shifts that reach positions near 1000, where float32 rounding is largest."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        m, n = (int(p) for p in torch.randint(0, 500, (2,), generator=g))
+        shift = int(torch.randint(1, 500, (), generator=g))
+        before, after = float(score_fn(q, k, m, n)), float(score_fn(q, k, m + shift, n + shift))
+        if abs(before - after) > 1e-5:
+            return False
+    return True
+
+
 def test_is_relative_accepts_correct():
-    for fn in [ch09.reference_is_relative, relative_with_isclose, relative_against_position_zero]:
+    for fn in [
+        ch09.reference_is_relative,
+        relative_with_isclose,
+        relative_against_position_zero,
+        relative_chapter_hint,
+    ]:
         assert ch09.check_is_relative(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize("dim", [8, 16])
+def test_relative_score_functions_drift_below_the_hinted_tolerance(dim):
+    """Every relative score function of the check moves by less than 1e-6 under any shift
+    that stays in range, a tenth of the atol=1e-5 the chapter recommends."""
+    g = torch.Generator().manual_seed(5)
+    for score_fn, relative in ch09._score_functions(dim):
+        if not relative:
+            continue
+        for _ in range(40):
+            q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+            m, n = (int(p) for p in torch.randint(0, 512, (2,), generator=g))
+            shift = int(torch.randint(1, 511, (), generator=g))
+            drift = abs(float(score_fn(q, k, m, n)) - float(score_fn(q, k, m + shift, n + shift)))
+            assert drift < 1e-6, (score_fn, m, n, shift, drift)
 
 
 @pytest.mark.parametrize(

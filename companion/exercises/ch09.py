@@ -303,8 +303,10 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         return rotated(rope_short, q, m) @ rotated(rope_short, k, n) * scale  # ()
 
     def alibi(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        slope = torch.tensor(0.3)  # float32: slope·m and slope·n are rounded
-        return q @ k * scale - (slope * m - slope * n).abs().double()  # ()
+        # float64 and on the offset: exact up to ~1e-13 under a shift. (In float32,
+        # 0.3·m - 0.3·n drifts by up to ~2e-5 at positions near 1000, above the 1e-5 the
+        # chapter suggests as a tolerance, so a correct test would reject it.)
+        return q @ k * scale - 0.3 * abs(m - n)  # ()
 
     def t5_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
         return q @ k * scale + buckets[_t5_bucket(n - m)]  # ()
