@@ -724,6 +724,8 @@ def test_relative_layers_reject_a_non_integer_start():
     layer = ch04._relative_cases()[0]["layer"]
     with pytest.raises(TypeError, match="start must be an int"):
         layer(torch.zeros(1, 3, 16), 1.5)
+    x = torch.randn(1, 3, 16)
+    assert torch.equal(layer(x, torch.tensor(4)), layer(x, 4))  # a 0-d integer tensor is fine
 
 
 # --------------------------------------------------------------------------------------------

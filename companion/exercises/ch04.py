@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import operator
 import sys
 from collections.abc import Callable, Iterator
 
@@ -866,8 +867,16 @@ class _PositionedLayer:
         self.name, self.fn = name, fn
 
     def __call__(self, x: Tensor, start: int) -> Tensor:
-        if not isinstance(start, int) or isinstance(start, bool):
-            raise TypeError(f"start must be an int (the first position), got {start!r}")
+        if isinstance(start, Tensor) and start.numel() == 1 and not start.is_floating_point():
+            start = start.item()  # a 0-d integer tensor, e.g. from torch.randint
+        try:
+            start = operator.index(start)  # int, numpy integer
+        except TypeError:
+            raise TypeError(
+                f"start must be an int (the first position), got {type(start).__name__} {start!r}"
+            ) from None
+        if isinstance(start, bool):
+            raise TypeError(f"start must be an int (the first position), got the bool {start}")
         return self.fn(x, start)
 
     def __repr__(self) -> str:
