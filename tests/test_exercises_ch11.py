@@ -1,7 +1,8 @@
 """Chapter 11 exercise checks: the fixed versions pass, the bugs of the clinic are rejected (heads
 split without a transpose, a causal mask off by one or inverted or not boolean, the scale after
-the softmax or by d_k, a discarded masked_fill, no softmax, the doubled positional exponent, the
-blog's greedy loop and its partial fixes)."""
+the softmax or by d_k, a discarded masked_fill, no softmax, the doubled positional exponent, a
+float64 table, the blog's greedy loop, its partial fixes and a loop without the source mask, and
+wrong names for the mystery patients)."""
 
 from __future__ import annotations
 
@@ -191,6 +192,14 @@ def test_positional_table_rejects_wrong(wrong):
     assert not ch11.check_positional_table(wrong, verbose=False)
 
 
+def test_positional_table_rejects_float64(capsys):
+    def table_float64(max_len, d_model):  # the right values, the wrong dtype
+        return ch11.reference_positional_table(max_len, d_model).double()
+
+    assert not ch11.check_positional_table(table_float64)
+    assert "float64" in capsys.readouterr().out
+
+
 def test_reference_table_is_the_package_table():
     assert torch.allclose(ch11.reference_positional_table(40, 16), sinusoidal_table(40, 16))
 
@@ -216,6 +225,15 @@ def greedy_source_length(model, src, max_len):  # history and batch fixed, the l
     return clinic.greedy_decode(model, src, src.shape[1])
 
 
+def greedy_no_source_mask(model, src, max_len):  # right loop, but the pads are attended to
+    memory = model.encode(src)
+    ys = torch.full((src.shape[0], 1), clinic.BOS_ID)
+    for _ in range(max_len):
+        next_token = model.decode(ys, memory)[:, -1].argmax(dim=-1)
+        ys = torch.cat([ys, next_token[:, None]], dim=1)
+    return ys[:, 1:]
+
+
 def greedy_one_by_one(model, src, max_len):  # correct, one sentence at a time
     return torch.cat(
         [clinic.greedy_decode(model, src[b : b + 1], max_len) for b in range(len(src))]
@@ -230,11 +248,79 @@ def test_greedy_accepts_correct():
 
 @pytest.mark.parametrize(
     "wrong",
-    [clinic.last_token_greedy_decode, greedy_batched_last_token, greedy_source_length],
-    ids=["bug-9", "last-token-batched", "source-length"],
+    [
+        clinic.last_token_greedy_decode,
+        greedy_batched_last_token,
+        greedy_source_length,
+        greedy_no_source_mask,
+    ],
+    ids=["bug-9", "last-token-batched", "source-length", "no-source-mask"],
 )
 def test_greedy_rejects_wrong(wrong):
     assert not ch11.check_greedy_decode(wrong, verbose=False)
+
+
+def test_greedy_cases_have_padded_sources():
+    padded = [case["src"] for case in ch11._greedy_cases() if (case["src"] == clinic.PAD_ID).any()]
+    assert len(padded) >= 3
+
+
+# --------------------------------------------------------------------------------------------
+# mystery patients
+# --------------------------------------------------------------------------------------------
+
+RIGHT = {seed: clinic.mystery(seed)._condition for seed in ch11.MYSTERY_SEEDS}
+
+
+def test_mystery_accepts_the_names_and_synonyms(capsys):
+    assert ch11.check_mystery(RIGHT)
+    assert "✅" in capsys.readouterr().out
+    synonyms = {seed: clinic.CONDITIONS[name].synonyms[0] for seed, name in RIGHT.items()}
+    assert ch11.check_mystery(synonyms, verbose=False)
+
+
+def test_mystery_seeds_hold_different_bugs_that_fail_the_same_first_test():
+    assert len(set(RIGHT.values())) == len(RIGHT)
+    first_failures = {
+        seed: next(f.test for f in clinic.examine(clinic.mystery(seed)) if not f) for seed in (0, 7)
+    }
+    assert first_failures[0] == first_failures[7]  # the exercise's trap
+    assert RIGHT[0] != RIGHT[7]
+
+
+def test_mystery_rejects_the_first_failure_taken_for_the_bug(capsys):
+    swapped = {**RIGHT, 0: RIGHT[7]}  # the list bug named after its first failing test
+    assert not ch11.check_mystery(swapped)
+    out = capsys.readouterr().out
+    assert "patient 0" in out and "Hint" in out
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {5: "batch_first confusion"},  # another bug
+        {7: "model.eval() forgotten and padding counted in the loss"},  # several bugs
+        {5: "something is off"},  # no bug named
+        {7: "healthy"},
+        {0: ""},  # one answer missing
+    ],
+    ids=["other-bug", "several-bugs", "no-name", "healthy", "empty"],
+)
+def test_mystery_rejects_wrong_answers(change):
+    assert not ch11.check_mystery({**RIGHT, **change}, verbose=False)
+
+
+def test_mystery_rejects_a_missing_seed():
+    answers = dict(RIGHT)
+    del answers[ch11.MYSTERY_SEEDS[-1]]
+    assert not ch11.check_mystery(answers, verbose=False)
+
+
+def test_mystery_stub_and_bad_input(capsys):
+    assert not ch11.check_mystery({seed: "" for seed in ch11.MYSTERY_SEEDS})
+    assert "not attempted yet" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="answers must be a dict"):
+        ch11.check_mystery("model.eval() forgotten")
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,4 +355,4 @@ def test_stubs_are_reported_not_raised(capsys):
 
 def test_only_the_checks_are_exported():
     assert all(name.startswith("check_") for name in ch11.__all__)
-    assert len(ch11.__all__) == 5
+    assert len(ch11.__all__) == 6

@@ -16,6 +16,7 @@ the causal mask off by one (bug 6)              :func:`check_causal_mask`
 the scale and the mask of attention (7, 11, 12) :func:`check_attention`
 the positional table (bug 8)                    :func:`check_positional_table`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
+three mystery patients, examined and named      :func:`check_mystery`
 ==============================================  ===================================
 
 The reference solutions (``reference_split_heads``, ...) are module-level functions too; they
@@ -24,8 +25,10 @@ are not exported.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -47,6 +50,7 @@ __all__ = [
     "check_attention",
     "check_positional_table",
     "check_greedy_decode",
+    "check_mystery",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -235,14 +239,27 @@ def check_positional_table(build_table: Callable[..., Tensor], verbose: bool = T
     cases = [
         {"max_len": n, "d_model": d} for n, d in ((10, 2), (50, 8), (100, 16), (64, 32), (5, 64))
     ]
-    return run_check(
+    result = run_check(
         "positional_table",
         build_table,
         reference_positional_table,
         cases,
         atol=1e-5,
-        verbose=verbose,
+        verbose=False,
     )
+    if result:  # the values match: now the dtype, which the comparison of values ignores
+        got, failed = call_reader("positional_table", 1, build_table, {"max_len": 4, "d_model": 4})
+        dtype = getattr(got, "dtype", type(got).__name__)
+        if failed is None and dtype != torch.float32:
+            result = CheckResult(
+                "positional_table", False, result.cases_run,
+                f"❌ positional_table: the values are right but the table is {dtype}; the model "
+                "adds it to float32 embeddings, so return float32 (e.g. `.float()`), as "
+                "sinusoidal_table does",
+            )  # fmt: skip
+    if verbose:
+        print(result.message)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,19 +282,29 @@ class _CaseModel(clinic.Transformer):
 
 
 def _greedy_cases() -> list[Case]:
+    """Batches of one to four sentences, ``max_len`` longer, shorter and equal to the source;
+    in the last three cases the sources have different lengths, right-padded with ``<pad>``
+    (a loop that forgets the source mask lets the pads into cross-attention)."""
     g = seeded_generator(114)
     cases: list[Case] = []
-    for seed, batch, seq_len, max_len in [(0, 3, 5, 8), (1, 2, 7, 4), (2, 4, 6, 6), (3, 1, 4, 9)]:
+    for seed, batch, seq_len, max_len, pads in [
+        (0, 3, 5, 8, ()), (1, 2, 7, 4, ()), (2, 4, 6, 6, ()), (3, 1, 4, 9, ()),
+        (4, 3, 8, 6, (0, 3, 5)), (5, 4, 6, 7, (2, 0, 4, 1)), (6, 2, 9, 5, (6, 0)),
+    ]:  # fmt: skip
         torch.manual_seed(seed)
         model = _CaseModel(d_model=16, num_heads=2, num_layers=1, d_ff=32).eval()
         src, _, _ = clinic.toy_batch(batch, g, seq_len=seq_len)  # (batch, seq_len + 1)
+        for row, count in enumerate(pads):  # row ends in `count` pads
+            if count:
+                src[row, -count:] = clinic.PAD_ID
         cases.append({"model": model, "src": src, "max_len": max_len})
     return cases
 
 
 def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
     """Check ``greedy_decode(model, src, max_len)`` → ``(batch, max_len)`` on small random
-    clinic models, batches of several sentences and ``max_len`` unlike the source length."""
+    clinic models, batches of several sentences, ``max_len`` unlike the source length and
+    right-padded sources of different lengths."""
 
     def no_grad(**kwargs: object) -> Tensor:
         with torch.no_grad():
@@ -286,3 +313,54 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
     return run_check(
         "greedy_decode", no_grad, reference_greedy_decode, _greedy_cases(), verbose=verbose
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6: mystery patients (the common bugs, companion.clinic.CONDITIONS)
+# --------------------------------------------------------------------------------------------
+
+#: The patients of the exercise: ``clinic.mystery(seed)`` for each seed. Two of them fail the
+#: same first diagnostic for different reasons.
+MYSTERY_SEEDS = (0, 5, 7)
+
+
+def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResult:
+    """Check ``answers``, ``{seed: the name of the bug of clinic.mystery(seed)}``, for the
+    seeds of :data:`MYSTERY_SEEDS`. A name is a key of ``clinic.CONDITIONS`` or a synonym
+    (:func:`companion.clinic.check_diagnosis`); an answer that names another bug, several
+    bugs or none is rejected with a hint, the diagnostic that catches the bug.
+
+    Raises:
+        TypeError: ``answers`` is not a dict.
+    """
+    if not isinstance(answers, Mapping):
+        raise TypeError(
+            f"answers must be a dict {{seed: the bug's name}} for the seeds {MYSTERY_SEEDS}, "
+            f"got {type(answers).__name__}"
+        )
+    name, total = "mystery", len(MYSTERY_SEEDS)
+    if all(not str(answers.get(seed, "")).strip() for seed in MYSTERY_SEEDS):
+        result = CheckResult(name, False, 0, "⏳ mystery: not attempted yet (no answer given).")
+    else:
+        result = CheckResult(name, True, total, f"✅ mystery: all {total} patients named right.")
+        for count, seed in enumerate(MYSTERY_SEEDS, start=1):
+            answer = answers.get(seed)
+            if not isinstance(answer, str) or not answer.strip():
+                got = "nothing" if answer is None else repr(answer)
+                result = CheckResult(
+                    name, False, count,
+                    f"❌ mystery: patient {seed} has no answer (a str naming its bug), got {got}.",
+                )  # fmt: skip
+                break
+            verdict = io.StringIO()
+            with contextlib.redirect_stdout(verdict):  # check_diagnosis prints its verdict
+                right = clinic.check_diagnosis(clinic.mystery(seed), answer)
+            if not right:
+                result = CheckResult(
+                    name, False, count,
+                    f"❌ mystery: patient {seed}: {verdict.getvalue().strip()}",
+                )  # fmt: skip
+                break
+    if verbose:
+        print(result.message)
+    return result
