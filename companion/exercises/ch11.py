@@ -12,7 +12,7 @@ so keep the parameter names of the stub in the notebook.
 exercise                                        check
 ==============================================  ===================================
 the heads split without a transpose (bug 4)     :func:`check_split_heads`
-the causal mask off by one (bug 6)              :func:`check_causal_mask`
+the causal mask off by one (bug 6), an extra    :func:`check_causal_mask`
 the scale and the mask of attention (7, 11, 12) :func:`check_attention`
 the positional table (bug 8)                    :func:`check_positional_table`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
@@ -107,7 +107,7 @@ def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) 
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: the causal mask (bug 6)
+# An extra exercise: the causal mask (bug 6); the chapter's exercise 2 is the mystery patients
 # --------------------------------------------------------------------------------------------
 
 
@@ -316,7 +316,7 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 6: mystery patients (the common bugs, companion.clinic.CONDITIONS)
+# Exercise 2: mystery patients (the common bugs, companion.clinic.CONDITIONS)
 # --------------------------------------------------------------------------------------------
 
 #: The patients of the exercise: ``clinic.mystery(seed)`` for each seed. Two of them fail the
