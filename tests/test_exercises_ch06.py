@@ -424,3 +424,146 @@ def test_reference_passes_its_own_check_on_several_cases(check, reference):
     result = check(reference, verbose=False)
     assert result
     assert result.cases_run >= 5
+
+
+# --------------------------------------------------------------------------------------------
+# peri_ln_block
+# --------------------------------------------------------------------------------------------
+
+
+def test_peri_ln_block_accepts_correct():
+    assert ch06.check_peri_ln_block(
+        lambda x, sublayer, input_norm, output_norm: x + output_norm(sublayer(input_norm(x))),
+        verbose=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        # Pre-LN: no norm on the branch's output
+        lambda x, sublayer, input_norm, output_norm: x + sublayer(input_norm(x)),
+        # Post-LN: the norm after the residual sum, none on the branch's input
+        lambda x, sublayer, input_norm, output_norm: output_norm(x + sublayer(x)),
+        # the second norm after the add (Pre-LN followed by a Post-LN norm)
+        lambda x, sublayer, input_norm, output_norm: output_norm(x + sublayer(input_norm(x))),
+        # the two norms swapped
+        lambda x, sublayer, input_norm, output_norm: x + input_norm(sublayer(output_norm(x))),
+        # only the output norm
+        lambda x, sublayer, input_norm, output_norm: x + output_norm(sublayer(x)),
+        # the residual taken from the normalised input
+        lambda x, sublayer, input_norm, output_norm: (
+            input_norm(x) + output_norm(sublayer(input_norm(x)))
+        ),
+    ],
+)
+def test_peri_ln_block_rejects_wrong(wrong):
+    assert not ch06.check_peri_ln_block(wrong, verbose=False)
+
+
+def test_peri_ln_reference_passes_on_several_cases():
+    result = ch06.check_peri_ln_block(ch06.reference_peri_ln_block, verbose=False)
+    assert result and result.cases_run >= 5
+
+
+def test_peri_ln_output_norm_bounds_the_branch():
+    """With gain 1 and bias 0, what the Peri-LN branch adds has rms 1, whatever the sub-layer."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 16)
+    big = nn.Linear(16, 16)
+    with torch.no_grad():
+        big.weight.mul_(100)
+    added = ch06.reference_peri_ln_block(x, big, nn.LayerNorm(16), nn.LayerNorm(16)) - x
+    torch.testing.assert_close(added.pow(2).mean(-1).sqrt(), torch.ones(4), atol=1e-3, rtol=0)
+
+
+# --------------------------------------------------------------------------------------------
+# depth_slope: the measuring function, called on hidden configurations
+# --------------------------------------------------------------------------------------------
+
+
+def depth_slope_correct(depths, norm_first, final_norm):
+    gradients = [
+        np.mean([ch06.last_layer_w2_gradient(d, norm_first, final_norm, s) for s in (0, 1, 2)])
+        for d in depths
+    ]
+    return float(np.polyfit(np.log(depths), np.log(gradients), 1)[0])
+
+
+def depth_slope_other_seeds(depths, norm_first, final_norm):  # any three seeds measure it
+    gradients = [
+        np.mean([ch06.last_layer_w2_gradient(d, norm_first, final_norm, s) for s in (7, 8, 9)])
+        for d in depths
+    ]
+    return np.polyfit(np.log(depths), np.log(gradients), 1)[0]  # a NumPy float is fine
+
+
+def depth_slope_typed_zero(depths, norm_first, final_norm):  # the measured number, typed in
+    return 0.0
+
+
+def depth_slope_typed_post_ln(depths, norm_first, final_norm):  # the chapter's Post-LN slope
+    return -0.02
+
+
+def depth_slope_ignores_final_norm(depths, norm_first, final_norm):
+    return depth_slope_correct(depths, norm_first, final_norm=norm_first)  # the default
+
+
+def depth_slope_always_pre_ln(depths, norm_first, final_norm):
+    return depth_slope_correct(depths, True, final_norm)
+
+
+def depth_slope_swapped_axes(depths, norm_first, final_norm):
+    gradients = [
+        np.mean([ch06.last_layer_w2_gradient(d, norm_first, final_norm, s) for s in (0, 1, 2)])
+        for d in depths
+    ]
+    return float(np.polyfit(np.log(gradients), np.log(depths), 1)[0])
+
+
+def test_depth_slope_accepts_correct_with_any_seeds():
+    assert ch06.check_depth_slope(depth_slope_correct, verbose=False)
+    assert ch06.check_depth_slope(depth_slope_other_seeds, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        depth_slope_typed_zero,
+        depth_slope_typed_post_ln,
+        depth_slope_ignores_final_norm,
+        depth_slope_always_pre_ln,
+        depth_slope_swapped_axes,
+    ],
+)
+def test_depth_slope_rejects_wrong(wrong):
+    assert not ch06.check_depth_slope(wrong, verbose=False)
+
+
+@pytest.mark.parametrize("value", [0.0, -0.53, None])
+def test_depth_slope_rejects_a_number_instead_of_a_function(value, capsys):
+    result = ch06.check_depth_slope(value)
+    assert not result
+    assert "expected a function" in capsys.readouterr().out
+
+
+def test_depth_slope_stub_and_misnamed_parameter_are_reported(capsys):
+    def stub(depths, norm_first, final_norm):
+        raise NotImplementedError
+
+    assert not ch06.check_depth_slope(stub)
+    assert "not attempted yet" in capsys.readouterr().out
+
+    def misnamed(depths, pre_ln, final_norm):
+        return 0.0
+
+    assert not ch06.check_depth_slope(misnamed, verbose=False)
+
+
+def test_depth_slope_reference_values():
+    """What the hidden cases expect: Pre-LN about 0 without its final norm, about -1/2 with it,
+    Post-LN about 0."""
+    assert abs(ch06.reference_depth_slope([2, 4, 8, 16], True, False)) < 0.15
+    assert -0.7 < ch06.reference_depth_slope([2, 4, 8, 16], True, True) < -0.3
+    assert abs(ch06.reference_depth_slope([3, 6, 12], False, True)) < 0.15

@@ -12,8 +12,10 @@ exercise                         check
 ===============================  ==================================================
 LayerNorm by hand                :func:`check_layer_norm`
 a Pre-LN block from a Post-LN    :func:`check_pre_ln_block`
+a Peri-LN (sandwich) block       :func:`check_peri_ln_block`
 relative updates of a stream     :func:`check_relative_updates`
 a depth slope, measured         :func:`check_log_log_slope`,
+                                 :func:`check_depth_slope` (the measuring function),
                                  :func:`verify_pre_ln_slope_without_final_norm`
 DeepNorm's constants             :func:`check_deepnorm_constants`
 ===============================  ==================================================
@@ -21,6 +23,7 @@ DeepNorm's constants             :func:`check_deepnorm_constants`
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -33,7 +36,9 @@ from companion.exercises._checker import Case, CheckResult, run_check, seeded_ge
 __all__ = [
     "check_layer_norm",
     "check_pre_ln_block",
+    "check_peri_ln_block",
     "check_relative_updates",
+    "check_depth_slope",
     "check_deepnorm_constants",
     "check_log_log_slope",
     "verify_pre_ln_slope_without_final_norm",
@@ -205,6 +210,79 @@ def check_pre_ln_block(
 
 
 # --------------------------------------------------------------------------------------------
+# Exercise 2 (chapter): a Peri-LN ("sandwich") residual block
+# --------------------------------------------------------------------------------------------
+
+
+def reference_peri_ln_block(
+    x: Tensor,
+    sublayer: Callable[[Tensor], Tensor],
+    input_norm: nn.Module,
+    output_norm: nn.Module,
+) -> Tensor:
+    """The Peri-LN block (Kim et al., 2025): a norm before *and* after the sub-layer, both
+    inside the branch, then the residual sum: ``x + output_norm(sublayer(input_norm(x)))``.
+
+    Args:
+        x: shape ``(..., d_model)``.
+        sublayer: maps ``(..., d_model)`` to ``(..., d_model)``.
+        input_norm: the norm applied to what enters the branch, over ``d_model``.
+        output_norm: the norm applied to what the branch returns, over ``d_model``.
+
+    Returns:
+        Tensor of shape ``(..., d_model)``.
+    """
+    return x + output_norm(sublayer(input_norm(x)))  # (..., d_model)
+
+
+def _peri_ln_cases() -> list[Case]:
+    g = seeded_generator(606)
+    cases: list[Case] = []
+    for shape, kind in [
+        ((6, 8), "linear"),
+        ((2, 5, 8), "tanh"),
+        ((3, 4, 16), "mlp"),
+        ((7, 12), "mlp"),
+        ((1, 1, 4), "tanh"),
+    ]:
+        d = shape[-1]
+        first = _seeded_linear(d, d if kind != "mlp" else 2 * d, g)
+        if kind == "linear":
+            sublayer: nn.Module = first
+        elif kind == "tanh":
+            sublayer = nn.Sequential(first, nn.Tanh())
+        else:
+            sublayer = nn.Sequential(first, nn.ReLU(), _seeded_linear(2 * d, d, g))
+        cases.append(
+            {
+                "x": 2 * torch.randn(shape, generator=g) + 1,  # mean 1, std 2: far from normalised
+                "sublayer": sublayer,
+                # two different norms (random gains and biases), so that swapping them shows
+                "input_norm": _seeded_norm(d, g),
+                "output_norm": _seeded_norm(d, g),
+            }
+        )
+    return cases
+
+
+def check_peri_ln_block(
+    peri_ln_block: Callable[[Tensor, Callable[[Tensor], Tensor], nn.Module, nn.Module], Tensor],
+    verbose: bool = True,
+) -> CheckResult:
+    """Check ``peri_ln_block(x, sublayer, input_norm, output_norm)``: ``x (..., d_model)`` →
+    ``(..., d_model)``, a norm on the branch's input and one on its output, before the
+    residual sum."""
+    with torch.no_grad():
+        return run_check(
+            "peri_ln_block",
+            peri_ln_block,
+            reference_peri_ln_block,
+            _peri_ln_cases(),
+            verbose=verbose,
+        )
+
+
+# --------------------------------------------------------------------------------------------
 # Exercise 3: the relative size of each sub-layer's update
 # --------------------------------------------------------------------------------------------
 
@@ -260,14 +338,15 @@ def check_relative_updates(
 
 
 def reference_log_log_slope(depths: Sequence[float], values: Sequence[float]) -> float:
-    r"""Least-squares slope :math:`a` of :math:`\log v = a \log L + c`.
+    r"""Least-squares slope :math:`a` of :math:`\log v = a \log N + c`.
 
     Args:
-        depths: the depths :math:`L`, shape ``(k,)`` (positive, at least two distinct).
+        depths: the depths (numbers of layers) :math:`N`, shape ``(k,)`` (positive, at
+            least two distinct).
         values: the measured values :math:`v` at those depths, shape ``(k,)`` (positive).
 
     Returns:
-        The fitted exponent :math:`a`: :math:`v \propto L^a`.
+        The fitted exponent :math:`a`: :math:`v \propto N^a`.
     """
     log_depths = np.log(np.asarray(depths, dtype=float))  # (k,)
     log_values = np.log(np.asarray(values, dtype=float))  # (k,)
@@ -302,6 +381,128 @@ def check_log_log_slope(
         _slope_cases(),
         atol=1e-6,
         rtol=1e-6,
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 4 (continued): the measuring function, checked on hidden configurations
+# --------------------------------------------------------------------------------------------
+
+#: the seeds the reference averages over (the student's function may use any three seeds)
+DEPTH_SLOPE_SEEDS: tuple[int, ...] = (0, 1, 2)
+#: how far a measured slope may be from the reference's (seed-to-seed noise of a 3-seed
+#: average is a few hundredths; the placements the check separates differ by about 0.5)
+DEPTH_SLOPE_TOLERANCE: float = 0.12
+
+
+def last_layer_w2_gradient(num_layers: int, norm_first: bool, final_norm: bool, seed: int) -> float:
+    """Chapter 6's section 6.3 setup: ``‖∂L/∂W₂‖_F`` of the last layer's second feed-forward
+    matrix, at initialisation.
+
+    An encoder of ``num_layers`` layers (``d_model`` 64, 4 heads, ``d_ff`` 256, no dropout),
+    Xavier-normal matrices and zero biases, inputs ``(8, 16, 64)`` with unit-variance entries
+    and the random read-out loss ``sum(r * y) / sqrt(8 * 16)``.
+    """
+    from companion.model import Encoder, TransformerConfig  # the model, only when measured
+
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        num_layers=num_layers, d_model=64, num_heads=4, d_ff=256, dropout=0.0,
+        norm_first=norm_first, final_norm=final_norm,
+    )  # fmt: skip
+    encoder = Encoder(config)
+    for name, parameter in encoder.named_parameters():
+        if parameter.dim() > 1:
+            nn.init.xavier_normal_(parameter)
+        elif name.endswith("bias"):
+            nn.init.zeros_(parameter)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randn(8, 16, 64, generator=gen)  # (batch, seq_len, d_model)
+    readout = torch.randn(8, 16, 64, generator=gen)  # one random direction per token
+    ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
+    return encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item()
+
+
+_depth_slope_cache: dict[tuple, float] = {}
+
+
+def reference_depth_slope(depths: Sequence[int], norm_first: bool, final_norm: bool) -> float:
+    """The log-log slope, against the depth, of the last layer's ``‖∂L/∂W₂‖_F``
+    (:func:`last_layer_w2_gradient`, averaged over :data:`DEPTH_SLOPE_SEEDS`).
+
+    Args:
+        depths: numbers of layers, shape ``(k,)``, at least two distinct.
+        norm_first: Pre-LN (``True``) or Post-LN (``False``).
+        final_norm: whether the stack ends with a LayerNorm.
+    """
+    key = (tuple(int(d) for d in depths), bool(norm_first), bool(final_norm))
+    if key not in _depth_slope_cache:  # the check compares several answers with one reference
+        gradients = [
+            float(
+                np.mean(
+                    [
+                        last_layer_w2_gradient(d, norm_first, final_norm, s)
+                        for s in DEPTH_SLOPE_SEEDS
+                    ]
+                )
+            )
+            for d in key[0]
+        ]
+        _depth_slope_cache[key] = reference_log_log_slope(key[0], gradients)
+    return _depth_slope_cache[key]
+
+
+def _depth_slope_cases() -> list[Case]:
+    # not the chapter's depths; Pre-LN with and without its final norm, Post-LN with an extra
+    # final norm (a function that always builds Pre-LN gets -0.5 there instead of about 0)
+    return [
+        {"depths": [2, 4, 8, 16], "norm_first": True, "final_norm": False},
+        {"depths": [2, 4, 8, 16], "norm_first": True, "final_norm": True},
+        {"depths": [3, 6, 12], "norm_first": False, "final_norm": True},
+        {"depths": [3, 6, 12], "norm_first": True, "final_norm": True},
+    ]
+
+
+def check_depth_slope(
+    depth_slope: Callable[[Sequence[int], bool, bool], float], verbose: bool = True
+) -> CheckResult:
+    """Check ``depth_slope(depths, norm_first, final_norm)`` → the measured log-log slope of
+    the last layer's ``‖∂L/∂W₂‖_F`` against the depth (section 6.3's setup, three seeds).
+
+    The check *calls your function* on configurations the chapter did not print, and accepts
+    a slope within :data:`DEPTH_SLOPE_TOLERANCE` of the reference's: a typed number, or a
+    function that ignores ``norm_first`` or ``final_norm``, fails.
+    """
+    name = "depth_slope"
+
+    def as_float(value: object) -> object:  # a NumPy or 0-d tensor result is fine
+        if isinstance(value, (np.floating, np.integer)):
+            return float(value)
+        if isinstance(value, Tensor) and value.numel() == 1:
+            return float(value.item())
+        return value
+
+    if not callable(depth_slope):
+        message = (
+            f"❌ {name}: expected a function depth_slope(depths, norm_first, final_norm), "
+            f"got {type(depth_slope).__name__} (the check measures by calling it)"
+        )
+        if verbose:
+            print(message)
+        return CheckResult(name, False, 0, message)
+
+    @functools.wraps(depth_slope)  # keeps the signature, so a misnamed parameter is reported
+    def user(**kwargs: object) -> object:
+        return as_float(depth_slope(**kwargs))
+
+    return run_check(
+        name,
+        user,
+        reference_depth_slope,
+        _depth_slope_cases(),
+        atol=DEPTH_SLOPE_TOLERANCE,
+        rtol=0.0,
         verbose=verbose,
     )
 
