@@ -91,6 +91,21 @@ def test_prefix_mask_rejects_wrong(wrong):
     assert not ch10.check_prefix_lm_mask(wrong, verbose=False)
 
 
+def prefix_float(length, prefix_len):  # right values, float 0/1: blocks nothing in SDPA
+    return ch10.reference_prefix_lm_mask(length, prefix_len).float()
+
+
+def prefix_long(length, prefix_len):  # right values, integer 0/1
+    return ch10.reference_prefix_lm_mask(length, prefix_len).long()
+
+
+@pytest.mark.parametrize("wrong", [prefix_float, prefix_long])
+def test_prefix_mask_rejects_a_non_boolean_mask_and_says_why(wrong):
+    result = ch10.check_prefix_lm_mask(wrong, verbose=False)
+    assert not result
+    assert "must be a bool tensor" in result.message and "dtype torch." in result.message
+
+
 def test_prefix_reference_is_the_package_mask():
     for case in ch10._prefix_cases():
         assert torch.equal(ch10.reference_prefix_lm_mask(**case), prefix_lm_mask(**case))

@@ -22,6 +22,7 @@ written from the definitions; they are not exported.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
@@ -88,10 +90,29 @@ def _prefix_cases() -> list[Case]:
 def check_prefix_lm_mask(
     prefix_lm_mask: Callable[[int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``prefix_lm_mask(length, prefix_len)`` → bool ``(length, length)``."""
+    """Check ``prefix_lm_mask(length, prefix_len)`` → bool ``(length, length)``.
+
+    The result must be a *boolean* tensor: a float or integer 0/1 mask with the right values
+    is rejected: PyTorch's ``scaled_dot_product_attention`` reads a float mask as a bias added
+    to the scores (a 0 adds nothing, so a 0/1 float mask blocks nothing), and the course's
+    masks are boolean everywhere.
+    """
+    _check_callable("prefix_lm_mask", prefix_lm_mask)
+
+    @functools.wraps(prefix_lm_mask)
+    def boolean_only(**kwargs: int) -> Tensor:
+        mask = prefix_lm_mask(**kwargs)
+        if isinstance(mask, Tensor) and mask.dtype != torch.bool:
+            raise TypeError(
+                f"the mask must be a bool tensor (True = may attend), got dtype {mask.dtype}; "
+                "PyTorch adds a float mask to the scores, so a 0/1 float mask blocks nothing: "
+                "return the comparison itself, or call .bool()"
+            )
+        return mask
+
     return run_check(
         "prefix_lm_mask",
-        prefix_lm_mask,
+        boolean_only,
         reference_prefix_lm_mask,
         _prefix_cases(),
         verbose=verbose,
