@@ -180,72 +180,103 @@ def test_window_cases_include_the_plain_causal_mask():
 
 
 # --------------------------------------------------------------------------------------------
-# decoder_mask
+# prefix_lm_mask
 # --------------------------------------------------------------------------------------------
 
 
-def decoder_correct(tgt, pad_id):
-    return masking.combine_masks(
-        masking.padding_mask(tgt, pad_id), masking.causal_mask(tgt.shape[1])
+def prefix_correct(tokens, prefix_lengths, pad_id):
+    """Built from companion.masking: the padding mask, and causal OR inside the prefix."""
+    n = tokens.shape[1]
+    in_prefix = torch.arange(n)[None, :] < prefix_lengths[:, None]  # (batch, n)
+    return masking.padding_mask(tokens, pad_id) & (
+        masking.causal_mask(n) | in_prefix[:, None, None, :]
     )
 
 
-def decoder_no_head_axis(tgt, pad_id):  # (batch, tgt_len, tgt_len): broadcasts wrongly
-    return decoder_correct(tgt, pad_id)[:, 0]
+def prefix_causal_only(tokens, prefix_lengths, pad_id):  # ignores the prefix: a decoder mask
+    return masking.combine_masks(
+        masking.padding_mask(tokens, pad_id), masking.causal_mask(tokens.shape[1])
+    )
 
 
-def decoder_causal_only(tgt, pad_id):
-    n = tgt.shape[1]
-    return torch.ones(n, n, dtype=torch.bool).tril().expand(tgt.shape[0], 1, n, n)
+def prefix_on_queries(tokens, prefix_lengths, pad_id):  # prefix queries see the whole future
+    n = tokens.shape[1]
+    query_in_prefix = torch.arange(n)[None, :] < prefix_lengths[:, None]  # (batch, n)
+    return masking.padding_mask(tokens, pad_id) & (
+        masking.causal_mask(n) | query_in_prefix[:, None, :, None]
+    )
 
 
-def decoder_padding_only(tgt, pad_id):
-    n = tgt.shape[1]
-    return masking.padding_mask(tgt, pad_id).expand(tgt.shape[0], 1, n, n)
+def prefix_off_by_one(tokens, prefix_lengths, pad_id):  # j <= prefix: one answer token too many
+    return prefix_correct(tokens, prefix_lengths + 1, pad_id)
 
 
-def decoder_or(tgt, pad_id):  # | instead of &: allowed if *either* mask allows
-    n = tgt.shape[1]
-    return masking.padding_mask(tgt, pad_id) | torch.ones(n, n, dtype=torch.bool).tril()
+def prefix_first_row_for_all(tokens, prefix_lengths, pad_id):  # one prefix for the whole batch
+    return prefix_correct(tokens, prefix_lengths[:1].expand_as(prefix_lengths), pad_id)
 
 
-def decoder_inverted(tgt, pad_id):
-    return ~decoder_correct(tgt, pad_id)
+def prefix_no_padding(tokens, prefix_lengths, pad_id):  # the padded keys stay visible
+    return prefix_correct(tokens, prefix_lengths, pad_id - 1)
 
 
-def decoder_off_by_one(tgt, pad_id):
-    n = tgt.shape[1]
-    return masking.padding_mask(tgt, pad_id) & torch.ones(n, n, dtype=torch.bool).tril(1)
+def prefix_or_padding(tokens, prefix_lengths, pad_id):  # | instead of &: padding allows keys
+    n = tokens.shape[1]
+    in_prefix = torch.arange(n)[None, :] < prefix_lengths[:, None]  # (batch, n)
+    return masking.padding_mask(tokens, pad_id) | (
+        masking.causal_mask(n) | in_prefix[:, None, None, :]
+    )
 
 
-def decoder_padding_on_queries(tgt, pad_id):  # pads the query axis instead of the key axis
-    n = tgt.shape[1]
-    return (tgt != pad_id)[:, None, :, None] & torch.ones(n, n, dtype=torch.bool).tril()
+def prefix_no_head_axis(tokens, prefix_lengths, pad_id):  # (batch, n, n): broadcasts wrongly
+    return prefix_correct(tokens, prefix_lengths, pad_id)[:, 0]
 
 
-def test_decoder_mask_accepts_correct():
-    assert ch05.check_decoder_mask(decoder_correct, verbose=False)
+def prefix_inverted(tokens, prefix_lengths, pad_id):  # True = blocked
+    return ~prefix_correct(tokens, prefix_lengths, pad_id)
+
+
+def prefix_transposed(tokens, prefix_lengths, pad_id):  # queries and keys swapped
+    return prefix_correct(tokens, prefix_lengths, pad_id).transpose(-2, -1)
+
+
+def test_prefix_lm_mask_accepts_correct():
+    assert ch05.check_prefix_lm_mask(prefix_correct, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        decoder_no_head_axis,
-        decoder_causal_only,
-        decoder_padding_only,
-        decoder_or,
-        decoder_inverted,
-        decoder_off_by_one,
-        decoder_padding_on_queries,
+        prefix_causal_only,
+        prefix_on_queries,
+        prefix_off_by_one,
+        prefix_first_row_for_all,
+        prefix_no_padding,
+        prefix_or_padding,
+        prefix_no_head_axis,
+        prefix_inverted,
+        prefix_transposed,
     ],
 )
-def test_decoder_mask_rejects_wrong(wrong):
-    assert not ch05.check_decoder_mask(wrong, verbose=False)
+def test_prefix_lm_mask_rejects_wrong(wrong):
+    assert not ch05.check_prefix_lm_mask(wrong, verbose=False)
 
 
-def test_decoder_mask_reports_the_missing_head_axis():
-    result = ch05.check_decoder_mask(decoder_no_head_axis, verbose=False)
+def test_prefix_lm_mask_reports_the_missing_head_axis():
+    result = ch05.check_prefix_lm_mask(prefix_no_head_axis, verbose=False)
     assert "wrong shape" in result.message
+
+
+def test_prefix_cases_cover_the_edges():
+    cases = ch05._prefix_lm_cases()
+    prefixes = torch.cat([c["prefix_lengths"] for c in cases])
+    assert bool((prefixes == 0).any())  # a prefix of 0: the plain decoder mask
+    assert any(len(set(c["prefix_lengths"].tolist())) > 1 for c in cases)  # prefixes differ
+    assert any(c["pad_id"] != 0 for c in cases)
+    # a row of padding only, whose queries see nothing
+    assert any(bool((c["tokens"] == c["pad_id"]).all(-1).any()) for c in cases)
+    for case in cases:  # a prefix never runs into the padding
+        real = (case["tokens"] != case["pad_id"]).sum(-1)
+        assert bool((case["prefix_lengths"] <= real).all())
 
 
 # --------------------------------------------------------------------------------------------
@@ -392,6 +423,25 @@ def first_leak_boolean(attend, x):  # the yes/no answer of a plain leak test
     return first_leak_correct(attend, x) is not None
 
 
+def first_leak_smallest_j_first(attend, x):  # j outer loop, first leak met: smallest j wins
+    before = attend(x)
+    for j in range(1, x.shape[1]):
+        changed = x.clone()
+        changed[:, j] = torch.randn_like(changed[:, j])
+        after = attend(changed)
+        for i in range(j):
+            if not torch.allclose(after[:, i], before[:, i], atol=1e-5, rtol=0):
+                return (i, j)
+    return None
+
+
+def first_leak_first_sequence_only(attend, x):  # compares batch element 0 only
+    def first_sequence(x_batch):
+        return attend(x_batch)[:1]  # (1, seq_len, d_out)
+
+    return first_leak_correct(first_sequence, x)
+
+
 def test_first_leak_accepts_correct():
     torch.manual_seed(0)
     assert ch05.check_first_leak(first_leak_correct, verbose=False)
@@ -409,6 +459,8 @@ def test_first_leak_accepts_correct():
         first_leak_last_token_only,
         first_leak_swapped,
         first_leak_boolean,
+        first_leak_smallest_j_first,
+        first_leak_first_sequence_only,
     ],
 )
 def test_first_leak_rejects_wrong(wrong):
@@ -420,7 +472,19 @@ def test_leak_cases_have_both_answers_and_the_hard_leaks():
     answers = [ch05.reference_first_leak(**case) for case in ch05._future_leak_cases()]
     assert answers.count(None) >= 4 and len(answers) - answers.count(None) >= 6
     # a leak two steps ahead, one into a late position, and two blind to deterministic changes
-    assert {(0, 2), (4, 5), (1, 3), (2, 4)} <= set(answers)
+    assert {(0, 2), (4, 5), (1, 3), (2, 4), (0, 3)} <= set(answers)
+
+
+def test_leak_cases_separate_smallest_i_from_smallest_j_and_later_sequences():
+    """The two leaks (1, 2) and (0, 3): only a search by smallest i answers (0, 3); a leak in
+    the second sequence only: sequence 0 alone shows no leak at all."""
+    cases = {case["attend"].name: case for case in ch05._future_leak_cases()}
+    two = cases["1 peeks at 2, 0 peeks at 3"]
+    assert ch05.reference_first_leak(**two) == (0, 3)
+    assert first_leak_smallest_j_first(**two) == (1, 2)
+    second = cases["sequence 1: 1 peeks at 3"]
+    assert ch05.reference_first_leak(**second) == (1, 3)
+    assert first_leak_first_sequence_only(**second) is None
 
 
 def test_reference_leak_test_agrees_with_companion_attention():
@@ -447,12 +511,12 @@ def test_references_agree_with_companion_masking():
             case["q_len"], case["k_len"], window=case["window"], causal=True
         )
         assert torch.equal(ch05.reference_causal_window_mask(**case), expected)
-    for case in ch05._decoder_cases():
-        assert torch.equal(ch05.reference_decoder_mask(**case), decoder_correct(**case))
+    for case in ch05._prefix_lm_cases():
+        assert torch.equal(ch05.reference_prefix_lm_mask(**case), prefix_correct(**case))
 
 
 def test_cases_are_reproducible():
-    first, second = ch05._decoder_cases(), ch05._decoder_cases()
-    assert all(torch.equal(a["tgt"], b["tgt"]) for a, b in zip(first, second))
+    first, second = ch05._prefix_lm_cases(), ch05._prefix_lm_cases()
+    assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(first, second))
     first, second = ch05._future_leak_cases(), ch05._future_leak_cases()
     assert all(torch.equal(a["x"], b["x"]) for a, b in zip(first, second))

@@ -14,7 +14,7 @@ exercise                                               check
 =====================================================  ==================================
 padding mask from lengths, right or left padding       :func:`check_lengths_padding_mask`
 causal sliding-window mask, also with a cache          :func:`check_causal_window_mask`
-decoder self-attention mask (padding and causal)       :func:`check_decoder_mask`
+prefix-LM mask: prefix both ways, then causal          :func:`check_prefix_lm_mask`
 ``True`` = blocked → additive float mask               :func:`check_additive_from_blocked`
 a leak test that names the first leaking pair          :func:`check_first_leak`
 =====================================================  ==================================
@@ -40,7 +40,7 @@ from companion.exercises._checker import (
 __all__ = [
     "check_lengths_padding_mask",
     "check_causal_window_mask",
-    "check_decoder_mask",
+    "check_prefix_lm_mask",
     "check_additive_from_blocked",
     "check_first_leak",
 ]
@@ -144,6 +144,10 @@ def _padded_batch(g: torch.Generator, lengths: list[int], k_len: int, pad_id: in
 def reference_causal_window_mask(q_len: int, k_len: int, window: int) -> Tensor:
     """Causal local attention: each query sees itself and the ``window - 1`` keys before it.
 
+    ``window`` counts the query itself: it sees ``window`` positions. (Mistral 7B writes its
+    window ``W`` without the query, position ``i`` sees ``i - W .. i``, ``W + 1`` positions, so
+    its ``W`` is this ``window - 1``.)
+
     The queries are the *last* ``q_len`` of the ``k_len`` positions (as when a decoder adds
     ``q_len`` new tokens to ``k_len - q_len`` cached ones), so query ``i`` sits at position
     ``p = i + k_len - q_len``.
@@ -188,49 +192,77 @@ def check_causal_window_mask(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: the decoder's self-attention mask
+# Exercise 3: the prefix-LM mask (bidirectional over the prefix, causal after it, padding)
 # --------------------------------------------------------------------------------------------
 
 
-def reference_decoder_mask(tgt: Tensor, pad_id: int) -> Tensor:
-    """Padding and causal masks combined, ready to broadcast over heads.
+def reference_prefix_lm_mask(tokens: Tensor, prefix_lengths: Tensor, pad_id: int) -> Tensor:
+    """The self-attention mask of a prefix language model, with padding.
 
     Args:
-        tgt: decoder input ids, shape ``(batch, tgt_len)``, right-padded with ``pad_id``.
+        tokens: ids, shape ``(batch, n)``, right-padded with ``pad_id``.
+        prefix_lengths: integer tensor ``(batch,)``: the first ``prefix_lengths[b]`` tokens of
+            sequence ``b`` are its prefix (the prompt), read in both directions.
         pad_id: the id used for padding.
 
     Returns:
-        Boolean mask ``(batch, 1, tgt_len, tgt_len)``: query ``i`` of sequence ``b`` may attend
-        to key ``j`` when ``j <= i`` *and* ``tgt[b, j]`` is not padding. Only keys are masked:
-        a padded query keeps its causal row over the real keys.
+        Boolean mask ``(batch, 1, n, n)``: query ``i`` of sequence ``b`` may attend to key
+        ``j`` when ``tokens[b, j]`` is not padding *and* (``j < prefix_lengths[b]`` or
+        ``j <= i``). Only keys are masked: a padded query keeps its row over the real keys.
     """
-    tgt_len = tgt.shape[1]
-    keys_real = (tgt != pad_id)[:, None, None, :]  # (batch, 1, 1, tgt_len)
-    causal = torch.ones(tgt_len, tgt_len, dtype=torch.bool).tril()  # (tgt_len, tgt_len)
-    return keys_real & causal  # (batch, 1, tgt_len, tgt_len)
+    n = tokens.shape[1]
+    positions = torch.arange(n)  # (n,)
+    keys_real = (tokens != pad_id)[:, None, None, :]  # (batch, 1, 1, n)
+    causal = positions[None, :] <= positions[:, None]  # (n, n): j <= i
+    in_prefix = (positions[None, :] < prefix_lengths[:, None])[:, None, None, :]  # (batch, 1, 1, n)
+    return keys_real & (causal | in_prefix)  # (batch, 1, n, n)
 
 
-def _decoder_cases() -> list[Case]:
+def _prefix_lm_cases() -> list[Case]:
     g = seeded_generator(503)
+    # prefix lengths differ from row to row, so one prefix for the whole batch is caught; a
+    # prefix of 0 is the plain decoder mask, a prefix of the whole sequence an encoder's mask
     return [
-        {"tgt": _padded_batch(g, [5, 3], 5, 0), "pad_id": 0},
-        {"tgt": _padded_batch(g, [2, 6, 4], 6, 0), "pad_id": 0},
-        {"tgt": _padded_batch(g, [4, 4], 4, 0), "pad_id": 0},  # nothing padded
-        {"tgt": _padded_batch(g, [7, 1, 3, 5], 7, 2), "pad_id": 2},  # pad id 2
-        {"tgt": _padded_batch(g, [1], 3, 0), "pad_id": 0},  # one sequence
+        {
+            "tokens": _padded_batch(g, [5, 3], 5, 0),
+            "prefix_lengths": torch.tensor([2, 1]),
+            "pad_id": 0,
+        },
+        {
+            "tokens": _padded_batch(g, [6, 4, 2], 6, 0),
+            "prefix_lengths": torch.tensor([3, 4, 0]),
+            "pad_id": 0,
+        },
+        {
+            "tokens": _padded_batch(g, [4, 4], 4, 0),
+            "prefix_lengths": torch.tensor([0, 2]),
+            "pad_id": 0,
+        },
+        {
+            "tokens": _padded_batch(g, [7, 1, 3, 5], 7, 2),
+            "prefix_lengths": torch.tensor([4, 1, 2, 3]),
+            "pad_id": 2,
+        },
+        # a row that is only padding: its queries see nothing at all
+        {
+            "tokens": _padded_batch(g, [3, 0], 5, 0),
+            "prefix_lengths": torch.tensor([2, 0]),
+            "pad_id": 0,
+        },
     ]
 
 
-def check_decoder_mask(
-    decoder_mask: Callable[[Tensor, int], Tensor], verbose: bool = True
+def check_prefix_lm_mask(
+    prefix_lm_mask: Callable[[Tensor, Tensor, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``decoder_mask(tgt, pad_id)``: ``(batch, tgt_len)`` ids → boolean
-    ``(batch, 1, tgt_len, tgt_len)``, causal *and* not a padded key."""
+    """Check ``prefix_lm_mask(tokens, prefix_lengths, pad_id)``: ``(batch, n)`` ids and
+    ``(batch,)`` prefix lengths → boolean ``(batch, 1, n, n)``, key ``j`` real *and*
+    (``j < prefix_lengths[b]`` or ``j <= i``)."""
     return run_check(
-        "decoder_mask",
-        _returning("bool", "decoder_mask", decoder_mask),
-        reference_decoder_mask,
-        _decoder_cases(),
+        "prefix_lm_mask",
+        _returning("bool", "prefix_lm_mask", prefix_lm_mask),
+        reference_prefix_lm_mask,
+        _prefix_lm_cases(),
         verbose=verbose,
     )
 
@@ -319,7 +351,8 @@ class _MaskedAttention:
     """A single-head self-attention with fixed random projections and a given mask.
 
     ``attention(x)``: ``(batch, seq_len, d) → (batch, seq_len, d)``; ``mask(seq_len)`` gives
-    the ``(seq_len, seq_len)`` boolean mask (``True`` = may attend).
+    the boolean mask (``True`` = may attend), ``(seq_len, seq_len)`` for every sequence or
+    ``(batch, seq_len, seq_len)``, one per sequence.
     """
 
     def __init__(self, name: str, mask: Callable[[int], Tensor], d: int, seed: int) -> None:
@@ -331,7 +364,7 @@ class _MaskedAttention:
     def __call__(self, x: Tensor) -> Tensor:
         q, k, v = x @ self.w_q, x @ self.w_k, x @ self.w_v  # each (batch, seq_len, d)
         scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (batch, seq_len, seq_len)
-        mask = self.mask(x.shape[1])  # (seq_len, seq_len)
+        mask = self.mask(x.shape[1])  # (seq_len, seq_len) or (batch, seq_len, seq_len)
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
         weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # (batch, seq, seq)
         return weights @ v  # (batch, seq_len, d)
@@ -383,6 +416,13 @@ def _distance_two(n: int) -> Tensor:
     """Causal, plus every query sees the key two steps ahead (never the adjacent one)."""
     two_ahead = torch.ones(n, n, dtype=torch.bool).triu(2).tril(2)  # (n, n): j = i + 2
     return causal_bool_mask(n) | two_ahead  # (n, n)
+
+
+def _second_sequence_leaks(n: int) -> Tensor:
+    """``(2, n, n)``: causal for sequence 0; sequence 1's query 1 also sees key 3."""
+    per_sequence = causal_bool_mask(n).repeat(2, 1, 1)  # (2, n, n)
+    per_sequence[1, 1, 3] = True
+    return per_sequence
 
 
 def _add_at(
@@ -448,6 +488,20 @@ def _future_leak_cases() -> list[Case]:
             "x": x(4),
         },
         {"attend": _Elementwise("layer norm, no mixing", _layer_norm), "x": x(4)},
+        # two leaks, (1, 2) and (0, 3): a loop over j that returns the first leak it meets
+        # answers (1, 2), the smallest j, not the smallest i
+        {
+            "attend": _MaskedAttention(
+                "1 peeks at 2, 0 peeks at 3", _with_extra(_tril(0), (1, 2), (0, 3)), d, 8
+            ),
+            "x": x(5),
+        },  # (0, 3)
+        # a mask built per sequence (padding, packed documents) that is wrong for the second
+        # sequence of the batch only: a test that compares sequence 0 alone misses it
+        {
+            "attend": _MaskedAttention("sequence 1: 1 peeks at 3", _second_sequence_leaks, d, 9),
+            "x": x(5),
+        },  # (1, 3)
         {"attend": _Elementwise("cumulative sum", lambda x: x.cumsum(dim=1)), "x": x(5)},
         {
             "attend": _Elementwise(
@@ -470,8 +524,9 @@ def check_first_leak(
 ) -> CheckResult:
     """Check ``first_leak(attend, x) -> (i, j) | None`` on causal models (``None``) and on models
     that leak in several ways: full attention, an off-by-one diagonal, a single pair (0, 1), a
-    leak two steps ahead only, a leak into a late position only, and leaks that a positive
-    rescale or an added constant cannot reveal."""
+    leak two steps ahead only, a leak into a late position only, two leaks whose smallest ``j``
+    is not the one with the smallest ``i``, a leak in the second sequence of the batch only,
+    and leaks that a positive rescale or an added constant cannot reveal."""
     return run_check(
         "first_leak",
         first_leak,
