@@ -3,14 +3,17 @@
 Attention by itself ignores order (permuting the tokens permutes the outputs), so the model
 needs to be told where each token is:
 
-* :func:`sinusoidal_frequencies` - the angular frequencies ``ω_i = 10000^(-2i/d)`` that the
+Notation as in chapter 4: ``i`` a position, ``m`` a pair index (dimensions ``2m``, ``2m+1``),
+``Δ`` an offset.
+
+* :func:`sinusoidal_frequencies` - the angular frequencies ``ω_m = 10000^(-2m/d)`` that the
   sinusoidal table and RoPE share.
 * :func:`sinusoidal_table` / :class:`SinusoidalPositionalEncoding` - the fixed encoding of
   "Attention Is All You Need" (section 3.5), *added* to the token embeddings:
-  ``PE[p, 2i] = sin(p / 10000^(2i/d_model))``, ``PE[p, 2i+1] = cos(p / 10000^(2i/d_model))``,
-  i.e. wavelengths ``2π · 10000^(2i/d_model)`` from ``2π`` to ``10000 · 2π``. Moving ``k``
-  positions rotates every (sin, cos) pair by a fixed angle, so ``PE[p + k] = T_k PE[p]`` with
-  a block-diagonal rotation ``T_k`` that does not depend on ``p``
+  ``PE[i, 2m] = sin(i / 10000^(2m/d_model))``, ``PE[i, 2m+1] = cos(i / 10000^(2m/d_model))``,
+  i.e. wavelengths ``λ_m = 2π · 10000^(2m/d_model)`` from ``2π`` to almost ``10000 · 2π``.
+  Moving ``Δ`` positions rotates every (sin, cos) pair by a fixed angle, so
+  ``PE[i + Δ] = T_Δ PE[i]`` with a block-diagonal rotation ``T_Δ`` that does not depend on ``i``
   (:func:`sinusoidal_shift_matrix`).
 * :class:`LearnedPositionalEmbedding` - one trained vector per position, added likewise.
 * :class:`RotaryEmbedding` - RoPE (Su et al., 2021): rotate each query and key pair of
@@ -82,9 +85,9 @@ def _check_base(base: object) -> float:
 
 
 def sinusoidal_frequencies(dim: int, *, base: float = 10000.0) -> Tensor:
-    """The angular frequencies ``ω_i = base^(-2i/dim)``, ``i = 0 .. dim/2 - 1``, in float64.
+    """The angular frequencies ``ω_m = base^(-2m/dim)``, ``m = 0 .. dim/2 - 1``, in float64.
 
-    Pair ``i`` of dimensions ``(2i, 2i+1)`` turns by ``ω_i`` radians per position: ``ω_0 = 1``
+    Pair ``m`` of dimensions ``(2m, 2m+1)`` turns by ``ω_m`` radians per position: ``ω_0 = 1``
     (wavelength ``2π``) down to almost ``1 / base`` (wavelength almost ``2π · base``). The
     sinusoidal table uses them with ``dim = d_model``, RoPE with ``dim = head_dim``.
 
@@ -97,8 +100,8 @@ def sinusoidal_frequencies(dim: int, *, base: float = 10000.0) -> Tensor:
     """
     _check_even("dim", check_positive_int("dim", dim))
     base = _check_base(base)
-    two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (dim/2,) the even indices 2i
-    return base ** (-two_i / dim)  # (dim/2,)
+    two_m = torch.arange(0, dim, 2, dtype=torch.float64)  # (dim/2,) the even indices 2m
+    return base ** (-two_m / dim)  # (dim/2,)
 
 
 def sinusoidal_table(
@@ -106,9 +109,9 @@ def sinusoidal_table(
 ) -> Tensor:
     """The sinusoidal position encodings of "Attention Is All You Need".
 
-    ``PE[p, 2i] = sin(p · ω_i)`` and ``PE[p, 2i+1] = cos(p · ω_i)`` with
-    ``ω_i = 1 / base^(2i/d_model)``: sine on even, cosine on odd dimensions, wavelengths
-    ``2π / ω_i = 2π · base^(2i/d_model)`` (:func:`sinusoidal_frequencies`). Computed in
+    ``PE[i, 2m] = sin(i · ω_m)`` and ``PE[i, 2m+1] = cos(i · ω_m)`` for position ``i`` and pair
+    ``m``, with ``ω_m = 1 / base^(2m/d_model)``: sine on even, cosine on odd dimensions,
+    wavelengths ``λ_m = 2π / ω_m = 2π · base^(2m/d_model)`` (:func:`sinusoidal_frequencies`). Computed in
     float64, then cast to ``dtype``.
 
     Args:
@@ -133,14 +136,14 @@ def sinusoidal_table(
 def sinusoidal_shift_matrix(
     shift: int, d_model: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """The matrix ``T_k`` with ``PE[p + k] = T_k @ PE[p]`` for every position ``p``.
+    """The matrix ``T_Δ`` with ``PE[i + Δ] = T_Δ @ PE[i]`` for every position ``i``.
 
-    For each pair ``(sin(p ω), cos(p ω))`` the angle-addition formulas give the 2 × 2 block
-    ``[[cos(k ω), sin(k ω)], [-sin(k ω), cos(k ω)]]`` - a rotation that depends on the shift
-    ``k`` only. ``T_k`` is block-diagonal with one such block per frequency.
+    For each pair ``(sin(i ω_m), cos(i ω_m))`` the angle-addition formulas give the 2 × 2 block
+    ``[[cos(Δ ω_m), sin(Δ ω_m)], [-sin(Δ ω_m), cos(Δ ω_m)]]`` - a rotation that depends on the
+    offset ``Δ`` only. ``T_Δ`` is block-diagonal with one such block per pair ``m``.
 
     Args:
-        shift: the offset ``k`` (may be negative).
+        shift: the offset ``Δ`` (may be negative).
         d_model: size of an encoding vector; must be even.
 
     Returns:
@@ -281,10 +284,11 @@ class LearnedPositionalEmbedding(nn.Module):
 class RotaryEmbedding(nn.Module):
     r"""Rotary position embedding (RoPE, Su et al. 2021) for queries and keys.
 
-    Dimensions ``(2i, 2i+1)`` of a query or key at position ``p`` are rotated by the angle
-    ``p · θ_i`` with ``θ_i = base^(-2i/head_dim)`` (the frequencies of the sinusoidal
-    encoding). Rotations compose, so the score of a query at ``m`` and a key at ``n`` is
-    ``⟨R_m q, R_n k⟩ = ⟨q, R_{n-m} k⟩``: it depends on the offset ``m - n`` only. Apply it to
+    Dimensions ``(2m, 2m+1)`` of a query or key at position ``i`` are rotated by the angle
+    ``i · ω_m`` with ``ω_m = base^(-2m/head_dim)`` (the frequencies of the sinusoidal
+    encoding; RoFormer writes them ``θ_m``). Rotations compose, so the score of a query at
+    ``i`` and a key at ``j`` is ``⟨R_i q, R_j k⟩ = ⟨q, R_{j-i} k⟩``: it depends on the offset
+    ``Δ = j - i`` only. Apply it to
     the per-head queries and keys *inside* attention, not to the embeddings.
 
     The cos/sin tables are buffers of ``max_len`` rows, grown on demand for longer inputs.
@@ -429,9 +433,9 @@ def rope_rotate_half(x: Tensor, *, offset: int = 0, base: float = 10000.0) -> Te
     :class:`RotaryEmbedding` pairs the features ``(2m, 2m+1)`` of a head vector (the
     *interleaved* layout of RoFormer and Meta's original LLaMA code). This function pairs
     feature ``m`` with feature ``m + head_dim/2``: with ``x = [x1 | x2]`` cut into halves, the
-    vector at position ``p`` becomes ``x · cos + [-x2 | x1] · sin`` (the ``rotate_half`` trick),
-    i.e. ``(x1_m, x2_m) -> (x1_m cos(p θ_m) - x2_m sin(p θ_m), x2_m cos(p θ_m) + x1_m sin(p θ_m))``
-    with the same frequencies ``θ_m = base^(-2m/head_dim)``. The two layouts differ by a
+    vector at position ``i`` becomes ``x · cos + [-x2 | x1] · sin`` (the ``rotate_half`` trick),
+    i.e. ``(x1_m, x2_m) -> (x1_m cos(i ω_m) - x2_m sin(i ω_m), x2_m cos(i ω_m) + x1_m sin(i ω_m))``
+    with the same frequencies ``ω_m = base^(-2m/head_dim)``. The two layouts differ by a
     reordering of the features only (:func:`rope_layout_permutation`).
 
     Args:
@@ -470,7 +474,7 @@ def rope_layout_permutation(head_dim: int, *, num_heads: int = 1) -> Tensor:
 
     Pair ``m`` of a head vector is the features ``(2m, 2m+1)`` in the interleaved layout
     (:class:`RotaryEmbedding`) and ``(m, m + head_dim/2)`` in the rotate-half layout
-    (:func:`rope_rotate_half`); both turn it by ``p · θ_m``. Within each head the order
+    (:func:`rope_rotate_half`); both turn it by ``i · ω_m`` at position ``i``. Within each head the order
     returned is ``0, 2, 4, ..., head_dim - 2, 1, 3, ..., head_dim - 1``, so for a head
     vector ``x`` and ``perm = rope_layout_permutation(head_dim)``
 
