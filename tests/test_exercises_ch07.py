@@ -1,8 +1,10 @@
 """Chapter 7 exercise checks: right answers pass, plausible wrong answers (a decoder layer
-without the cross-attention mask or in Post-LN order, a parameter count that forgets biases or
-counts a tied matrix twice, a cache grown on the wrong axis, a beam step that multiplies
-log-probabilities or picks per beam, top-k sampling without renormalising, ...) fail, stubs
-are reported without raising."""
+without the cross-attention mask, in Post-LN order or normalising the memory, a parameter count
+that forgets biases, counts a tied matrix twice or ignores grouped-query attention, a cache
+grown on the wrong axis, a beam step that multiplies log-probabilities or picks per beam,
+top-k sampling without renormalising, a decoding step at position 0, ...) fail, calling the
+layer or the model itself instead of building from the parts fails, stubs are reported
+without raising."""
 
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from companion.data import BOS_ID, PAD_ID
 from companion.decode import beam_search
 from companion.exercises import ch07
 from companion.layers import DecoderLayer
-from companion.masking import causal_mask, padding_mask
+from companion.masking import causal_mask
 from companion.model import Transformer, TransformerConfig
+from companion.positional import sinusoidal_table
 from companion.utils import count_parameters
 
 # --------------------------------------------------------------------------------------------
@@ -108,6 +111,23 @@ def layer_no_target_mask(layer, x, memory, tgt_mask, memory_mask):
     return layer_correct(layer, x, memory, None, memory_mask)
 
 
+def layer_memory_normalised(layer, x, memory, tgt_mask, memory_mask):
+    """Pre-LN applied to every input of cross-attention: the memory is normalised too."""
+    h = layer.self_attention_norm(x)
+    x = x + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
+    h, m = layer.cross_attention_norm(x), layer.cross_attention_norm(memory)
+    x = x + layer.cross_attention(h, m, m, memory_mask)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))
+
+
+def layer_calls_itself(layer, x, memory, tgt_mask, memory_mask):
+    return layer(x, memory, tgt_mask, memory_mask)
+
+
+def layer_calls_its_forward(layer, x, memory, tgt_mask, memory_mask):
+    return layer.forward(x, memory, tgt_mask, memory_mask)
+
+
 def test_decoder_layer_accepts_correct():
     assert ch07.check_decoder_layer_forward(layer_correct, verbose=False)
     assert ch07.check_decoder_layer_forward(layer_explicit_causal_mask, verbose=False)
@@ -171,6 +191,16 @@ def test_decoder_layer_rejects_wrong(wrong):
     assert not ch07.check_decoder_layer_forward(wrong, verbose=False)
 
 
+@pytest.mark.parametrize(
+    "wrong", [layer_calls_itself, layer_calls_its_forward, layer_memory_normalised]
+)
+def test_decoder_layer_rejects_calling_the_layer_and_a_normalised_memory(wrong):
+    result = ch07.check_decoder_layer_forward(wrong, verbose=False)
+    assert not result
+    if wrong is not layer_memory_normalised:
+        assert "build it from the parts" in result.message
+
+
 @pytest.mark.parametrize("wrong", [layer_cross_arguments_swapped, layer_self_attention_on_memory])
 def test_swapped_arguments_fail_on_values_not_only_by_crashing(wrong):
     """Where src_len = tgt_len the wrong order runs: only its values give it away."""
@@ -200,7 +230,11 @@ def test_decoder_layer_reference_is_the_layer_with_a_causal_mask():
         tgt_len = x.shape[1]
         causal = causal_mask(tgt_len, tgt_len)
         mask = causal if case["tgt_mask"] is None else case["tgt_mask"] & causal
-        expected = layer(x, memory, mask, case["memory_mask"], is_causal=False)
+        with pytest.raises(RuntimeError, match="build it from the parts"):
+            layer(x, memory, mask, case["memory_mask"], is_causal=False)
+        expected = DecoderLayer.forward(
+            layer, x, memory, mask, case["memory_mask"], is_causal=False
+        )
         got = ch07.reference_decoder_layer_forward(**case)
         torch.testing.assert_close(got, expected)
 
@@ -218,11 +252,15 @@ def test_decoder_layer_cases_leave_the_global_seed_alone():
 # --------------------------------------------------------------------------------------------
 
 
-def _count(config, *, linear_bias=True, norms=True, generator_bias=True, final=True, tie=True):
+def _count(
+    config, *, linear_bias=True, norms=True, generator_bias=True, final=True, tie=True, gqa=True
+):
     """The count written out, with switches for the classic mistakes."""
     d, f = config.d_model, config.d_ff
+    kv_heads = config.num_kv_heads if gqa and config.num_kv_heads else config.num_heads
+    d_kv = kv_heads * d // config.num_heads  # width of the key and value projections
     layer_norm = 2 * d if norms else 0
-    attention = 4 * d * d + (4 * d if linear_bias else 0)
+    attention = 2 * d * d + 2 * d * d_kv + (2 * d + 2 * d_kv if linear_bias else 0)
     feed_forward = 2 * d * f + (f + d if linear_bias else 0)
     encoder = config.num_layers * (attention + feed_forward + 2 * layer_norm)
     decoder = config.decoder_layers * (2 * attention + feed_forward + 3 * layer_norm)
@@ -268,6 +306,20 @@ def count_no_final_norms(config):
     return _count(config, final=False)
 
 
+def count_ignores_kv_heads(config):
+    return _count(config, gqa=False)
+
+
+def count_kv_heads_on_every_projection(config):
+    # shrinks the query and output projections too, as if d_model became g·d/h
+    if not config.num_kv_heads:
+        return _count(config)
+    d = config.d_model
+    d_kv = config.num_kv_heads * d // config.num_heads
+    shrink = 2 * (d * d - d * d_kv) + 2 * (d - d_kv)
+    return _count(config) - (config.num_layers + 2 * config.decoder_layers) * shrink
+
+
 def count_per_head_projections(config):
     # gives every head its own d_model × d_model query, key and value projections
     d, h = config.d_model, config.num_heads
@@ -297,6 +349,8 @@ def test_parameter_count_building_small_models_agrees():
         count_ignores_tying,
         count_no_final_norms,
         count_per_head_projections,
+        count_ignores_kv_heads,
+        count_kv_heads_on_every_projection,
     ],
 )
 def test_parameter_count_rejects_wrong(wrong):
@@ -320,6 +374,7 @@ def test_parameter_count_of_the_paper_models():
         assert {getattr(config, flag) for config in cases} == {False, True}
     assert any(config.num_decoder_layers not in (None, config.num_layers) for config in cases)
     assert any(config.src_vocab != config.tgt_vocab for config in cases)
+    assert {config.num_kv_heads for config in cases} >= {None, 1, 2}  # MHA, MQA and GQA
 
 
 def test_parameter_cases_are_configs_with_a_short_report():
@@ -691,165 +746,142 @@ def test_decoder_layer_cases_use_decoder_layers_with_a_one_line_report():
 
 
 # --------------------------------------------------------------------------------------------
-# transformer_forward (the assembled forward pass)
+# decode_step (one incremental decoding step, from the parts)
 # --------------------------------------------------------------------------------------------
 
 
-def _assembled(
-    model,
-    src,
-    tgt_in,
-    *,
-    scale=True,
-    causal=True,
-    final_norm=True,
-    cross_mask="source",
-    positions=True,
-    target_padding=True,
-):
+def _step(model, token, memory, memory_mask, cache, *, position="cache", scale=True, use_cache=True,
+          final=True, cross_mask=True):  # fmt: skip
+    """A decoding step written out, with switches for the classic mistakes."""
     d_model = model.config.d_model
-    factor = math.sqrt(d_model) if scale else 1.0
-    src_mask = padding_mask(src, PAD_ID)  # (batch, 1, 1, src_len)
-    x = model.src_embedding.weight[src] * factor  # (batch, src_len, d_model)
-    if positions:
-        x = model.src_positions(x)
-    for layer in model.encoder.layers:
-        x = layer(x, src_mask)
-    if final_norm and model.encoder.final_norm is not None:
-        x = model.encoder.final_norm(x)
-    memory = x
-    tgt_len = tgt_in.shape[1]
-    tgt_mask = padding_mask(tgt_in, PAD_ID) if target_padding else None  # (batch, 1, 1, tgt_len)
-    if causal:
-        future = causal_mask(tgt_len, tgt_len)  # (tgt_len, tgt_len)
-        tgt_mask = future if tgt_mask is None else tgt_mask & future
-    memory_mask = {"source": src_mask, "none": None, "target": tgt_mask}[cross_mask]
-    y = model.tgt_embedding.weight[tgt_in] * factor  # (batch, tgt_len, d_model)
-    if positions:
-        y = model.tgt_positions(y)
-    for layer in model.decoder.layers:
-        y = layer(y, memory, tgt_mask, memory_mask, is_causal=False)
-    if final_norm and model.decoder.final_norm is not None:
+    t = {"cache": cache.length, "zero": 0, "one_late": cache.length + 1}[position]
+    y = model.tgt_embedding.weight[token] * (math.sqrt(d_model) if scale else 1.0)  # (batch, 1, d)
+    y = y + sinusoidal_table(t + 1, d_model)[t]  # position t: the number of cached tokens
+    for layer, kept in zip(model.decoder.layers, cache.layers):
+        y = layer(y, memory, None, memory_mask if cross_mask else None,
+                  cache=kept if use_cache else None)  # fmt: skip
+    if final and model.decoder.final_norm is not None:
         y = model.decoder.final_norm(y)
-    return model.generator(y)  # (batch, tgt_len, tgt_vocab)
+    return model.generator(y)  # (batch, 1, tgt_vocab)
 
 
-def forward_correct(model, src, tgt_in):
-    return _assembled(model, src, tgt_in)
+def step_correct(model, token, memory, memory_mask, cache):
+    return _step(model, token, memory, memory_mask, cache)
 
 
-def forward_with_the_parts_modules(model, src, tgt_in):
-    """The same through the model's modules: TokenEmbedding scales, the decoder adds causal."""
-    src_mask = model.make_src_mask(src)
-    memory = model.encoder(model.src_positions(model.src_embedding(src)), src_mask)
-    y = model.tgt_positions(model.tgt_embedding(tgt_in))
-    return model.generator(model.decoder(y, memory, model.make_tgt_mask(tgt_in), src_mask))
+def step_with_the_position_module(model, token, memory, memory_mask, cache):
+    y = model.tgt_positions(model.tgt_embedding(token), offset=cache.length)  # (batch, 1, d)
+    for layer, kept in zip(model.decoder.layers, cache.layers):
+        y = layer(y, memory, None, memory_mask, cache=kept)
+    if model.decoder.final_norm is not None:
+        y = model.decoder.final_norm(y)
+    return model.generator(y)
 
 
-def forward_no_scale(model, src, tgt_in):
-    return _assembled(model, src, tgt_in, scale=False)
+def step_at_position_zero(model, token, memory, memory_mask, cache):
+    return _step(model, token, memory, memory_mask, cache, position="zero")
 
 
-def forward_scaled_twice(model, src, tgt_in):
-    """TokenEmbedding already multiplies by sqrt(d_model); multiplying again is wrong."""
-    d = math.sqrt(model.config.d_model)
-    src_mask = model.make_src_mask(src)
-    memory = model.encoder(model.src_positions(model.src_embedding(src) * d), src_mask)
-    y = model.tgt_positions(model.tgt_embedding(tgt_in) * d)
-    return model.generator(model.decoder(y, memory, model.make_tgt_mask(tgt_in), src_mask))
+def step_one_position_late(model, token, memory, memory_mask, cache):
+    return _step(model, token, memory, memory_mask, cache, position="one_late")
 
 
-def forward_no_causal_mask(model, src, tgt_in):
-    return _assembled(model, src, tgt_in, causal=False)
+def step_unscaled(model, token, memory, memory_mask, cache):
+    return _step(model, token, memory, memory_mask, cache, scale=False)
 
 
-def forward_no_final_norm(model, src, tgt_in):
-    return _assembled(model, src, tgt_in, final_norm=False)
+def step_without_the_cache(model, token, memory, memory_mask, cache):
+    """The new token attends only to itself: the earlier tokens are forgotten."""
+    return _step(model, token, memory, memory_mask, cache, use_cache=False)
 
 
-def forward_no_cross_mask(model, src, tgt_in):
-    return _assembled(model, src, tgt_in, cross_mask="none")
+def step_no_final_norm(model, token, memory, memory_mask, cache):
+    return _step(model, token, memory, memory_mask, cache, final=False)
 
 
-def forward_target_mask_on_cross_attention(model, src, tgt_in):
-    return _assembled(model, src, tgt_in, cross_mask="target")
+def step_no_cross_mask(model, token, memory, memory_mask, cache):
+    return _step(model, token, memory, memory_mask, cache, cross_mask=False)
 
 
-def forward_no_positions(model, src, tgt_in):
-    return _assembled(model, src, tgt_in, positions=False)
+def step_calls_decode(model, token, memory, memory_mask, cache):
+    return model.decode(token, memory, memory_mask, cache=cache)
 
 
-def forward_no_target_padding(model, src, tgt_in):
-    return _assembled(model, src, tgt_in, target_padding=False)
+def step_calls_the_decoder(model, token, memory, memory_mask, cache):
+    y = model.tgt_positions(model.tgt_embedding(token), offset=cache.length)
+    return model.generator(model.decoder(y, memory, None, memory_mask, cache=cache))
 
 
-def test_transformer_forward_accepts_correct():
-    assert ch07.check_transformer_forward(forward_correct, verbose=False)
-    assert ch07.check_transformer_forward(forward_with_the_parts_modules, verbose=False)
-    # the target padding changes only padded rows (padding at the end, causal mask): accepted
-    assert ch07.check_transformer_forward(forward_no_target_padding, verbose=False)
+def step_full_forward_last_row(model, token, memory, memory_mask, cache):
+    return model(token, token)[:, -1:]
+
+
+def test_decode_step_accepts_correct():
+    assert ch07.check_decode_step(step_correct, verbose=False)
+    assert ch07.check_decode_step(step_with_the_position_module, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        forward_no_scale,
-        forward_scaled_twice,
-        forward_no_causal_mask,
-        forward_no_final_norm,
-        forward_no_cross_mask,
-        forward_target_mask_on_cross_attention,
-        forward_no_positions,
+        step_at_position_zero,
+        step_one_position_late,
+        step_unscaled,
+        step_without_the_cache,
+        step_no_final_norm,
+        step_no_cross_mask,
     ],
 )
-def test_transformer_forward_rejects_wrong(wrong):
-    assert not ch07.check_transformer_forward(wrong, verbose=False)
+def test_decode_step_rejects_wrong(wrong):
+    assert not ch07.check_decode_step(wrong, verbose=False)
 
 
-def test_a_target_mask_on_cross_attention_is_caught_by_values_where_it_runs():
-    """Where src_len = tgt_len the target mask fits cross-attention: its values give it away."""
-    cases = [c for c in ch07._forward_cases() if c["src"].shape[1] == c["tgt_in"].shape[1]]
-    assert cases
-    result = ch07.run_check(
-        "t",
-        forward_target_mask_on_cross_attention,
-        ch07.reference_transformer_forward,
-        cases,
-        verbose=False,
-    )
-    assert not result and "entries differ" in result.message
+@pytest.mark.parametrize(
+    "cheat", [step_calls_decode, step_calls_the_decoder, step_full_forward_last_row]
+)
+def test_decode_step_rejects_calling_the_model_itself(cheat):
+    result = ch07.check_decode_step(cheat, verbose=False)
+    assert not result and "build it from the parts" in result.message
 
 
-def test_forward_cases_have_what_each_wrong_answer_needs():
-    cases = ch07._forward_cases()
+def test_decode_step_leaves_the_models_whole_after_a_check():
+    ch07.check_decode_step(step_calls_decode, verbose=False)
+    case = ch07._decode_cases()[0]
+    model = case["model"]
+    for owner in (model, model.decoder):
+        assert "forward" not in vars(owner) and "decode" not in vars(owner)
+    assert model(case["src"], case["tgt_in"]).shape[-1] == model.config.tgt_vocab
+
+
+def test_decode_cases_have_what_each_wrong_answer_needs():
+    cases = ch07._decode_cases()
     assert any(c["model"].config.norm_first for c in cases)  # final norms exist
     assert any(not c["model"].config.norm_first for c in cases)
-    assert all(c["tgt_in"].shape[1] > 1 for c in cases)  # the causal mask matters
+    assert all(c["tgt_in"].shape[1] > 2 for c in cases)  # several steps: positions matter
     assert all(bool((c["tgt_in"][:, 0] == BOS_ID).all()) for c in cases)
+    assert all(not bool((c["tgt_in"] == PAD_ID).any()) for c in cases)  # generated: no padding
     assert any(bool((c["src"] == PAD_ID).any()) for c in cases)  # source padding
-    assert any(bool((c["tgt_in"] == PAD_ID).any()) for c in cases)  # target padding
     for case in cases:
         model = case["model"]
         assert not model.training and model.config.dropout == 0.0
-        assert model.config.src_pad_id == PAD_ID == model.config.tgt_pad_id
         assert bool((case["src"] != PAD_ID).any(dim=-1).all()), "every source has a real token"
 
 
-def test_forward_reference_is_the_model_and_the_assembly_is_exact():
-    for case in ch07._forward_cases():
+def test_decode_step_expected_is_the_full_forward():
+    """What the steps are compared with is model(src, tgt_in): row t after t + 1 tokens."""
+    for case in ch07._decode_cases():
         expected = case["model"](case["src"], case["tgt_in"])
-        assert torch.equal(ch07.reference_transformer_forward(**case), expected)
-        assert torch.equal(forward_correct(**case), expected)
+        torch.testing.assert_close(ch07._full_decode(**case), expected)
 
 
-def test_forward_stub_is_not_attempted_and_cases_leave_the_seed_alone():
-    def stub(model, src, tgt_in):
+def test_decode_stub_is_not_attempted_and_cases_leave_the_seed_alone():
+    def stub(model, token, memory, memory_mask, cache):
         raise NotImplementedError
 
-    result = ch07.check_transformer_forward(stub, verbose=False)
+    result = ch07.check_decode_step(stub, verbose=False)
     assert not result and "not attempted" in result.message
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    ch07._forward_cases()
+    ch07._decode_cases()
     assert torch.equal(torch.rand(3), expected)

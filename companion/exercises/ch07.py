@@ -15,7 +15,7 @@ the parameters of a whole Transformer           :func:`check_parameter_count`
 one decoding step with a key/value cache        :func:`check_cached_attention_step`
 one step of beam search                         :func:`check_beam_step`
 the distribution of temperature + top-k         :func:`check_sampling_distribution`
-the whole forward pass, assembled from parts    :func:`check_transformer_forward`
+one incremental decoding step, from the parts  :func:`check_decode_step`
 ==============================================  =====================================
 """
 
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from companion._validation import check_callable as _check_callable
+from companion.cache import DecoderCache
 from companion.data import PAD_ID
 from companion.decode import sampling_distribution
 from companion.exercises._checker import (
@@ -41,6 +42,7 @@ from companion.exercises._checker import (
     seeded_generator,
 )
 from companion.layers import DecoderLayer
+from companion.masking import padding_mask
 from companion.model import Transformer, TransformerConfig
 from companion.utils import count_parameters
 
@@ -50,7 +52,7 @@ __all__ = [
     "check_cached_attention_step",
     "check_beam_step",
     "check_sampling_distribution",
-    "check_transformer_forward",
+    "check_decode_step",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -65,7 +67,7 @@ def reference_decoder_layer_forward(
     tgt_mask: Tensor | None,
     memory_mask: Tensor,
 ) -> Tensor:
-    """One Pre-LN decoder layer: the layer's own forward pass.
+    """One Pre-LN decoder layer: the class's forward pass (``DecoderLayer.forward``).
 
     Written out with the layer's sub-modules, it computes::
 
@@ -91,7 +93,21 @@ def reference_decoder_layer_forward(
     Returns:
         Shape ``(batch, tgt_len, d_model)``.
     """
-    return layer(x, memory, tgt_mask, memory_mask)  # (batch, tgt_len, d_model)
+    # the class's forward: the layers of the check refuse ``layer(...)`` (build it from the parts)
+    return DecoderLayer.forward(
+        layer, x, memory, tgt_mask, memory_mask
+    )  # (batch, tgt_len, d_model)
+
+
+def _refuse(what: str, parts: str) -> Callable[..., Any]:
+    """A stand-in for ``what``'s own forward: the exercise asks for it built from ``parts``."""
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"{what} refuses to run in this check: build it from the parts ({parts})"
+        )
+
+    return refused
 
 
 class _ReportedLayer(DecoderLayer):
@@ -136,6 +152,10 @@ def _decoder_layer_cases() -> list[Case]:
         for batch, tgt_len, src_len, d_model, heads, d_ff, src_lengths, tgt_lengths in settings:
             layer = _ReportedLayer(d_model, heads, d_ff, dropout=0.0, norm_first=True)
             _randomize_layer(layer, g)
+            layer.forward = _refuse(  # an instance attribute: `layer(...)` raises, the parts run
+                "layer(...)",
+                "layer.self_attention, layer.cross_attention, layer.feed_forward and the norms",
+            )
             x = 0.5 + 1.5 * torch.randn(batch, tgt_len, d_model, generator=g)  # not normalised
             memory = torch.randn(batch, src_len, d_model, generator=g)
             tgt_mask = (
@@ -201,8 +221,9 @@ def check_decoder_layer_forward(
     decoder_layer_forward: Callable[..., Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``decoder_layer_forward(layer, x, memory, tgt_mask, memory_mask)`` →
-    ``(batch, tgt_len, d_model)``, the Pre-LN forward pass built from ``layer``'s sub-modules.
-    Only the rows of real target positions are compared (:func:`_real_rows_only`)."""
+    ``(batch, tgt_len, d_model)``, the Pre-LN forward pass built from ``layer``'s sub-modules:
+    the layers handed to it raise when called as a whole (``layer(...)``). Only the rows of
+    real target positions are compared (:func:`_real_rows_only`)."""
     _check_callable("the function to check", decoder_layer_forward)
     return run_check(
         "decoder_layer_forward",
@@ -224,7 +245,9 @@ def reference_parameter_count(config: TransformerConfig) -> int:
     Counted on an actual model built on the ``meta`` device (shapes only, no memory), so even
     the paper's big model costs nothing. Written out, with ``d = d_model``, ``f = d_ff``:
 
-    * attention block ``4d² + 4d``, feed-forward ``2df + f + d``, LayerNorm ``2d``;
+    * attention block ``4d² + 4d``, feed-forward ``2df + f + d``, LayerNorm ``2d``; with
+      ``num_kv_heads = g`` of ``h`` heads (grouped-query attention) the key and value
+      projections map ``d`` to ``g·d/h`` only: ``2(d² + d) + 2(d·g·d/h + g·d/h)``;
     * encoder layer: attention + feed-forward + 2 LayerNorms; decoder layer: 2 attentions +
       feed-forward + 3 LayerNorms;
     * a final LayerNorm after each stack when it is Pre-LN (``final_norm``, default
@@ -270,6 +293,12 @@ def _parameter_cases() -> list[Case]:
              tie_source_embedding=True),  # a single head; shared source/target embedding
         dict(src_vocab=30, tgt_vocab=40, d_model=12, num_heads=6, num_layers=4, d_ff=20,
              num_decoder_layers=2, norm_first=True, tie_embeddings=True),
+        # grouped-query attention: 2 key/value heads for 4 query heads
+        dict(src_vocab=40, tgt_vocab=50, d_model=16, num_heads=4, num_layers=2, d_ff=32,
+             num_kv_heads=2, norm_first=True, tie_embeddings=True),
+        # multi-query attention: one key/value head for 8 query heads
+        dict(src_vocab=60, tgt_vocab=60, d_model=32, num_heads=8, num_layers=1, d_ff=64,
+             num_decoder_layers=2, num_kv_heads=1, tie_source_embedding=True),
         # the paper's base model, one 37000-token matrix for both embeddings and the generator
         dict(src_vocab=37000, tgt_vocab=37000, tie_embeddings=True, tie_source_embedding=True),
         dict(src_vocab=37000, tgt_vocab=37000),  # the same without any sharing
@@ -514,35 +543,42 @@ def check_sampling_distribution(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 6: the whole forward pass, assembled from the model's parts
+# Exercise 6: one incremental decoding step, from the model's parts
 # --------------------------------------------------------------------------------------------
 
 
-def reference_transformer_forward(model: Transformer, src: Tensor, tgt_in: Tensor) -> Tensor:
-    """The logits of ``model(src, tgt_in)``: the model's own forward pass.
+def reference_decode_step(
+    model: Transformer, token: Tensor, memory: Tensor, memory_mask: Tensor, cache: DecoderCache
+) -> Tensor:
+    """The logits of the newest target token, computed from the cache and the model's parts.
 
-    Written out with the model's public parts, it computes::
+    ``cache`` holds the keys and values of the ``t = cache.length`` tokens decoded so far; the
+    new token sits at position ``t``. Written out::
 
-        src_mask = padding_mask(src, PAD_ID)                               # (batch, 1, 1, src_len)
-        x = src_positions(src_embedding.weight[src] * sqrt(d_model))
-        for layer in encoder.layers: x = layer(x, src_mask)
-        memory = encoder.final_norm(x)                  # Pre-LN only (None for Post-LN)
-        tgt_mask = padding_mask(tgt_in, PAD_ID) & causal_mask(tgt_len, tgt_len)
-        y = tgt_positions(tgt_embedding.weight[tgt_in] * sqrt(d_model))
-        for layer in decoder.layers: y = layer(y, memory, tgt_mask, src_mask, is_causal=False)
-        logits = generator(decoder.final_norm(y))       # Pre-LN only
+        y = tgt_positions(tgt_embedding(token), t)       # × √d_model inside; position t, not 0
+        for layer, kept in zip(decoder.layers, cache.layers):
+            y = layer(y, memory, None, memory_mask, cache=kept)   # appends this step's k, v
+        logits = generator(decoder.final_norm(y))        # final norm: Pre-LN only
+
+    No target mask is needed: the one new query may see every cached key (all earlier).
 
     Args:
         model: a :class:`~companion.model.Transformer` with sinusoidal positions, dropout 0,
-            pad id ``PAD_ID`` on both sides, in evaluation mode.
-        src: source ids ``(batch, src_len)``, padded with ``PAD_ID``.
-        tgt_in: decoder input ids ``(batch, tgt_len)`` (``<bos>`` first), padded with
-            ``PAD_ID``.
+            in evaluation mode.
+        token: the newest target ids ``(batch, 1)``.
+        memory: the encoder output ``(batch, src_len, d_model)``.
+        memory_mask: source padding ``(batch, 1, 1, src_len)`` (``True`` = a real token).
+        cache: ``model.new_cache()`` after ``t`` earlier steps, updated in place.
 
     Returns:
-        logits ``(batch, tgt_len, tgt_vocab)``.
+        logits ``(batch, 1, tgt_vocab)``.
     """
-    return model(src, tgt_in)  # (batch, tgt_len, tgt_vocab)
+    y = model.tgt_positions(model.tgt_embedding(token), cache.length)  # (batch, 1, d_model)
+    for layer, kept in zip(model.decoder.layers, cache.layers):
+        y = DecoderLayer.forward(layer, y, memory, None, memory_mask, cache=kept)  # (batch, 1, d)
+    if model.decoder.final_norm is not None:  # Pre-LN only
+        y = model.decoder.final_norm(y)
+    return model.generator(y)  # (batch, 1, tgt_vocab)
 
 
 class _ReportedModel(Transformer):
@@ -583,21 +619,22 @@ def _padded_ids(
     return ids.masked_fill(~lengths_mask(lengths, seq_len), PAD_ID)  # (batch, seq_len)
 
 
-def _forward_cases() -> list[Case]:
+def _decode_cases() -> list[Case]:
+    """Models and (source, target) pairs; the target has no padding (it is being generated)."""
     g = seeded_generator(716)
     settings = [
         # (src_vocab, tgt_vocab, d_model, heads, layers, d_ff, norm_first, tie,
-        #  source lengths, src_len, target lengths, tgt_len)
-        (20, 25, 16, 4, 2, 32, True, False, [7, 4], 7, [5, 3], 5),  # Pre-LN: final norms
-        (20, 25, 16, 2, 2, 32, False, False, [6, 3], 6, [4, 4], 4),  # Post-LN: none
-        (30, 30, 24, 3, 1, 48, True, True, [5, 2, 5], 5, [5, 2, 4], 5),  # src_len = tgt_len
-        (18, 22, 8, 2, 3, 16, True, False, [3], 4, [6], 6),  # one sentence, one pad
-        (25, 20, 32, 8, 2, 64, False, True, [9, 1], 9, [3, 2], 3),  # a one-token source
+        #  source lengths, src_len, tgt_len)
+        (20, 25, 16, 4, 2, 32, True, False, [7, 4], 7, 5),  # Pre-LN: a final norm
+        (20, 25, 16, 2, 2, 32, False, False, [6, 3], 6, 4),  # Post-LN: none
+        (30, 30, 24, 3, 1, 48, True, True, [5, 2, 5], 5, 6),
+        (18, 22, 8, 2, 3, 16, True, False, [3], 4, 7),  # one sentence, one pad
+        (25, 20, 32, 8, 2, 64, False, True, [9, 1], 9, 3),  # a one-token source
     ]
     cases: list[Case] = []
     with torch.random.fork_rng(devices=[]):  # building models must not move the global seed
         for (src_vocab, tgt_vocab, d_model, heads, layers, d_ff, norm_first, tie,
-             src_lengths, src_len, tgt_lengths, tgt_len) in settings:  # fmt: skip
+             src_lengths, src_len, tgt_len) in settings:  # fmt: skip
             config = TransformerConfig(
                 src_vocab=src_vocab,
                 tgt_vocab=tgt_vocab,
@@ -612,28 +649,78 @@ def _forward_cases() -> list[Case]:
                 tgt_pad_id=PAD_ID,
             )
             model = _randomize_model(_ReportedModel(config), g)
+            batch = len(src_lengths)
             cases.append(
                 {
                     "model": model,
                     "src": _padded_ids(src_lengths, src_len, src_vocab, g, bos=False),
-                    "tgt_in": _padded_ids(tgt_lengths, tgt_len, tgt_vocab, g, bos=True),
+                    "tgt_in": _padded_ids([tgt_len] * batch, tgt_len, tgt_vocab, g, bos=True),
                 }
             )
     return cases
 
 
-def check_transformer_forward(
-    transformer_forward: Callable[..., Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``transformer_forward(model, src, tgt_in)`` → logits ``(batch, tgt_len,
-    tgt_vocab)``, the forward pass assembled from the model's parts, against
-    ``model(src, tgt_in)``. Only the rows of real target positions are compared
-    (:func:`_real_rows_only`)."""
-    _check_callable("the function to check", transformer_forward)
+def _full_decode(model: Transformer, src: Tensor, tgt_in: Tensor) -> Tensor:
+    """What every step must give: the whole prefix decoded at once, without a cache
+    (``(batch, tgt_len, tgt_vocab)``; row ``t`` is the logits after ``tgt_in[:, : t + 1]``)."""
+    src_mask = padding_mask(src, PAD_ID)  # (batch, 1, 1, src_len)
+    with torch.no_grad():
+        memory = Transformer.encode(model, src, src_mask)  # (batch, src_len, d_model)
+        return Transformer.decode(model, tgt_in, memory, src_mask)  # (batch, tgt_len, vocab)
+
+
+def _step_by_step(decode_step: Callable[..., Tensor]) -> Callable[..., Any]:
+    """``(model, src, tgt_in)`` → the logits of ``decode_step`` called once per target token
+    with one cache, stacked ``(batch, tgt_len, tgt_vocab)``. While it runs, the model's own
+    ``forward``, ``decode`` and ``decoder`` refuse: the step must be built from the parts."""
+
+    def run(model: Transformer, src: Tensor, tgt_in: Tensor) -> Any:
+        src_mask = padding_mask(src, PAD_ID)  # (batch, 1, 1, src_len)
+        with torch.no_grad():
+            memory = Transformer.encode(model, src, src_mask)  # (batch, src_len, d_model)
+        cache = model.new_cache()
+        parts = "tgt_embedding, tgt_positions, decoder.layers, decoder.final_norm, generator"
+        refused = {
+            (model, "forward"): "model(...)",
+            (model, "decode"): "model.decode",
+            (model.decoder, "forward"): "model.decoder(...)",
+        }
+        for (owner, attribute), what in refused.items():
+            setattr(owner, attribute, _refuse(what, parts))
+        rows = []
+        try:
+            for t in range(tgt_in.shape[1]):
+                with torch.no_grad():
+                    out = decode_step(
+                        model=model,
+                        token=tgt_in[:, t : t + 1],  # (batch, 1)
+                        memory=memory,
+                        memory_mask=src_mask,
+                        cache=cache,
+                    )
+                expected = (tgt_in.shape[0], 1, model.config.tgt_vocab)
+                if not isinstance(out, Tensor) or tuple(out.shape) != expected:
+                    return out  # the check reports the wrong type or shape
+                rows.append(out)
+        finally:
+            for owner, attribute in refused:
+                delattr(owner, attribute)
+        return torch.cat(rows, dim=1)  # (batch, tgt_len, tgt_vocab)
+
+    return run
+
+
+def check_decode_step(decode_step: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``decode_step(model, token, memory, memory_mask, cache)`` → logits
+    ``(batch, 1, tgt_vocab)`` of the newest token. The check feeds every token of ``tgt_in``
+    in turn through one cache and compares the stacked logits with the whole prefix decoded
+    at once, without a cache; ``model(...)``, ``model.decode`` and ``model.decoder(...)``
+    raise while it runs."""
+    _check_callable("the function to check", decode_step)
     return run_check(
-        "transformer_forward",
-        _real_rows_only(transformer_forward, "tgt_in"),
-        _real_rows_only(reference_transformer_forward, "tgt_in"),
-        _forward_cases(),
+        "decode_step (every step of tgt_in, one cache)",
+        _step_by_step(decode_step),
+        _full_decode,
+        _decode_cases(),
         verbose=verbose,
     )
