@@ -423,6 +423,10 @@ def first_leak_boolean(attend, x):  # the yes/no answer of a plain leak test
     return first_leak_correct(attend, x) is not None
 
 
+def first_leak_negated(attend, x):  # -x: blind to an even function of the input
+    return _pairs(attend, x, lambda v: -v)
+
+
 def first_leak_smallest_j_first(attend, x):  # j outer loop, first leak met: smallest j wins
     before = attend(x)
     for j in range(1, x.shape[1]):
@@ -461,6 +465,7 @@ def test_first_leak_accepts_correct():
         first_leak_boolean,
         first_leak_smallest_j_first,
         first_leak_first_sequence_only,
+        first_leak_negated,
     ],
 )
 def test_first_leak_rejects_wrong(wrong):
@@ -472,7 +477,15 @@ def test_leak_cases_have_both_answers_and_the_hard_leaks():
     answers = [ch05.reference_first_leak(**case) for case in ch05._future_leak_cases()]
     assert answers.count(None) >= 4 and len(answers) - answers.count(None) >= 6
     # a leak two steps ahead, one into a late position, and two blind to deterministic changes
-    assert {(0, 2), (4, 5), (1, 3), (2, 4), (0, 3)} <= set(answers)
+    assert {(0, 2), (4, 5), (1, 3), (2, 4), (0, 3), (1, 4)} <= set(answers)
+
+
+def test_leak_case_blind_to_negation():
+    even = {case["attend"].name: case for case in ch05._future_leak_cases()}[
+        "square of x[4] into 1"
+    ]
+    assert first_leak_negated(**even) is None
+    assert ch05.reference_first_leak(**even) == (1, 4)
 
 
 def test_leak_cases_separate_smallest_i_from_smallest_j_and_later_sequences():

@@ -438,6 +438,10 @@ def _add_at(
     return model
 
 
+def _square(v: Tensor) -> Tensor:  # (batch, d): even, so blind to v -> -v
+    return v * v
+
+
 def _future_leak_cases() -> list[Case]:
     g = seeded_generator(506)
     d = 4
@@ -478,6 +482,11 @@ def _future_leak_cases() -> list[Case]:
             "attend": _Elementwise("centred x[4] into 2", _add_at(causal, 2, 4, centred)),
             "x": x(6),
         },  # (2, 4)
+        # a leak through an even function, blind to negating the input: "-x" misses it
+        {
+            "attend": _Elementwise("square of x[4] into 1", _add_at(causal, 1, 4, _square)),
+            "x": x(5),
+        },
         # layer norm first: it ignores a constant added to a position's vector
         {
             "attend": _Elementwise("layer norm, then no mask", lambda x: full(_layer_norm(x))),
@@ -526,7 +535,7 @@ def check_first_leak(
     that leak in several ways: full attention, an off-by-one diagonal, a single pair (0, 1), a
     leak two steps ahead only, a leak into a late position only, two leaks whose smallest ``j``
     is not the one with the smallest ``i``, a leak in the second sequence of the batch only,
-    and leaks that a positive rescale or an added constant cannot reveal."""
+    and leaks that a positive rescale, an added constant or a negation cannot reveal."""
     return run_check(
         "first_leak",
         first_leak,
