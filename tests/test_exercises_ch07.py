@@ -120,6 +120,15 @@ def layer_memory_normalised(layer, x, memory, tgt_mask, memory_mask):
     return x + layer.feed_forward(layer.feed_forward_norm(x))
 
 
+def layer_causal_cross_attention(layer, x, memory, tgt_mask, memory_mask):
+    """A causal mask on cross-attention too: target position i may then read source j <= i only."""
+    h = layer.self_attention_norm(x)
+    x = x + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
+    h = layer.cross_attention_norm(x)
+    x = x + layer.cross_attention(h, memory, memory, memory_mask, is_causal=True)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))
+
+
 def layer_calls_itself(layer, x, memory, tgt_mask, memory_mask):
     return layer(x, memory, tgt_mask, memory_mask)
 
@@ -192,12 +201,18 @@ def test_decoder_layer_rejects_wrong(wrong):
 
 
 @pytest.mark.parametrize(
-    "wrong", [layer_calls_itself, layer_calls_its_forward, layer_memory_normalised]
+    "wrong",
+    [
+        layer_calls_itself,
+        layer_calls_its_forward,
+        layer_memory_normalised,
+        layer_causal_cross_attention,
+    ],
 )
 def test_decoder_layer_rejects_calling_the_layer_and_a_normalised_memory(wrong):
     result = ch07.check_decoder_layer_forward(wrong, verbose=False)
     assert not result
-    if wrong is not layer_memory_normalised:
+    if wrong in (layer_calls_itself, layer_calls_its_forward):
         assert "build it from the parts" in result.message
 
 
@@ -306,6 +321,16 @@ def count_no_final_norms(config):
     return _count(config, final=False)
 
 
+def count_ignores_num_decoder_layers(config):
+    return _count(config) - (config.decoder_layers - config.num_layers) * (
+        _count(_one_more_decoder_layer(config)) - _count(config)
+    )
+
+
+def _one_more_decoder_layer(config):
+    return TransformerConfig(**{**asdict(config), "num_decoder_layers": config.decoder_layers + 1})
+
+
 def count_ignores_kv_heads(config):
     return _count(config, gqa=False)
 
@@ -351,6 +376,7 @@ def test_parameter_count_building_small_models_agrees():
         count_per_head_projections,
         count_ignores_kv_heads,
         count_kv_heads_on_every_projection,
+        count_ignores_num_decoder_layers,
     ],
 )
 def test_parameter_count_rejects_wrong(wrong):
