@@ -255,11 +255,85 @@ def blockwise_unscaled(q, k, v, block_size):
     return blockwise_correct(q * math.sqrt(q.shape[-1]), k, v, block_size)
 
 
+def blockwise_kt_first(q, k, v, block_size):  # transposes all keys first, then slices
+    kt = k.transpose(-2, -1)  # (..., d_k, k_len): not a score matrix, must be allowed
+    scale = 1 / math.sqrt(q.shape[-1])
+    running_max = torch.full((*q.shape[:-1], 1), float("-inf"))
+    total = torch.zeros(*q.shape[:-1], 1)
+    out = torch.zeros(*q.shape[:-1], v.shape[-1])
+    for start in range(0, k.shape[-2], block_size):
+        scores = q @ kt[..., start : start + block_size] * scale
+        new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
+        correction = torch.exp(running_max - new_max)
+        p = torch.exp(scores - new_max)
+        total = total * correction + p.sum(-1, keepdim=True)
+        out = out * correction + p @ v[..., start : start + block_size, :]
+        running_max = new_max
+    return out / total
+
+
+def blockwise_full_companion(q, k, v, block_size):  # ignores the blocks
+    return scaled_dot_product_attention(q, k, v)[0]
+
+
+def blockwise_full_softmax(q, k, v, block_size):  # the four lines, blocks ignored
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ v
+
+
+def blockwise_fused(q, k, v, block_size):  # PyTorch's fused kernel on all keys
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def blockwise_scores_by_broadcast(q, k, v, block_size):  # all scores without a matmul
+    scores = (q[..., :, None, :] * k[..., None, :, :]).sum(-1) / math.sqrt(q.shape[-1])
+    exp_scores = torch.exp(scores - scores.amax(-1, keepdim=True))  # softmax by hand
+    return exp_scores / exp_scores.sum(-1, keepdim=True) @ v
+
+
+def blockwise_concatenated_scores(q, k, v, block_size):  # blocks, then all scores glued
+    scale = 1 / math.sqrt(q.shape[-1])
+    blocks = [
+        q @ k[..., s : s + block_size, :].transpose(-2, -1) * scale
+        for s in range(0, k.shape[-2], block_size)
+    ]
+    return torch.softmax(torch.cat(blocks, dim=-1), dim=-1) @ v
+
+
 def test_blockwise_accepts_correct():
     assert ch02.check_blockwise_attention(blockwise_correct, verbose=False)
     assert ch02.check_blockwise_attention(blockwise_logsumexp, verbose=False)
-    full = lambda q, k, v, block_size: scaled_dot_product_attention(q, k, v)[0]  # noqa: E731
-    assert ch02.check_blockwise_attention(full, verbose=False)
+    assert ch02.check_blockwise_attention(blockwise_kt_first, verbose=False)
+    assert ch02.check_blockwise_attention(ch02.reference_blockwise_attention, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "full",
+    [
+        blockwise_full_companion,
+        blockwise_full_softmax,
+        blockwise_fused,
+        blockwise_scores_by_broadcast,
+        blockwise_concatenated_scores,
+    ],
+)
+def test_blockwise_rejects_all_keys_at_once(full):
+    result = ch02.check_blockwise_attention(full, verbose=False)
+    assert not result
+    assert "BlockRuleBroken" in result.message, result.message
+    assert "one block of keys at a time" in result.message, result.message
+
+
+def test_blockwise_rule_is_lifted_after_the_check():
+    ch02.check_blockwise_attention(blockwise_full_softmax, verbose=False)
+    q, k = torch.randn(3, 4), torch.randn(8, 4)
+    assert (q @ k.T).shape == (3, 8)  # no mode left on the stack
+
+
+def test_blockwise_cases_tell_scores_from_transposed_keys():
+    for case in ch02._blockwise_cases():
+        q_len, d_k, d_v = case["q"].shape[-2], case["q"].shape[-1], case["v"].shape[-1]
+        assert q_len not in (d_k, d_v), (q_len, d_k, d_v)
 
 
 @pytest.mark.parametrize(
@@ -612,6 +686,10 @@ def scale_test_default_allclose(attention):  # atol=1e-8 is below float32 roundi
     return _compare_on(attention, shapes, torch.allclose)
 
 
+def scale_test_default_allclose_small(attention):  # rtol=1e-5 covers rounding on these
+    return _compare_on(attention, GOOD_SHAPES, torch.allclose)
+
+
 def scale_test_ranking(attention):  # "scaling keeps the order of the keys"
     gen = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
@@ -631,6 +709,7 @@ def scale_test_never_calls(attention):
         scale_test_correct,
         scale_test_pytest_style,
         scale_test_weights_through_identity,
+        scale_test_default_allclose_small,
     ],
 )
 def test_scale_test_accepts_correct(good, capsys):
@@ -665,6 +744,7 @@ def test_scale_test_explains_a_too_strict_comparison(strict):
     assert not result
     assert "IS correct" in result.message and "float32 rounding" in result.message
     assert "atol=1e-5" in result.message
+    assert "shrinks to nothing near zero" in result.message, result.message
     # the message states the size of the rounding it saw: a small number, not the formula's gap
     size = float(result.message.split("by at most ")[1].split(" ")[0])
     assert 0 < size < 1e-5, result.message
@@ -760,11 +840,41 @@ def crossover_copied(n_keys):  # the chapter's width for 16 keys
     return 128
 
 
+def crossover_lookup(n_keys):  # the answers for the numbers of keys the check once used
+    return {4: 32, 64: 512}.get(n_keys, 128)
+
+
+def _seeds_covering_every_setting():
+    """A few seeds whose draws, together, ask about every number of keys of the check."""
+    seeds, seen = [], set()
+    for seed in range(100):
+        drawn = set(ch02.crossover_draw(seed))
+        if not drawn <= seen:
+            seeds.append(seed)
+            seen |= drawn
+        if seen == set(ch02.CROSSOVER_N_KEYS):
+            return seeds
+    raise AssertionError(f"no seeds cover {ch02.CROSSOVER_N_KEYS}: {seen}")
+
+
 def test_gradient_crossover_accepts_a_measurement(capsys):
     assert ch02.check_gradient_crossover(crossover_correct)
     assert "✅" in capsys.readouterr().out
-    assert ch02.check_gradient_crossover(crossover_as_float, verbose=False)
-    assert ch02.check_gradient_crossover(crossover_brute_force_small, verbose=False)
+    for seed in _seeds_covering_every_setting():
+        assert ch02.check_gradient_crossover(crossover_correct, verbose=False, seed=seed)
+    assert ch02.check_gradient_crossover(crossover_as_float, verbose=False, seed=0)
+    assert ch02.check_gradient_crossover(crossover_brute_force_small, verbose=False, seed=0)
+
+
+def test_gradient_crossover_draws_vary_and_defeat_a_lookup():
+    draws = {ch02.crossover_draw(seed) for seed in range(50)}
+    assert len(draws) > 3, draws
+    assert all(few in (3, 4, 8) and many in (32, 64, 96) for few, many in draws), draws
+    seed = next(s for s in range(50) if ch02.crossover_draw(s) != (4, 64))
+    result = ch02.check_gradient_crossover(crossover_lookup, verbose=False, seed=seed)
+    assert not result and "❌" in result.message, result.message
+    with pytest.raises(TypeError, match="seed must be an int or None"):
+        ch02.crossover_draw("0")
 
 
 @pytest.mark.parametrize(
@@ -782,9 +892,10 @@ def test_gradient_crossover_accepts_a_measurement(capsys):
     ],
 )
 def test_gradient_crossover_rejects_wrong(wrong):
-    result = ch02.check_gradient_crossover(wrong, verbose=False)
-    assert not result
-    assert "❌" in result.message
+    for seed in _seeds_covering_every_setting():
+        result = ch02.check_gradient_crossover(wrong, verbose=False, seed=seed)
+        assert not result, (seed, result.message)
+        assert "❌" in result.message
 
 
 def test_gradient_crossover_settings_are_clear_cut():

@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 
 from companion._validation import check_callable
 from companion.exercises._checker import (
@@ -43,11 +45,13 @@ __all__ = [
     "GAP_FACTOR",
     "GAP_SETTINGS",
     "autograd_forbidden",
+    "BlockRuleBroken",
     "check_attention_backward",
     "check_blockwise_attention",
     "check_gradient_gap",
     "check_gradient_crossover",
     "crossover_gap",
+    "crossover_draw",
     "CROSSOVER_N_KEYS",
     "CROSSOVER_D_KS",
     "sampled_query_gradient_norms",
@@ -376,9 +380,11 @@ def _scale_verdict_problem(
         return (
             f"your test rejected {recorded!r}, {what}, an attention that IS correct; on the"
             f" inputs your test used ({shapes}) its outputs differ from the exact values by at"
-            f" most {error:.1e} (on outputs up to {size:.1e}), float32 rounding. Exact equality,"
-            " and torch.allclose with its default atol=1e-8, are too strict: compare with a"
-            " tolerance such as atol=1e-5"
+            f" most {error:.1e} (on outputs up to {size:.1e}), float32 rounding. Exact equality"
+            " is too strict, and so is any tolerance that shrinks to nothing near zero"
+            " (torch.allclose's default atol=1e-8, or rtol alone: an output entry close to 0"
+            " then gets less room than the rounding): compare with an absolute tolerance"
+            " such as atol=1e-5"
         )
     return (
         f"your test accepted {recorded!r}, which is wrong: {what}. On the inputs your test used"
@@ -533,10 +539,11 @@ def reference_blockwise_attention(q: Tensor, k: Tensor, v: Tensor, block_size: i
 
 def _blockwise_cases(seed: int = 20) -> Iterator[Case]:
     gen = seeded_generator(seed)
-    # (leading dims, q_len, k_len, d_k, d_v, block_size, score size)
+    # (leading dims, q_len, k_len, d_k, d_v, block_size, score size); q_len differs from d_k
+    # and d_v, so that only a score matrix ends in (q_len, k_len) (see _BlockRule)
     settings = [
         ((), 3, 8, 4, 2, 4, 1.0),  # two full blocks
-        ((), 4, 7, 4, 3, 3, 1.0),  # the last block is shorter
+        ((), 5, 7, 4, 3, 3, 1.0),  # the last block is shorter
         ((2,), 3, 5, 8, 4, 1, 1.0),  # one key per block
         ((2,), 2, 5, 4, 4, 16, 1.0),  # one block holds every key
         ((2, 3), 5, 9, 8, 3, 4, 1.0),  # batch × heads
@@ -556,6 +563,61 @@ def _blockwise_cases(seed: int = 20) -> Iterator[Case]:
     yield {"q": q, "k": k, "v": torch.randn(12, 3, generator=gen), "block_size": 4}
 
 
+class BlockRuleBroken(RuntimeError):
+    """Raised when the reader's ``blockwise_attention`` holds more than one block's scores."""
+
+
+def _tensors(value: object) -> Iterator[Tensor]:
+    if isinstance(value, Tensor):
+        yield value
+    elif isinstance(value, (tuple, list)):
+        for item in value:
+            yield from _tensors(item)
+
+
+class _BlockRule(TorchFunctionMode):
+    """Watches every PyTorch call while the reader's ``blockwise_attention`` runs.
+
+    A call is refused (:class:`BlockRuleBroken`) when it returns a tensor ending in
+    ``(q_len, k_len)``, a score or weight matrix over all the keys (``q @ k.transpose``,
+    ``torch.softmax`` of it, ``torch.cat`` of the blocks' scores, ...), or when it is
+    PyTorch's fused ``scaled_dot_product_attention`` on more than ``block_size`` keys. Only
+    active when ``block_size < k_len``; the check's cases have ``q_len`` different from
+    ``d_k`` and ``d_v``, so no transposed key or value matrix ends in ``(q_len, k_len)``.
+    """
+
+    def __init__(self, q_len: int, k_len: int, block_size: int) -> None:
+        super().__init__()
+        self.q_len, self.k_len, self.block_size = q_len, k_len, block_size
+
+    def _refuse(self, what: str) -> None:
+        raise BlockRuleBroken(
+            f"{what}, with block_size={self.block_size} and {self.k_len} keys: the exercise"
+            " allows the scores of one block of keys at a time. Slice the keys and values"
+            " first, k[..., start:start + block_size, :], and keep only running quantities"
+            " (a maximum, a sum, a weighted sum of values) between blocks"
+        )
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            key = kwargs.get("key", args[1] if len(args) > 1 else None)
+            if isinstance(key, Tensor) and key.dim() >= 2 and key.shape[-2] > self.block_size:
+                self._refuse(
+                    f"torch.nn.functional.scaled_dot_product_attention was called on"
+                    f" {key.shape[-2]} keys at once"
+                )
+        result = func(*args, **kwargs)
+        for tensor in _tensors(result):
+            if tensor.dim() >= 2 and tuple(tensor.shape[-2:]) == (self.q_len, self.k_len):
+                name = getattr(func, "__name__", repr(func))
+                self._refuse(
+                    f"{name} returned a tensor of shape {tuple(tensor.shape)}, the scores of"
+                    f" all {self.k_len} keys for each of the {self.q_len} queries"
+                )
+        return result
+
+
 def check_blockwise_attention(
     blockwise_attention: Callable[[Tensor, Tensor, Tensor, int], Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -564,18 +626,31 @@ def check_blockwise_attention(
     ``q (..., q_len, d_k)``, ``k (..., k_len, d_k)``, ``v (..., k_len, d_v)``; the output
     ``(..., q_len, d_v)`` must equal ``softmax(q kᵀ / √d_k) v``. The cases include a short
     last block, blocks of one key, one block for all keys, scores in the thousands and keys
-    whose scores rise from block to block. (The check compares results: it cannot see whether
-    you kept to one block of keys at a time.)
+    whose scores rise from block to block. While the reader's function runs, a
+    :class:`~torch.overrides.TorchFunctionMode` refuses any PyTorch call that returns a
+    tensor ending in ``(q_len, k_len)`` (the scores or weights of all keys at once) or runs
+    PyTorch's fused attention on more than ``block_size`` keys, so the plain full softmax is
+    reported, not passed. (Work done outside PyTorch, in NumPy say, is not watched.)
     """
+
+    @functools.wraps(blockwise_attention)
+    def one_block_at_a_time(q: Tensor, k: Tensor, v: Tensor, block_size: int) -> Tensor:
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        if block_size >= k_len:  # one block holds every key: nothing to watch
+            return blockwise_attention(q, k, v, block_size)
+        with _BlockRule(q_len, k_len, block_size):
+            return blockwise_attention(q, k, v, block_size)
+
     return run_check(
         "blockwise_attention",
-        blockwise_attention,
+        one_block_at_a_time,
         lambda q, k, v, block_size: reference_scaled_attention(q, k, v)[0],
         _blockwise_cases(),
         verbose=verbose,
     )
 
 
+# ---------------------------------------------------------------------------------------------
 # Exercise - a measurement: how much gradient reaches the queries, with and without √d_k
 # ---------------------------------------------------------------------------------------------
 
@@ -598,9 +673,9 @@ def sampled_query_gradient_norms(
     """``‖∂L/∂q‖`` for ``n_queries`` random queries, sampled without the key tensor.
 
     The protocol of chapter 2, section 2.5: ``q`` and its ``n_keys`` keys have independent
-    standard normal entries, the softmax input is ``z_j = scale · q·k_j``, ``p = softmax(z)``
-    and ``L = Σ_j p_j t_j`` with ``t`` standard normal. With ``g = ∂L/∂z = p ⊙ (t − pᵀt)``
-    the gradient is ``∂L/∂q = scale · Σ_j g_j k_j``. Writing each key as ``a_j q/‖q‖`` plus a
+    standard normal entries, the softmax input is ``s̃_j = scale · q·k_j``, the weights
+    ``α = softmax(s̃)`` and ``L = Σ_j α_j u_j`` with ``u`` standard normal. With
+    ``g = ∂L/∂s̃ = α ⊙ (u − αᵀu)`` the gradient is ``∂L/∂q = scale · Σ_j g_j k_j``. Writing each key as ``a_j q/‖q‖`` plus a
     part orthogonal to ``q``, ``q·k_j = ‖q‖ a_j`` with ``a_j`` standard normal, and the
     orthogonal parts sum to ``‖g‖`` times a standard normal vector of ``d_k − 1`` entries, so
 
@@ -624,9 +699,9 @@ def sampled_query_gradient_norms(
     q_norm = torch.from_numpy(rng.chisquare(d_k, size=(n_queries, 1))).sqrt()  # (N, 1) ‖q‖
     orthogonal = torch.from_numpy(rng.chisquare(d_k - 1, size=n_queries))  # (N,) χ²(d_k − 1)
     a = torch.randn(n_queries, n_keys, generator=generator, dtype=torch.float64)  # (N, n_keys)
-    upstream = torch.randn(n_queries, n_keys, generator=generator, dtype=torch.float64)  # t
-    probs = torch.softmax(scale * q_norm * a, dim=-1)  # (N, n_keys)
-    g = probs * (upstream - (probs * upstream).sum(-1, keepdim=True))  # (N, n_keys) ∂L/∂z
+    upstream = torch.randn(n_queries, n_keys, generator=generator, dtype=torch.float64)  # u
+    probs = torch.softmax(scale * q_norm * a, dim=-1)  # (N, n_keys) α
+    g = probs * (upstream - (probs * upstream).sum(-1, keepdim=True))  # (N, n_keys) ∂L/∂s̃
     squared = scale**2 * ((g * a).sum(-1) ** 2 + (g * g).sum(-1) * orthogonal)  # (N,)
     return squared.sqrt()  # (N,)
 
@@ -704,12 +779,24 @@ def check_gradient_gap(
 # Exercise 4 - a composition: the width from which the √d_k helps the typical query
 # ---------------------------------------------------------------------------------------------
 
-#: The numbers of keys per query at which :func:`check_gradient_crossover` calls the reader's
-#: function; chapter 2 measures 16 keys only.
-CROSSOVER_N_KEYS = (4, 64)
+#: The numbers of keys per query that :func:`check_gradient_crossover` draws from: one of the
+#: first three (few keys) and one of the last three (many keys) at each run, so that a table
+#: of two memorised answers does not pass. Chapter 2 measures 16 keys only; at each of these
+#: the crossover is clear-cut (the gap at least 10 % away from 1 on both sides).
+CROSSOVER_N_KEYS = (3, 4, 8, 32, 64, 96)
 
 #: The widths the crossover is looked for among: 2, 4, ..., 2048.
 CROSSOVER_D_KS = tuple(2**e for e in range(1, 12))
+
+
+def crossover_draw(seed: int | None = None) -> tuple[int, int]:
+    """The two numbers of keys :func:`check_gradient_crossover` asks about: one of
+    ``CROSSOVER_N_KEYS[:3]`` and one of ``CROSSOVER_N_KEYS[3:]``, drawn afresh at each call
+    when ``seed`` is ``None``, reproducibly otherwise."""
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__} {seed!r}")
+    rng = random.SystemRandom() if seed is None else random.Random(seed)
+    return rng.choice(CROSSOVER_N_KEYS[:3]), rng.choice(CROSSOVER_N_KEYS[3:])
 
 
 @functools.cache
@@ -726,23 +813,24 @@ def crossover_gap(d_k: int, n_keys: int) -> float:
 
 
 def check_gradient_crossover(
-    gradient_crossover: Callable[[int], int], verbose: bool = True
+    gradient_crossover: Callable[[int], int], verbose: bool = True, seed: int | None = None
 ) -> CheckResult:
     """Check ``gradient_crossover(n_keys) -> d_k``.
 
     The answer is the smallest ``d_k`` of :data:`CROSSOVER_D_KS` at which the median
     ``‖∂L/∂q‖`` with scaled scores exceeds the median with unscaled scores (chapter 2's
     protocol, ``n_keys`` keys per query): from that width on, the typical query gets less
-    gradient without the ``√d_k``. Called for each of :data:`CROSSOVER_N_KEYS`; an answer
-    ``d`` is right when the gap measured by :func:`crossover_gap` is above 1 at ``d`` and
-    not above 1 at ``d / 2``. A message on a wrong answer says on which side the crossover
-    lies, not where.
+    gradient without the ``√d_k``. Called with a few keys and with many, two numbers drawn by
+    :func:`crossover_draw` from :data:`CROSSOVER_N_KEYS` (afresh at each run unless ``seed``
+    is given); an answer ``d`` is right when the gap measured by :func:`crossover_gap` is
+    above 1 at ``d`` and not above 1 at ``d / 2``. A message on a wrong answer says on which
+    side the crossover lies, not where.
     """
     name = "gradient_crossover"
     check_callable("the function to check", gradient_crossover)
     result = None
     count = 0
-    for count, n_keys in enumerate(CROSSOVER_N_KEYS, start=1):
+    for count, n_keys in enumerate(crossover_draw(seed), start=1):
         got, result = call_reader(name, count, gradient_crossover, {"n_keys": n_keys})
         if result is not None:
             break
