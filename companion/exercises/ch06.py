@@ -169,24 +169,27 @@ def _seeded_norm(d: int, g: torch.Generator) -> nn.LayerNorm:
     return norm
 
 
+#: the shapes and sub-layers both block checks run: (input shape, sub-layer kind)
+_BLOCK_CASES = [((6, 8), "linear"), ((2, 5, 8), "tanh"), ((3, 4, 16), "mlp"), ((7, 12), "mlp"),
+                ((1, 1, 4), "tanh")]  # fmt: skip
+
+
+def _seeded_sublayer(d: int, kind: str, g: torch.Generator) -> nn.Module:
+    """A seeded sub-layer of width ``d``: a linear map, linear + tanh, or a two-layer MLP."""
+    first = _seeded_linear(d, d if kind != "mlp" else 2 * d, g)
+    if kind == "linear":
+        return first
+    if kind == "tanh":
+        return nn.Sequential(first, nn.Tanh())
+    return nn.Sequential(first, nn.ReLU(), _seeded_linear(2 * d, d, g))
+
+
 def _pre_ln_cases() -> list[Case]:
     g = seeded_generator(602)
     cases: list[Case] = []
-    for shape, kind in [
-        ((6, 8), "linear"),
-        ((2, 5, 8), "tanh"),
-        ((3, 4, 16), "mlp"),
-        ((7, 12), "mlp"),
-        ((1, 1, 4), "tanh"),
-    ]:
+    for shape, kind in _BLOCK_CASES:
         d = shape[-1]
-        first = _seeded_linear(d, d if kind != "mlp" else 2 * d, g)
-        if kind == "linear":
-            sublayer: nn.Module = first
-        elif kind == "tanh":
-            sublayer = nn.Sequential(first, nn.Tanh())
-        else:
-            sublayer = nn.Sequential(first, nn.ReLU(), _seeded_linear(2 * d, d, g))
+        sublayer = _seeded_sublayer(d, kind, g)
         cases.append(
             {
                 "x": 2 * torch.randn(shape, generator=g) + 1,  # mean 1, std 2: far from normalised
@@ -238,21 +241,9 @@ def reference_peri_ln_block(
 def _peri_ln_cases() -> list[Case]:
     g = seeded_generator(606)
     cases: list[Case] = []
-    for shape, kind in [
-        ((6, 8), "linear"),
-        ((2, 5, 8), "tanh"),
-        ((3, 4, 16), "mlp"),
-        ((7, 12), "mlp"),
-        ((1, 1, 4), "tanh"),
-    ]:
+    for shape, kind in _BLOCK_CASES:
         d = shape[-1]
-        first = _seeded_linear(d, d if kind != "mlp" else 2 * d, g)
-        if kind == "linear":
-            sublayer: nn.Module = first
-        elif kind == "tanh":
-            sublayer = nn.Sequential(first, nn.Tanh())
-        else:
-            sublayer = nn.Sequential(first, nn.ReLU(), _seeded_linear(2 * d, d, g))
+        sublayer = _seeded_sublayer(d, kind, g)
         cases.append(
             {
                 "x": 2 * torch.randn(shape, generator=g) + 1,  # mean 1, std 2: far from normalised
