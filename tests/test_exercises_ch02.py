@@ -907,3 +907,17 @@ def test_gradient_crossover_settings_are_clear_cut():
         assert answer != 128
         assert ch02.crossover_gap(answer, n_keys) > 1.1
         assert ch02.crossover_gap(answer // 2, n_keys) < 1 / 1.1
+
+
+def test_the_chain_rule_reference_equals_autograd():
+    """The check's reference applies the chain rule by hand (so that it passes its own
+    autograd-free check); on every case it equals autograd in float64."""
+    from companion.attention import scaled_dot_product_attention
+
+    for case in ch02._attention_backward_cases():
+        leaves = [case[n].double().requires_grad_() for n in ("q", "k", "v")]
+        output = scaled_dot_product_attention(*leaves)[0]  # (..., q_len, d_v)
+        expected = torch.autograd.grad(output, leaves, case["grad_output"].double())
+        got = ch02.reference_attention_backward(**case)
+        for g, e in zip(got, expected):
+            assert torch.allclose(g.double(), e, rtol=1e-5, atol=1e-6), (g - e).abs().max()

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
-from companion._validation import check_callable
+from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
@@ -394,6 +394,16 @@ def _scale_verdict_problem(
     )
 
 
+#: checks that tests/test_exercises.py's generic tests cannot run, with the reason
+GENERIC_TEST_EXEMPT = {
+    "check_gradient_crossover": "it measures two settings (not three cases) and its reference "
+    "is the measurement itself; tests/test_exercises_ch02.py checks right and wrong answers",
+}
+
+#: the name the generic tests look for (``reference_`` + the check's name)
+reference_scale_test = reference_is_scaled_attention
+
+
 def check_scale_test(
     is_scaled_attention: Callable[[Callable[[Tensor, Tensor, Tensor], Tensor]], bool],
     verbose: bool = True,
@@ -412,7 +422,7 @@ def check_scale_test(
     raised by the test counts as the verdict ``False``.
     """
     name = "is_scaled_attention"
-    check_callable("the function to check", is_scaled_attention)
+    _check_callable("the function to check", is_scaled_attention)
     result: CheckResult | None = None
     count = 0
     for count, (what, fn, correct, hint) in enumerate(SCALE_TEST_CANDIDATES, start=1):
@@ -827,7 +837,7 @@ def check_gradient_crossover(
     side the crossover lies, not where.
     """
     name = "gradient_crossover"
-    check_callable("the function to check", gradient_crossover)
+    _check_callable("the function to check", gradient_crossover)
     result = None
     count = 0
     for count, n_keys in enumerate(crossover_draw(seed), start=1):
@@ -896,7 +906,8 @@ def check_gradient_crossover(
 def reference_attention_backward(
     q: Tensor, k: Tensor, v: Tensor, grad_output: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Reference: ``(∂L/∂q, ∂L/∂k, ∂L/∂v)`` of ``softmax(q kᵀ/√d_k) v``, by autograd.
+    """Reference: ``(∂L/∂q, ∂L/∂k, ∂L/∂v)`` of ``softmax(q kᵀ/√d_k) v``, by the chain rule
+    in float64 (``tests/test_exercises_ch02.py`` checks it against autograd).
 
     Args:
         q: queries ``(..., q_len, d_k)``.
@@ -907,11 +918,16 @@ def reference_attention_backward(
     Returns:
         gradients shaped like ``q``, ``k`` and ``v``.
     """
-    with torch.enable_grad():
-        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        output, _ = reference_scaled_attention(*leaves)  # (..., q_len, d_v)
-        grads = torch.autograd.grad(output, leaves, grad_output.double())
-    return tuple(g.to(q.dtype) for g in grads)  # type: ignore[return-value]
+    q64, k64, v64, g64 = (t.double() for t in (q, k, v, grad_output))
+    scale = 1 / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scale * q64 @ k64.transpose(-2, -1), dim=-1)  # (..., q_len, k_len)
+    grad_v = weights.transpose(-2, -1) @ g64  # (..., k_len, d_v)
+    grad_weights = g64 @ v64.transpose(-2, -1)  # (..., q_len, k_len)
+    # the softmax's Jacobian, row by row: p ⊙ (g − Σ_j p_j g_j)
+    grad_scores = weights * (grad_weights - (weights * grad_weights).sum(-1, keepdim=True))
+    grad_q = scale * grad_scores @ k64  # (..., q_len, d_k)
+    grad_k = scale * grad_scores.transpose(-2, -1) @ q64  # (..., k_len, d_k)
+    return tuple(g.to(q.dtype) for g in (grad_q, grad_k, grad_v))  # type: ignore[return-value]
 
 
 def _attention_backward_cases(seed: int = 30) -> Iterator[Case]:
