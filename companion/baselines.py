@@ -23,27 +23,9 @@ import torch
 from torch import Tensor
 
 from companion._validation import check_nonnegative_float, check_positive_int
-from companion.data.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, check_id_sequence
+from companion.data.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, check_sentences
 
 __all__ = ["KneserNeyTrigram", "NeighbourGuesser"]
-
-
-def _checked_sentences(name: str, sentences: object, vocab_size: int) -> list[list[int]]:
-    if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
-        raise TypeError(
-            f"{name} must be a list of sentences (lists of ids), got {type(sentences).__name__}"
-        )
-    checked = []
-    for index, sentence in enumerate(sentences):
-        ids = check_id_sequence(f"{name}[{index}]", sentence)
-        bad = [i for i in ids if not 0 <= i < vocab_size or i in (PAD_ID, BOS_ID)]
-        if bad:
-            raise ValueError(
-                f"{name}[{index}] must hold ids in [0, {vocab_size - 1}] other than <pad> "
-                f"({PAD_ID}) and <bos> ({BOS_ID}), got {bad[0]}"
-            )
-        checked.append(list(ids))
-    return checked
 
 
 class KneserNeyTrigram:
@@ -76,7 +58,7 @@ class KneserNeyTrigram:
     def __init__(self, train: Sequence[Sequence[int]], vocab_size: int) -> None:
         self.vocab_size = check_positive_int("vocab_size", vocab_size, minimum=len(SPECIAL_TOKENS))
         self.outcomes = vocab_size - 2  # every id but <pad> and <bos>
-        sentences = _checked_sentences("train", train, vocab_size)
+        sentences = check_sentences("train", train, vocab_size)
         self.trigram: Counter[tuple[int, int, int]] = Counter()
         bigram_plain: Counter[tuple[int, int]] = Counter()
         for sentence in sentences:
@@ -145,7 +127,7 @@ class KneserNeyTrigram:
 
     def perplexity(self, sentences: Sequence[Sequence[int]], discount: float = 0.75) -> float:
         """``exp`` of the mean negative log-probability over every prediction of ``sentences``."""
-        checked = _checked_sentences("sentences", sentences, self.vocab_size)
+        checked = check_sentences("sentences", sentences, self.vocab_size)
         total, count = 0.0, 0
         for sentence in checked:
             logs = self.log_probabilities(sentence, discount)
@@ -182,7 +164,7 @@ class NeighbourGuesser:
         self, train: Sequence[Sequence[int]], vocab_size: int, special_ids: Iterable[int]
     ) -> None:
         self.vocab_size = check_positive_int("vocab_size", vocab_size, minimum=len(SPECIAL_TOKENS))
-        sentences = _checked_sentences("train", train, vocab_size)
+        sentences = check_sentences("train", train, vocab_size)
         self.special_ids = tuple(sorted({int(i) for i in special_ids}))
         if any(not 0 <= i < vocab_size for i in self.special_ids):
             raise ValueError(

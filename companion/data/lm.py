@@ -41,12 +41,12 @@ from companion.data.multi30k import check_split, load_multi30k
 from companion.data.vocab import (
     BOS_ID,
     EOS_ID,
-    PAD_ID,
     SPECIAL_TOKENS,
     Tokenizer,
     Vocab,
     WordTokenizer,
     check_id_sequence,
+    check_sentences,
 )
 
 __all__ = [
@@ -372,18 +372,7 @@ def ngram_perplexity(
     check_positive_int("vocab_size", vocab_size, minimum=len(SPECIAL_TOKENS))
     outcomes = vocab_size - 2  # every id but <pad> and <bos>
     for name, sentences in (("train", train), ("valid", valid)):
-        if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
-            raise TypeError(
-                f"{name} must be a list of sentences (lists of ids), got {type(sentences).__name__}"
-            )
-        for index, sentence in enumerate(sentences):
-            ids = check_id_sequence(f"{name}[{index}]", sentence)
-            bad = [i for i in ids if not 0 <= i < vocab_size or i in (PAD_ID, BOS_ID)]
-            if bad:
-                raise ValueError(
-                    f"{name}[{index}] must hold ids in [0, {vocab_size - 1}] other than <pad> "
-                    f"({PAD_ID}) and <bos> ({BOS_ID}), got {bad[0]}"
-                )
+        check_sentences(name, sentences, vocab_size)
     pair_counts: Counter[tuple[int, ...]] = Counter()
     context_counts: Counter[tuple[int, ...]] = Counter()
     for sentence in train:

@@ -41,6 +41,7 @@ __all__ = [
     "EOS_ID",
     "UNK_ID",
     "check_id_sequence",
+    "check_sentences",
     "Tokenizer",
     "WordTokenizer",
     "Vocab",
@@ -86,6 +87,35 @@ def check_id_sequence(name: str, value: object) -> list[int]:
                 f"({item!r})"
             )
     return [int(item) for item in value]
+
+
+def check_sentences(name: str, sentences: object, vocab_size: int) -> list[list[int]]:
+    """Return ``sentences``, a list of sentences of token ids, as lists of ints.
+
+    The input check of the count models (:mod:`companion.baselines`,
+    :func:`companion.data.lm.ngram_perplexity`): every id lies in ``[0, vocab_size)`` and is
+    neither ``<pad>`` nor ``<bos>`` (the models count and predict real tokens and ``<eos>``).
+
+    Raises:
+        TypeError: ``sentences`` is not a list of id sequences (see :func:`check_id_sequence`).
+        ValueError: an id is out of range or a ``<pad>``/``<bos>``; the message names the
+            sentence (``name[index]``) and the first bad id.
+    """
+    if isinstance(sentences, (str, bytes)) or not isinstance(sentences, Sequence):
+        raise TypeError(
+            f"{name} must be a list of sentences (lists of ids), got {type(sentences).__name__}"
+        )
+    checked = []
+    for index, sentence in enumerate(sentences):
+        ids = check_id_sequence(f"{name}[{index}]", sentence)
+        bad = [i for i in ids if not 0 <= i < vocab_size or i in (PAD_ID, BOS_ID)]
+        if bad:
+            raise ValueError(
+                f"{name}[{index}] must hold ids in [0, {vocab_size - 1}] other than <pad> "
+                f"({PAD_ID}) and <bos> ({BOS_ID}), got {bad[0]}"
+            )
+        checked.append(list(ids))
+    return checked
 
 
 # ---------------------------------------------------------------------------------------------
