@@ -263,9 +263,10 @@ def relative_with_isclose(score_fn, dim):
 
 
 def relative_against_position_zero(score_fn, dim):
-    """Compares every pair with the pair moved so that the earlier position is 0."""
+    """Compares every pair with the pair moved so that the earlier position is 0 (pairs from
+    the whole range of positions: a scheme may break only far from the start)."""
     g = torch.Generator().manual_seed(8)
-    for m, n, _ in _pairs(8):
+    for m, n, _ in _pairs(8, high=1000):
         q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
         low = min(m, n)
         if abs(float(score_fn(q, k, m, n)) - float(score_fn(q, k, m - low, n - low))) > 1e-4:
@@ -340,6 +341,40 @@ def test_is_relative_accepts_correct():
         relative_chapter_hint,
     ]:
         assert ch09.check_is_relative(fn, verbose=False), fn.__name__
+
+
+def relative_loose_tolerance(score_fn, dim):
+    g = torch.Generator().manual_seed(0)
+    for m, n, shift in _pairs(3, high=200):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        if (
+            abs(float(score_fn(q, k, m, n)) - float(score_fn(q, k, m + shift + 1, n + shift + 1)))
+            > 0.1
+        ):
+            return False
+    return True
+
+
+def relative_first_positions_only(score_fn, dim):
+    q, k = torch.randn(dim), torch.randn(dim)
+    return all(abs(float(score_fn(q, k, m, n)) - float(score_fn(q, k, m + 1, n + 1))) < 1e-5
+               for m in range(10) for n in range(10))  # fmt: skip
+
+
+def relative_equal_vectors(score_fn, dim):
+    q = k = torch.ones(dim)
+    return all(abs(float(score_fn(q, k, m, m + 3)) - float(score_fn(q, k, m + 50, m + 53))) < 1e-5
+               for m in (0, 10, 200))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "weak", [relative_loose_tolerance, relative_first_positions_only, relative_equal_vectors]
+)
+def test_is_relative_rejects_weak_tests(weak):
+    """A tolerance of 0.1, positions below 10 with a shift of 1, and q = k: each misses one of
+    the subtly non-relative scores (a faint bias, a bias beyond position 100, a bias gated by
+    q - k)."""
+    assert not ch09.check_is_relative(weak, verbose=False), weak.__name__
 
 
 @pytest.mark.parametrize("dim", [8, 16])

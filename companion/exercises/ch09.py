@@ -335,6 +335,15 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
     def log_distance_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
         return q @ k * scale - abs(math.log1p(m) - math.log1p(n))  # the ratio, not m - n
 
+    def faint_query_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale - 3e-4 * m  # moves by 3e-4 per step: a loose tolerance misses it
+
+    def late_position_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale - 0.05 * max(0, m - 100)  # relative among the first 100 positions
+
+    def content_gated_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+        return q @ k * scale + 0.05 * m * (q - k).sum()  # blind to a shift when q = k
+
     named = [
         ("no position information", no_positions, True),
         ("RoPE (RotaryEmbedding, base 10000)", rope_score, True),
@@ -348,6 +357,9 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         ("bias -0.05·n on the key position", key_position_bias, False),
         ("RoPE whose base grows with the position", rope_base_grows, False),
         ("bias -|log(1+m) - log(1+n)|", log_distance_bias, False),
+        ("bias -0.0003·m on the query position", faint_query_bias, False),
+        ("bias on the query position beyond 100", late_position_bias, False),
+        ("bias 0.05·m·sum(q - k)", content_gated_bias, False),
     ]
     return [(ScoreFunction(name, dim, fn), relative) for name, fn, relative in named]
 
