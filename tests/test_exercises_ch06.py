@@ -345,25 +345,9 @@ def test_slope_band_reports_non_numbers_without_raising(value, capsys):
 def test_the_band_holds_for_the_real_measurement():
     """Measure what the exercise asks (3 seeds, depths 2-24): inside the band without the
     final norm, far outside with it."""
-    from companion.model import Encoder, TransformerConfig
 
     def last_grad(depth, final_norm, seed):
-        torch.manual_seed(seed)
-        config = TransformerConfig(
-            num_layers=depth, d_model=64, num_heads=4, d_ff=256, dropout=0.0,
-            norm_first=True, final_norm=final_norm,
-        )  # fmt: skip
-        encoder = Encoder(config)
-        for name, parameter in encoder.named_parameters():
-            if parameter.dim() > 1:
-                nn.init.xavier_normal_(parameter)
-            elif name.endswith("bias"):
-                nn.init.zeros_(parameter)
-        gen = torch.Generator().manual_seed(1000 + seed)
-        x = torch.randn(8, 16, 64, generator=gen)
-        readout = torch.randn(8, 16, 64, generator=gen)
-        ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
-        return encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item()
+        return ch06.last_layer_w2_gradient(depth, True, final_norm, seed)
 
     depths = [2, 4, 8, 16, 24]
     slopes = {
