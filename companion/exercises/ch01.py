@@ -400,6 +400,16 @@ class NamedLayer:
         return f"NamedLayer({self.name!r})"
 
 
+def _probe_permutations(seq_len: int) -> list[Tensor]:
+    """The permutations an equivariance test tries, each ``(seq_len,)``: the reversal, one
+    cyclic shift, the swap of the ends, then 20 seeded random ones."""
+    generator = seeded_generator(7)
+    swap = torch.arange(seq_len)  # (seq_len,)
+    swap[[0, -1]] = swap[[-1, 0]]
+    perms = [torch.arange(seq_len - 1, -1, -1), torch.roll(torch.arange(seq_len), 1), swap]
+    return perms + [torch.randperm(seq_len, generator=generator) for _ in range(20)]
+
+
 def reference_is_permutation_equivariant(layer: Callable[[Tensor], Tensor], x: Tensor) -> bool:
     """Whether ``layer(x[perm]) == layer(x)[perm]`` (to float tolerance) for every ``perm`` tried.
 
@@ -417,11 +427,7 @@ def reference_is_permutation_equivariant(layer: Callable[[Tensor], Tensor], x: T
     """
     seq_len = x.shape[-2]
     output = layer(x)  # (seq_len, d_out)
-    generator = seeded_generator(7)
-    swap = torch.arange(seq_len)  # (seq_len,)
-    swap[[0, -1]] = swap[[-1, 0]]
-    perms = [torch.arange(seq_len - 1, -1, -1), torch.roll(torch.arange(seq_len), 1), swap]
-    perms += [torch.randperm(seq_len, generator=generator) for _ in range(20)]
+    perms = _probe_permutations(seq_len)
     for perm in perms:  # each (seq_len,)
         if not torch.allclose(layer(x[perm]), output[perm], atol=1e-5, rtol=1e-4):
             return False
@@ -540,11 +546,7 @@ def equivariance_gap(layer: Callable[[Tensor], Tensor], x: Tensor) -> float:
     """
     seq_len = x.shape[-2]
     output = layer(x)  # (seq_len, d_out)
-    generator = seeded_generator(7)
-    swap = torch.arange(seq_len)  # (seq_len,)
-    swap[[0, -1]] = swap[[-1, 0]]
-    perms = [torch.arange(seq_len - 1, -1, -1), torch.roll(torch.arange(seq_len), 1), swap]
-    perms += [torch.randperm(seq_len, generator=generator) for _ in range(20)]
+    perms = _probe_permutations(seq_len)
     return max((layer(x[perm]) - output[perm]).abs().max().item() for perm in perms)
 
 
