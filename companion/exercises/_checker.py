@@ -205,6 +205,40 @@ def run_check(
     return result
 
 
+def run_verdict_check(
+    name: str,
+    user_fn: Callable[..., Any],
+    cases: Sequence[Mapping[str, Any]],
+    arguments: Callable[[Mapping[str, Any]], dict[str, Any]],
+    problem: Callable[[Any, Mapping[str, Any]], str | None],
+    what: str = "cases",
+    verbose: bool = True,
+) -> CheckResult:
+    """Run the reader's *test* (a function that returns a verdict) on each case and stop at
+    the first wrong verdict.
+
+    ``arguments(case)`` builds the keyword arguments of one call (fresh copies, so the reader
+    cannot change the case); ``problem(verdict, case)`` says what is wrong with the verdict, or
+    returns ``None``. A stub or an exception is reported as :func:`call_reader` does.
+    """
+    result: CheckResult | None = None
+    for count, case in enumerate(cases, start=1):
+        got, result = call_reader(name, count, user_fn, arguments(case))
+        if result is not None:
+            break
+        wrong = problem(got, case)
+        if wrong:
+            result = CheckResult(name, False, count, f"❌ {name}: case {count}: {wrong}.")
+            break
+    if result is None:
+        result = CheckResult(
+            name, True, len(cases), f"✅ {name}: the right verdict on all {len(cases)} {what}."
+        )
+    if verbose:
+        print(result.message)
+    return result
+
+
 # --------------------------------------------------------------------------------------------
 # Helpers shared by the chapters' case builders and reference solutions
 # --------------------------------------------------------------------------------------------

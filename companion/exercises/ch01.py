@@ -32,6 +32,7 @@ from companion.exercises._checker import (
     CheckResult,
     call_reader,
     run_check,
+    run_verdict_check,
     seeded_generator,
 )
 
@@ -600,28 +601,17 @@ def check_is_permutation_equivariant(
     name = "is_permutation_equivariant"
     _check_callable("the function to check", is_permutation_equivariant)
     cases = _equivariance_cases()
-    result: CheckResult | None = None
-    for count, case in enumerate(cases, start=1):
-        expected = reference_is_permutation_equivariant(case["layer"], case["x"].clone())
-        got, result = call_reader(
-            name,
-            count,
-            is_permutation_equivariant,
-            {"layer": case["layer"], "x": case["x"].clone()},
-        )
-        if result is not None:
-            break
-        problem = _equivariance_verdict_problem(got, expected, case)
-        if problem:
-            result = CheckResult(name, False, count, f"❌ {name}: case {count}: {problem}.")
-            break
-    if result is None:
-        result = CheckResult(
-            name, True, len(cases), f"✅ {name}: the right verdict on all {len(cases)} layers."
-        )
-    if verbose:
-        print(result.message)
-    return result
+    return run_verdict_check(
+        name,
+        is_permutation_equivariant,
+        cases,
+        lambda case: {"layer": case["layer"], "x": case["x"].clone()},
+        lambda got, case: _equivariance_verdict_problem(
+            got, reference_is_permutation_equivariant(case["layer"], case["x"].clone()), case
+        ),
+        what="layers",
+        verbose=verbose,
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,8 +43,8 @@ import companion.positional as _positional
 from companion.exercises._checker import (
     Case,
     CheckResult,
-    call_reader,
     run_check,
+    run_verdict_check,
     seeded_generator,
 )
 
@@ -1016,21 +1016,12 @@ def check_is_relative(
     """
     name = "is_relative"
     cases = _relative_cases()
-    result: CheckResult | None = None
-    for count, case in enumerate(cases, start=1):
-        got, result = call_reader(
-            name, count, is_relative, {"layer": case["layer"], "x": case["x"].clone()}
-        )
-        if result is not None:
-            break
-        problem = _relative_verdict_problem(got, case)
-        if problem:
-            result = CheckResult(name, False, count, f"❌ {name}: case {count}: {problem}.")
-            break
-    if result is None:
-        result = CheckResult(
-            name, True, len(cases), f"✅ {name}: the right verdict on all {len(cases)} layers."
-        )
-    if verbose:
-        print(result.message)
-    return result
+    return run_verdict_check(
+        name,
+        is_relative,
+        cases,
+        lambda case: {"layer": case["layer"], "x": case["x"].clone()},
+        _relative_verdict_problem,
+        what="layers",
+        verbose=verbose,
+    )
