@@ -347,12 +347,12 @@ MUTANTS: tuple[Mutant, ...] = (
     # ------------------------------------------------------------------ positional
     _m(
         "positional_exponent_counted_twice",
-        "sinusoidal positions: the exponent 2i/d counted twice (4i/d)",
+        "sinusoidal positions: the exponent 2m/d counted twice (4m/d)",
         "positional.py",
         [
             (
-                "return base ** (-two_i / dim)  # (dim/2,)",
-                "return base ** (-2 * two_i / dim)  # (dim/2,)",
+                "return base ** (-two_m / dim)  # (dim/2,)",
+                "return base ** (-2 * two_m / dim)  # (dim/2,)",
             )
         ],
         "tests/test_positional.py::test_sinusoidal_table_matches_the_paper_formula",
