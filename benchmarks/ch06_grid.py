@@ -1,0 +1,119 @@
+"""Chapter 6's grid: {Post-LN, Pre-LN} x {constant, warm-up} x three peak learning rates.
+
+Chapter 6 trains a 6 + 6-layer Transformer on the reversal task at one peak learning rate
+(3e-3), where "warm-up" and "a lower learning rate" are confounded. This script trains
+every arm of the grid with the chapter's setup (same model, data, batch order, Adam and
+schedule; 200 steps, the length of the chapter's longest run) so that the two can be told
+apart, and writes ``companion/results/ch06_grid.json`` after every run (it can be stopped
+at any time; a re-run skips the arms already recorded).
+
+    .venv/bin/python benchmarks/ch06_grid.py                      # the whole grid
+    .venv/bin/python benchmarks/ch06_grid.py --seeds 0 1 --time   # time one arm first
+
+The chapter reads the JSON, plots it, asserts the conclusions it draws from it, and re-runs
+one arm to check that the file matches the code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from companion.data import PAD_ID, CopyReverseDataset, collate_batch
+from companion.model import Transformer, TransformerConfig
+from companion.train import inverse_sqrt_warmup, train_step
+from companion.utils import set_seed
+
+# the chapter's setup (section 6.4)
+D_MODEL, HEADS, D_FF, LAYERS = 64, 4, 128, 6
+STEPS, BATCH, WARMUP, MAIN_LR = 200, 32, 60, 3e-3
+LEARNING_RATES = (1.5e-3, 3e-3, 6e-3)  # half, once and twice the chapter's peak rate
+PLACEMENTS = ("Post-LN", "Pre-LN")
+SCHEDULES = ("constant", "warm-up")
+OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch06_grid.json"
+
+
+def lr_schedule(kind: str, peak_lr: float):
+    """The chapter's schedules, for LambdaLR with a base learning rate of 1."""
+    if kind == "warm-up":  # linear ramp to peak_lr at step WARMUP, then ∝ 1/sqrt(step)
+        return inverse_sqrt_warmup(D_MODEL, WARMUP, peak_lr * math.sqrt(D_MODEL * WARMUP))
+    if kind == "constant":
+        return lambda step: peak_lr
+    raise ValueError(f"schedule must be 'constant' or 'warm-up', got {kind!r}")
+
+
+def train_data() -> CopyReverseDataset:
+    return CopyReverseDataset("reverse", num_examples=STEPS * BATCH, max_len=8, seed=1)
+
+
+def train_arm(placement: str, schedule: str, peak_lr: float, seed: int, steps: int = STEPS,
+              data: CopyReverseDataset | None = None) -> np.ndarray:
+    """One arm of the grid, exactly as the chapter trains: returns the loss of every step."""
+    data = train_data() if data is None else data
+    set_seed(seed)
+    model = Transformer(TransformerConfig(
+        data.vocab_size, data.vocab_size, d_model=D_MODEL, num_heads=HEADS, num_layers=LAYERS,
+        d_ff=D_FF, dropout=0.0, norm_first=placement == "Pre-LN", src_pad_id=PAD_ID, tgt_pad_id=PAD_ID))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(schedule, peak_lr))
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True, collate_fn=collate_batch,
+                        generator=torch.Generator().manual_seed(seed))
+    losses = []
+    for _, (src, tgt) in zip(range(steps), loader):
+        losses.append(train_step(model, src, tgt, optimizer, scheduler, pad_id=PAD_ID, clip_norm=1.0).loss)
+    return np.array(losses)
+
+
+def arm_key(placement: str, schedule: str, peak_lr: float, seed: int) -> str:
+    return f"{placement}|{schedule}|{peak_lr:g}|{seed}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--time", action="store_true", help="time one arm and stop")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    data = train_data()
+    if args.time:
+        start = time.perf_counter()
+        train_arm("Post-LN", "warm-up", MAIN_LR, 0, data=data)
+        print(f"one arm of {STEPS} steps: {time.perf_counter() - start:.1f} s")
+        return
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()
+    result = json.loads(args.out.read_text()) if args.out.exists() else {}
+    result.update({
+        "about": "chapter 6 grid: 6 + 6-layer Transformer, reversal task, loss (nats/token) of every step",
+        "commit": commit, "torch": torch.__version__, "threads": 1, "steps": STEPS, "batch": BATCH,
+        "warmup": WARMUP, "learning_rates": list(LEARNING_RATES), "placements": list(PLACEMENTS),
+        "schedules": list(SCHEDULES), "seeds": sorted(set(result.get("seeds", [])) | set(args.seeds)),
+    })
+    arms = result.setdefault("arms", {})
+    for seed in args.seeds:  # seed by seed, so that a stopped grid still has whole seeds
+        for placement in PLACEMENTS:
+            for schedule in SCHEDULES:
+                for peak_lr in LEARNING_RATES:
+                    key = arm_key(placement, schedule, peak_lr, seed)
+                    if key in arms:
+                        continue
+                    start = time.perf_counter()
+                    losses = train_arm(placement, schedule, peak_lr, seed, data=data)
+                    arms[key] = {"loss": [round(float(v), 6) for v in losses],
+                                 "seconds": round(time.perf_counter() - start, 1)}
+                    args.out.write_text(json.dumps(result, indent=1) + "\n")
+                    print(f"{key}: loss at step 100 {losses[75:100].mean():.3f}, "
+                          f"200 {losses[175:200].mean():.3f} ({arms[key]['seconds']} s)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
