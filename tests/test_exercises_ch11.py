@@ -1,8 +1,9 @@
 """Chapter 11 exercise checks: the fixed versions pass, the bugs of the clinic are rejected (heads
-split without a transpose, a causal mask off by one or inverted or not boolean, the scale after
-the softmax or by d_k, a discarded masked_fill, no softmax, the doubled positional exponent, a
-float64 table, the blog's greedy loop, its partial fixes and a loop without the source mask, and
-wrong names for the mystery patients)."""
+split without a transpose or transposed first, the scale after the softmax or by d_k, a
+discarded masked_fill, a mask filled with 0, an inverted mask, no softmax or one over the queries,
+the doubled positional exponent, a float64 table, the blog's greedy loop, its partial fixes, a
+loop without the source mask or one that keeps <bos>, and wrong names for the mystery
+patients)."""
 
 from __future__ import annotations
 
@@ -40,13 +41,19 @@ def split_contiguous_copy(x, num_heads):  # the same bug through reshape
     return x.reshape(batch, num_heads, seq, d_model // num_heads).contiguous()
 
 
+def split_transpose_first(x, num_heads):  # the transpose before the view: tokens still mixed
+    batch, seq, d_model = x.shape
+    return x.transpose(1, 2).reshape(batch, num_heads, seq, d_model // num_heads)
+
+
 def test_split_heads_accepts_correct():
     for fn in (ch11.reference_split_heads, split_permute):
         assert ch11.check_split_heads(fn, verbose=False), fn.__name__
 
 
 @pytest.mark.parametrize(
-    "wrong", [split_view_only, split_transpose_wrong_axes, split_contiguous_copy]
+    "wrong",
+    [split_view_only, split_transpose_wrong_axes, split_contiguous_copy, split_transpose_first],
 )
 def test_split_heads_rejects_wrong(wrong):
     assert not ch11.check_split_heads(wrong, verbose=False)
@@ -56,48 +63,6 @@ def test_split_heads_reference_is_the_clinic_split():
     attention = clinic.MultiHeadAttention(16, 4)
     x = torch.randn(2, 5, 16)
     assert torch.equal(attention.split_heads(x), ch11.reference_split_heads(x, 4))
-
-
-# --------------------------------------------------------------------------------------------
-# causal_mask
-# --------------------------------------------------------------------------------------------
-
-
-def mask_triu(size):
-    return torch.triu(torch.ones(size, size, dtype=torch.bool), 1) == 0
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        lambda size: torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=1),  # bug 6c
-        lambda size: torch.tril(torch.ones(size, size)) == 0,  # bug 6b: inverted
-        lambda size: torch.tril(torch.ones(size, size)),  # float 0/1
-        lambda size: torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=-1),
-        lambda size: torch.ones(size, size, dtype=torch.bool),  # no mask
-    ],
-    ids=["off-by-one", "inverted", "float", "strict", "none"],
-)
-def test_causal_mask_rejects_wrong(wrong):
-    assert not ch11.check_causal_mask(wrong, verbose=False)
-
-
-def test_causal_mask_accepts_correct():
-    for fn in (ch11.reference_causal_mask, mask_triu):
-        assert ch11.check_causal_mask(fn, verbose=False)
-
-
-def test_causal_mask_check_runs_the_leak_test(capsys):
-    """A mask that matches on the small cases but leaks in the model is still caught."""
-    calls = {"n": 0}
-
-    def leaks_in_the_model(size):
-        calls["n"] += 1
-        diagonal = 1 if size == 7 else 0  # the leak test's length
-        return torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=diagonal)
-
-    assert not ch11.check_causal_mask(leaks_in_the_model)
-    assert "leaks" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------------------------
@@ -147,6 +112,26 @@ def test_attention_rejects_wrong(options):
     assert not ch11.check_attention(
         lambda q, k, v, mask: attention_parts(q, k, v, mask, **options), verbose=False
     )
+
+
+def test_attention_rejects_a_mask_filled_with_zero():
+    def zero_filled(q, k, v, mask):  # masked scores set to 0, not -inf: the keys keep weight
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, 0.0)
+        return torch.softmax(scores, dim=-1) @ v
+
+    assert not ch11.check_attention(zero_filled, verbose=False)
+
+
+def test_attention_rejects_the_softmax_over_the_queries():
+    def over_queries(q, k, v, mask):  # dim=-2: each key's weights sum to 1, not each query's
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-2).nan_to_num() @ v
+
+    assert not ch11.check_attention(over_queries, verbose=False)
 
 
 def test_attention_rejects_inverted_mask():
@@ -240,6 +225,11 @@ def greedy_one_by_one(model, src, max_len):  # correct, one sentence at a time
     )
 
 
+def greedy_keeps_bos(model, src, max_len):  # the right tokens, <bos> prepended: one too many
+    ys = ch11.reference_greedy_decode(model, src, max_len)
+    return torch.cat([torch.full((src.shape[0], 1), clinic.BOS_ID), ys], dim=1)
+
+
 def test_greedy_accepts_correct():
     assert ch11.check_greedy_decode(ch11.reference_greedy_decode, verbose=False)
     assert ch11.check_greedy_decode(clinic.greedy_decode, verbose=False)
@@ -253,8 +243,9 @@ def test_greedy_accepts_correct():
         greedy_batched_last_token,
         greedy_source_length,
         greedy_no_source_mask,
+        greedy_keeps_bos,
     ],
-    ids=["bug-9", "last-token-batched", "source-length", "no-source-mask"],
+    ids=["bug-9", "last-token-batched", "source-length", "no-source-mask", "keeps-bos"],
 )
 def test_greedy_rejects_wrong(wrong):
     assert not ch11.check_greedy_decode(wrong, verbose=False)
@@ -332,7 +323,6 @@ def test_mystery_stub_and_bad_input(capsys):
     "check,reference",
     [
         (ch11.check_split_heads, ch11.reference_split_heads),
-        (ch11.check_causal_mask, ch11.reference_causal_mask),
         (ch11.check_attention, ch11.reference_attention),
         (ch11.check_positional_table, ch11.reference_positional_table),
         (ch11.check_greedy_decode, ch11.reference_greedy_decode),
@@ -347,12 +337,12 @@ def test_stubs_are_reported_not_raised(capsys):
     def stub(**kwargs):
         raise NotImplementedError
 
-    for check in (ch11.check_split_heads, ch11.check_causal_mask, ch11.check_attention,
+    for check in (ch11.check_split_heads, ch11.check_attention,
                   ch11.check_positional_table, ch11.check_greedy_decode):  # fmt: skip
         assert not check(stub)
-    assert capsys.readouterr().out.count("not attempted yet") == 5
+    assert capsys.readouterr().out.count("not attempted yet") == 4
 
 
 def test_only_the_checks_are_exported():
     assert all(name.startswith("check_") for name in ch11.__all__)
-    assert len(ch11.__all__) == 6
+    assert len(ch11.__all__) == 5

@@ -2,17 +2,16 @@
 
 Each exercise hands the reader a buggy piece of the clinic's Transformer
 (:mod:`companion.clinic`); the reader writes the fixed one. Each ``check_*`` function runs it on
-cases drawn from a seeded generator next to the reference solution kept in this module, and
-two of them then run the chapter's tests on the reader's version: the causal mask goes into a
-clinic model that must pass the leak test, and the split into heads into an attention module
-that must be permutation-equivariant. The checks call your function with keyword arguments,
+cases drawn from a seeded generator next to the reference solution kept in this module; the
+split into heads then goes into an attention module that must be permutation-equivariant
+(the chapter's test for bug 4). Exercise 2 is a diagnosis: three mystery patients of
+:mod:`companion.clinic`, examined and named. The checks call your function with keyword arguments,
 so keep the parameter names of the stub in the notebook.
 
 ==============================================  ===================================
 exercise                                        check
 ==============================================  ===================================
 the heads split without a transpose (bug 4)     :func:`check_split_heads`
-the causal mask off by one (bug 6), an extra    :func:`check_causal_mask`
 the scale and the mask of attention (7, 11, 12) :func:`check_attention`
 the positional table (bug 8)                    :func:`check_positional_table`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
@@ -46,7 +45,6 @@ from companion.exercises._checker import (
 
 __all__ = [
     "check_split_heads",
-    "check_causal_mask",
     "check_attention",
     "check_positional_table",
     "check_greedy_decode",
@@ -101,59 +99,6 @@ def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) 
             result = CheckResult(
                 "split_heads", False, result.cases_run, f"❌ split_heads: {problem}."
             )
-    if verbose:
-        print(result.message)
-    return result
-
-
-# --------------------------------------------------------------------------------------------
-# An extra exercise: the causal mask (bug 6); the chapter's exercise 2 is the mystery patients
-# --------------------------------------------------------------------------------------------
-
-
-def reference_causal_mask(size: int) -> Tensor:
-    """``(size, size)`` bool, ``True`` where query ``i`` may attend to key ``j``: ``j <= i``."""
-    return torch.tril(torch.ones(size, size, dtype=torch.bool))  # (size, size)
-
-
-def _mask_problem(causal_mask: Callable[..., Tensor]) -> str | None:
-    """Put the reader's mask in a clinic model; run the leak test."""
-
-    class ReaderModel(clinic.Transformer):
-        def causal_mask(self, size: int) -> Tensor:
-            return causal_mask(size=size)
-
-    torch.manual_seed(0)
-    model = ReaderModel(d_model=16, num_heads=2, num_layers=1, d_ff=32)
-    src, tgt_in, _ = clinic.toy_batch(1, seeded_generator(112), seq_len=6)
-    seen = clinic.causal_leak(model, src, tgt_in)  # (7, 7)
-    if seen.triu(1).any():
-        i, j = (int(v) for v in seen.triu(1).nonzero()[0])
-        return f"the model leaks: output {i} changes when the later input token {j} changes"
-    if not seen.diagonal().all():
-        return "the model's output i does not depend on input token i: the mask blocks it"
-    return None
-
-
-def check_causal_mask(causal_mask: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``causal_mask(size)`` → bool ``(size, size)``, then run the leak test on a clinic
-    model that uses it."""
-    cases = [{"size": n} for n in (1, 2, 3, 5, 8, 13)]
-    result = run_check("causal_mask", causal_mask, reference_causal_mask, cases, verbose=False)
-    if result:
-        got, failed = call_reader("causal_mask", 1, causal_mask, {"size": 4})
-        if failed is None and (not isinstance(got, Tensor) or got.dtype != torch.bool):
-            result = CheckResult(
-                "causal_mask", False, result.cases_run,
-                "❌ causal_mask: return a bool tensor (True = may attend), got "
-                f"{getattr(got, 'dtype', type(got).__name__)}",
-            )  # fmt: skip
-        else:
-            problem = _mask_problem(causal_mask)
-            if problem:
-                result = CheckResult(
-                    "causal_mask", False, result.cases_run, f"❌ causal_mask: {problem}."
-                )
     if verbose:
         print(result.message)
     return result
