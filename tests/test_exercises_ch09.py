@@ -432,9 +432,9 @@ def test_rope_scores_differ_by_rounding_only():
 def test_score_functions_reject_bad_positions_and_vectors():
     score_fn = ch09._score_functions(8)[7][0]  # the learned table: an index out of range
     q = k = torch.zeros(8)
-    with pytest.raises(ValueError, match="m must be in 0 .. 1023, got -1"):
+    with pytest.raises(ValueError, match="i must be in 0 .. 1023, got -1"):
         score_fn(q, k, -1, 0)
-    with pytest.raises(ValueError, match="n must be in 0 .. 1023, got 1024"):
+    with pytest.raises(ValueError, match="j must be in 0 .. 1023, got 1024"):
         score_fn(q, k, 0, ch09.MAX_POSITION)
     with pytest.raises(TypeError, match="integer position"):
         score_fn(q, k, 1.5, 0)
@@ -497,6 +497,14 @@ def window_dilates_keys_only(length, window, dilation):
     return (j % dilation == 0) & ((i - j).abs() <= window * dilation)
 
 
+def window_int_mask(length, window, dilation):
+    return ch09.reference_dilated_window_mask(length, window, dilation).long()
+
+
+def window_float_mask(length, window, dilation):
+    return ch09.reference_dilated_window_mask(length, window, dilation).float()
+
+
 def test_dilated_window_accepts_correct():
     for fn in [ch09.reference_dilated_window_mask, window_loops, window_same_residue]:
         assert ch09.check_dilated_window_mask(fn, verbose=False), fn.__name__
@@ -510,10 +518,18 @@ def test_dilated_window_accepts_correct():
         window_off_by_one,
         window_causal_half,
         window_dilates_keys_only,
+        window_int_mask,
+        window_float_mask,
     ],
 )
 def test_dilated_window_rejects_wrong(wrong):
     assert not ch09.check_dilated_window_mask(wrong, verbose=False)
+
+
+def test_integer_mask_is_rejected_with_a_message_naming_the_dtype(capsys):
+    assert not ch09.check_dilated_window_mask(window_int_mask)
+    out = capsys.readouterr().out
+    assert "torch.bool" in out and "torch.int64" in out, out
 
 
 def test_undilated_window_is_the_band_and_rows_hold_at_most_two_windows():
@@ -534,6 +550,19 @@ def test_undilated_window_is_the_band_and_rows_hold_at_most_two_windows():
 def interpolated_float32(seq_len, train_len):
     scale = min(1.0, train_len / seq_len)
     return torch.arange(seq_len, dtype=torch.float32) * scale
+
+
+def interpolated_via_linspace(seq_len, train_len):
+    if seq_len <= train_len:
+        return torch.arange(seq_len, dtype=torch.float64)
+    step = train_len / seq_len
+    return torch.linspace(0, train_len - step, seq_len, dtype=torch.float64)
+
+
+def interpolated_int_positions_when_short(seq_len, train_len):
+    if seq_len <= train_len:
+        return torch.arange(seq_len)  # int64: the right numbers, not float64
+    return torch.arange(seq_len, dtype=torch.float64) * train_len / seq_len
 
 
 def interpolated_wrong_way(seq_len, train_len):
@@ -568,7 +597,7 @@ def interpolated_from_one(seq_len, train_len):
 
 
 def test_interpolated_positions_accepts_correct():
-    for fn in [ch09.reference_interpolated_positions, interpolated_float32]:
+    for fn in [ch09.reference_interpolated_positions, interpolated_via_linspace]:
         assert ch09.check_interpolated_positions(fn, verbose=False), fn.__name__
 
 
@@ -581,10 +610,18 @@ def test_interpolated_positions_accepts_correct():
         interpolated_last_at_train_len_minus_one,
         interpolated_last_at_train_len,
         interpolated_from_one,
+        interpolated_float32,
+        interpolated_int_positions_when_short,
     ],
 )
 def test_interpolated_positions_rejects_wrong(wrong):
     assert not ch09.check_interpolated_positions(wrong, verbose=False)
+
+
+def test_float32_positions_are_rejected_with_a_message_naming_the_dtype(capsys):
+    assert not ch09.check_interpolated_positions(interpolated_float32)
+    out = capsys.readouterr().out
+    assert "torch.float64" in out and "torch.float32" in out, out
 
 
 def test_interpolated_positions_stay_in_the_trained_range_and_rotate_like_rope():

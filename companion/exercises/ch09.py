@@ -11,7 +11,7 @@ exercise                                        check
 ==============================================  ===================================
 MHA → GQA: mean-pool the key/value heads        :func:`check_mean_pool_kv_heads`
 merge two partial attentions by their lse       :func:`check_merge_partial_attention`
-a test: does a score depend only on ``m − n``?  :func:`check_is_relative`
+a test: does a score depend only on ``i − j``?  :func:`check_is_relative`
 Longformer's dilated sliding window             :func:`check_dilated_window_mask`
 RoPE position interpolation                     :func:`check_interpolated_positions`
 ==============================================  ===================================
@@ -39,6 +39,31 @@ __all__ = [
     "check_dilated_window_mask",
     "check_interpolated_positions",
 ]
+
+
+def _returning(
+    dtype: torch.dtype, name: str, why: str, fn: Callable[..., object]
+) -> Callable[..., object]:
+    """Wrap ``fn`` so that a result that is not a tensor of ``dtype`` is reported as an error.
+
+    ``compare`` treats a 0/1 integer tensor like a boolean one and compares every number in
+    ``float64``, so a mask of integers or positions in float32 would otherwise pass.
+    """
+
+    def wrapped(**kwargs: object) -> object:
+        result = fn(**kwargs)
+        if not isinstance(result, Tensor):
+            raise TypeError(
+                f"{name} must return a tensor of dtype {dtype}, got {type(result).__name__}"
+            )
+        if result.dtype != dtype:
+            raise TypeError(
+                f"{name} must return a tensor of dtype {dtype} ({why}), got dtype {result.dtype}"
+            )
+        return result
+
+    return wrapped
+
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: turn multi-head attention into grouped-query attention (uptraining's first step)
@@ -226,17 +251,17 @@ def check_merge_partial_attention(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: a property test - does the score depend on the positions only through m - n?
+# Exercise 3: a property test - does the score depend on the positions only through i - j?
 # --------------------------------------------------------------------------------------------
 
-#: Positions a score function of this exercise accepts: ``0 <= m, n < MAX_POSITION``.
+#: Positions a score function of this exercise accepts: ``0 <= i, j < MAX_POSITION``.
 MAX_POSITION = 1024
 
 
 class ScoreFunction:
-    """A position-aware attention score ``score_fn(q, k, m, n)`` with a readable name.
+    """A position-aware attention score ``score_fn(q, k, i, j)`` with a readable name.
 
-    Called with a query ``q`` at position ``m`` and a key ``k`` at position ``n`` (both of
+    Called with a query ``q`` at position ``i`` and a key ``k`` at position ``j`` (both of
     shape ``(dim,)``, integer positions in ``0 .. MAX_POSITION - 1``), it returns the score, a
     0-dim tensor.
     """
@@ -246,12 +271,12 @@ class ScoreFunction:
     ) -> None:
         self.name, self.dim, self._score = name, dim, score
 
-    def __call__(self, q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+    def __call__(self, q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
         for label, vector in (("q", q), ("k", k)):
             if not isinstance(vector, Tensor) or tuple(vector.shape) != (self.dim,):
                 got = tuple(vector.shape) if isinstance(vector, Tensor) else type(vector).__name__
                 raise ValueError(f"{label} must be a tensor of shape ({self.dim},), got {got}")
-        return self._score(q.double(), k.double(), _position("m", m), _position("n", n))
+        return self._score(q.double(), k.double(), _position("i", i), _position("j", j))
 
     def __repr__(self) -> str:
         return f"<{self.name}, dim={self.dim}>"
@@ -268,7 +293,7 @@ def _position(name: str, value: object) -> int:
 
 
 def _t5_bucket(offset: int, num_buckets: int = 16, max_distance: int = 64) -> int:
-    """T5's bucket of a relative position ``offset = n - m``: one half of the buckets for keys
+    """T5's bucket of a relative position ``offset = j - i``: one half of the buckets for keys
     before the query, one for keys after; exact for small distances, logarithmic up to
     ``max_distance``, then the last bucket."""
     half = num_buckets // 2  # (Raffel et al. 2020, bidirectional)
@@ -293,88 +318,88 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
     def rotated(embedding: RotaryEmbedding, x: Tensor, p: int) -> Tensor:
         return embedding.rotate(x.float()[None], torch.tensor([p]))[0]  # (dim,) in float32
 
-    def no_positions(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+    def no_positions(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
         return q @ k * scale  # ()
 
-    def rope_score(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return rotated(rope, q, m) @ rotated(rope, k, n) * scale  # ()
+    def rope_score(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return rotated(rope, q, i) @ rotated(rope, k, j) * scale  # ()
 
-    def rope_base_500(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return rotated(rope_short, q, m) @ rotated(rope_short, k, n) * scale  # ()
+    def rope_base_500(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return rotated(rope_short, q, i) @ rotated(rope_short, k, j) * scale  # ()
 
-    def alibi(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+    def alibi(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
         # float64 and on the offset: exact up to ~1e-13 under a shift. (In float32,
-        # 0.3·m - 0.3·n drifts by up to ~2e-5 at positions near 1000, above the 1e-5 the
+        # 0.3·i - 0.3·j drifts by up to ~2e-5 at positions near 1000, above the 1e-5 the
         # chapter suggests as a tolerance, so a correct test would reject it.)
-        return q @ k * scale - 0.3 * abs(m - n)  # ()
+        return q @ k * scale - 0.3 * abs(i - j)  # ()
 
-    def t5_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return q @ k * scale + buckets[_t5_bucket(n - m)]  # ()
+    def t5_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return q @ k * scale + buckets[_t5_bucket(j - i)]  # ()
 
-    def encoding_similarity(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return q @ k * scale + table[m].float() @ table[n].float()  # PE[m]·PE[n], relative
+    def encoding_similarity(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return q @ k * scale + table[i].float() @ table[j].float()  # PE[i]·PE[j], relative
 
-    def sinusoidal_added(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return (q + table[m]) @ (k + table[n]) * scale  # ()
+    def sinusoidal_added(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return (q + table[i]) @ (k + table[j]) * scale  # ()
 
-    def learned_added(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return (q + learned[m]) @ (k + learned[n]) * scale  # ()
+    def learned_added(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return (q + learned[i]) @ (k + learned[j]) * scale  # ()
 
-    def query_position_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return q @ k * scale - 0.05 * m  # ()
+    def query_position_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return q @ k * scale - 0.05 * i  # ()
 
-    def key_position_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return q @ k * scale - 0.05 * n  # ()
+    def key_position_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return q @ k * scale - 0.05 * j  # ()
 
-    def rope_base_grows(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
+    def rope_base_grows(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
         def rotate(x: Tensor, p: int) -> Tensor:  # the bug: the base grows with the position
             return rotated(RotaryEmbedding(dim, max_len=p + 1, base=100.0 * (1 + p)), x, p)
 
-        return rotate(q, m) @ rotate(k, n) * scale  # ()
+        return rotate(q, i) @ rotate(k, j) * scale  # ()
 
-    def log_distance_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return q @ k * scale - abs(math.log1p(m) - math.log1p(n))  # the ratio, not m - n
+    def log_distance_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return q @ k * scale - abs(math.log1p(i) - math.log1p(j))  # the ratio, not i - j
 
-    def faint_query_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return q @ k * scale - 3e-4 * m  # moves by 3e-4 per step: a loose tolerance misses it
+    def faint_query_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return q @ k * scale - 3e-4 * i  # moves by 3e-4 per step: a loose tolerance misses it
 
-    def late_position_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return q @ k * scale - 0.05 * max(0, m - 100)  # relative among the first 100 positions
+    def late_position_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return q @ k * scale - 0.05 * max(0, i - 100)  # relative among the first 100 positions
 
-    def content_gated_bias(q: Tensor, k: Tensor, m: int, n: int) -> Tensor:
-        return q @ k * scale + 0.05 * m * (q - k).sum()  # blind to a shift when q = k
+    def content_gated_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        return q @ k * scale + 0.05 * i * (q - k).sum()  # blind to a shift when q = k
 
     named = [
         ("no position information", no_positions, True),
         ("RoPE (RotaryEmbedding, base 10000)", rope_score, True),
         ("RoPE (RotaryEmbedding, base 500)", rope_base_500, True),
-        ("ALiBi-like bias -0.3·|m - n|", alibi, True),
+        ("ALiBi-like bias -0.3·|i - j|", alibi, True),
         ("T5 bucketed relative bias", t5_bias, True),
-        ("bias PE[m]·PE[n] of the sinusoidal table", encoding_similarity, True),
+        ("bias PE[i]·PE[j] of the sinusoidal table", encoding_similarity, True),
         ("sinusoidal table added to q and k", sinusoidal_added, False),
         ("learned (random) table added to q and k", learned_added, False),
-        ("bias -0.05·m on the query position", query_position_bias, False),
-        ("bias -0.05·n on the key position", key_position_bias, False),
+        ("bias -0.05·i on the query position", query_position_bias, False),
+        ("bias -0.05·j on the key position", key_position_bias, False),
         ("RoPE whose base grows with the position", rope_base_grows, False),
-        ("bias -|log(1+m) - log(1+n)|", log_distance_bias, False),
-        ("bias -0.0003·m on the query position", faint_query_bias, False),
+        ("bias -|log(1+i) - log(1+j)|", log_distance_bias, False),
+        ("bias -0.0003·i on the query position", faint_query_bias, False),
         ("bias on the query position beyond 100", late_position_bias, False),
-        ("bias 0.05·m·sum(q - k)", content_gated_bias, False),
+        ("bias 0.05·i·sum(q - k)", content_gated_bias, False),
     ]
     return [(ScoreFunction(name, dim, fn), relative) for name, fn, relative in named]
 
 
 def reference_is_relative(score_fn: Callable[[Tensor, Tensor, int, int], Tensor], dim: int) -> bool:
-    """Whether ``score_fn(q, k, m, n)`` depends on the positions only through ``m - n``.
+    """Whether ``score_fn(q, k, i, j)`` depends on the positions only through ``i - j``.
 
     Shifts both positions by the same nonzero amount, for random vectors and random positions
-    (``m != n`` almost always: a scheme can be blind to a shift on the diagonal only), and
+    (``i != j`` almost always: a scheme can be blind to a shift on the diagonal only), and
     compares with a tolerance (``1e-4``) because float rounding differs from one position to
     the next.
 
     Args:
-        score_fn: ``score_fn(q, k, m, n)``: a query ``q`` at position ``m`` and a key ``k`` at
-            position ``n``, both of shape ``(dim,)``, integer positions ``0 <= m, n < 1024``;
+        score_fn: ``score_fn(q, k, i, j)``: a query ``q`` at position ``i`` and a key ``k`` at
+            position ``j``, both of shape ``(dim,)``, integer positions ``0 <= i, j < 1024``;
             returns the score (a number or a 0-dim tensor).
         dim: size of the query and key vectors.
 
@@ -385,10 +410,10 @@ def reference_is_relative(score_fn: Callable[[Tensor, Tensor, int, int], Tensor]
     for _ in range(8):
         q = torch.randn(dim, generator=g)  # (dim,)
         k = torch.randn(dim, generator=g)  # (dim,)
-        m, n = (int(p) for p in torch.randint(0, 200, (2,), generator=g))
+        i, j = (int(p) for p in torch.randint(0, 200, (2,), generator=g))
         shift = int(torch.randint(1, 200, (), generator=g))  # never 0: that tests nothing
-        before = float(score_fn(q, k, m, n))
-        after = float(score_fn(q, k, m + shift, n + shift))
+        before = float(score_fn(q, k, i, j))
+        after = float(score_fn(q, k, i + shift, j + shift))
         if not math.isclose(before, after, rel_tol=1e-4, abs_tol=1e-4):
             return False
     return True
@@ -410,8 +435,8 @@ def check_is_relative(
     sinusoidal or learned tables, biases on one position, a RoPE whose base depends on the
     position and a bias on log-positions are not.
 
-    ``score_fn(q, k, m, n)`` takes ``q`` and ``k`` of shape ``(dim,)`` and integer positions
-    ``0 <= m, n < 1024`` (:data:`MAX_POSITION`), and returns a 0-dim tensor. Some scores are
+    ``score_fn(q, k, i, j)`` takes ``q`` and ``k`` of shape ``(dim,)`` and integer positions
+    ``0 <= i, j < 1024`` (:data:`MAX_POSITION`), and returns a 0-dim tensor. Some scores are
     relative in exact arithmetic but differ by float rounding (about ``1e-7`` for RoPE) when both
     positions move: compare with a tolerance.
     """
@@ -477,10 +502,15 @@ def _window_cases() -> list[Case]:
 def check_dilated_window_mask(
     dilated_window_mask: Callable[[int, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``dilated_window_mask(length, window, dilation)`` → bool ``(length, length)``."""
+    """Check ``dilated_window_mask(length, window, dilation)`` → bool ``(length, length)``.
+
+    The result must be a boolean tensor: a 0/1 integer or float tensor is rejected, because
+    the package's attention reads a non-boolean mask as numbers to add to the scores.
+    """
+    why = "a boolean mask, True = may attend; a 0/1 integer mask is not one"
     return run_check(
         "dilated_window_mask",
-        dilated_window_mask,
+        _returning(torch.bool, "dilated_window_mask", why, dilated_window_mask),
         reference_dilated_window_mask,
         _window_cases(),
         verbose=verbose,
@@ -534,12 +564,14 @@ def check_interpolated_positions(
 ) -> CheckResult:
     """Check ``interpolated_positions(seq_len, train_len)`` → ``(seq_len,)`` float positions.
 
-    The tolerance is relative (``1e-6``): a float32 computation passes, a position off by a
-    fraction of a step does not.
+    The result must be float64: in float32 a position near 131,072 (Mistral's reach) is
+    stored to the nearest 1/64, a coarser grid than the fractional steps the interpolation
+    makes. The tolerance is relative (``1e-6``): a position off by a fraction of a step fails.
     """
+    why = "float32 rounds a position near 131,072 to a multiple of 1/64"
     return run_check(
         "interpolated_positions",
-        interpolated_positions,
+        _returning(torch.float64, "interpolated_positions", why, interpolated_positions),
         reference_interpolated_positions,
         _interpolation_cases(),
         atol=1e-5,
