@@ -54,6 +54,20 @@ def test_row_softmax_accepts_correct():
         (lambda scores: scores.softmax(dim=-1), "Tensor.softmax"),
         (lambda scores: torch.log_softmax(scores, dim=-1).exp(), "torch.log_softmax"),
         (lambda scores: torch.special.softmax(scores, dim=-1), "torch.special.softmax"),
+        # logsumexp does the max-subtraction the exercise asks for: exp(s - logsumexp(s))
+        (
+            lambda scores: (scores - torch.logsumexp(scores, dim=-1, keepdim=True)).exp(),
+            "torch.logsumexp",
+        ),
+        (
+            lambda scores: (scores - scores.logsumexp(dim=-1, keepdim=True)).exp(),
+            "Tensor.logsumexp",
+        ),
+        (
+            lambda scores: (scores - torch.special.logsumexp(scores, dim=-1, keepdim=True)).exp(),
+            "torch.special.logsumexp",
+        ),
+        (lambda scores: torch.nn.functional.softmin(-scores, dim=-1), "torch.nn.functional.softmin"),
     ],
 )
 def test_row_softmax_rejects_the_builtin_softmax_and_restores_it(builtin, named):
@@ -68,7 +82,10 @@ def test_row_softmax_rejects_the_builtin_softmax_and_restores_it(builtin, named)
     assert torch.equal(torch.nn.functional.softmax(scores, dim=-1), half)
     assert torch.equal(scores.softmax(dim=-1), half)
     assert torch.equal(torch.log_softmax(scores, dim=-1).exp(), half)
+    assert torch.equal(torch.logsumexp(scores, dim=-1), scores.logsumexp(dim=-1))
+    assert torch.equal(torch.nn.functional.softmin(-scores, dim=-1), half)
     assert "softmax" not in torch.Tensor.__dict__, "Tensor.softmax restored to the inherited one"
+    assert "logsumexp" not in torch.Tensor.__dict__, "Tensor.logsumexp restored to the inherited one"
 
 
 def softmax_minus_mean(scores):

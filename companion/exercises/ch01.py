@@ -90,16 +90,23 @@ class BuiltinSoftmaxCalled(RuntimeError):
     """Raised when the reader's ``row_softmax`` calls one of PyTorch's softmax functions."""
 
 
-#: The functions exercise 1 asks the reader not to call: (owner, attribute name).
+#: The functions exercise 1 asks the reader not to call: (owner, attribute name). ``logsumexp``
+#: is on the list because ``(scores - scores.logsumexp(-1, keepdim=True)).exp()`` is the
+#: softmax with the max-subtraction done inside PyTorch, the very step the exercise asks for;
+#: ``softmin`` is the softmax of ``-scores``.
 _BUILTIN_SOFTMAXES = (
     (torch, "softmax"),
     (torch, "log_softmax"),
+    (torch, "logsumexp"),
     (torch.nn.functional, "softmax"),
     (torch.nn.functional, "log_softmax"),
+    (torch.nn.functional, "softmin"),
     (torch.special, "softmax"),
     (torch.special, "log_softmax"),
+    (torch.special, "logsumexp"),
     (torch.Tensor, "softmax"),
     (torch.Tensor, "log_softmax"),
+    (torch.Tensor, "logsumexp"),
 )
 
 
@@ -111,7 +118,7 @@ def _builtin_softmax_forbidden() -> Iterator[None]:
         def call(*args: object, **kwargs: object) -> Tensor:
             raise BuiltinSoftmaxCalled(
                 f"{name} was called: the exercise asks for the softmax written with exp, a "
-                "maximum and a sum, without PyTorch's softmax functions"
+                "maximum and a sum, without PyTorch's softmax or logsumexp functions"
             )
 
         return call
@@ -135,8 +142,9 @@ def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = T
 
     The cases include scores of magnitude 1000, where ``exp`` overflows unless the row
     maximum is subtracted first. While the reader's function runs, PyTorch's softmax
-    functions (``torch.softmax``, ``F.softmax``, ``Tensor.softmax`` and their ``log_softmax``
-    siblings) raise, so calling one of them is reported instead of passing.
+    functions (``torch.softmax``, ``F.softmax``, ``Tensor.softmax``, their ``log_softmax``
+    siblings and ``F.softmin``) and ``logsumexp`` (which does the max-subtraction itself)
+    raise, so calling one of them is reported instead of passing.
     """
 
     @functools.wraps(row_softmax)
