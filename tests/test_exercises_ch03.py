@@ -519,3 +519,90 @@ def test_cases_are_reproducible():
     first, second = ch03._mha_cases(), ch03._mha_cases()
     for a, b in zip(first, second):
         assert all(torch.equal(a[name], b[name]) for name in ("query", "w_q", "w_o"))
+
+
+# --------------------------------------------------------------------------------------------
+# more classic slips, one test each
+# --------------------------------------------------------------------------------------------
+
+
+def mha_unscaled(query, key, value, w_q, w_k, w_v, w_o, num_heads):
+    # forgets the 1/√d_k of chapter 2
+    q, k, v = (
+        _split(query @ w_q, num_heads),
+        _split(key @ w_k, num_heads),
+        _split(value @ w_v, num_heads),
+    )
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return _merge(weights @ v) @ w_o, weights
+
+
+def mha_head_width_from_d_model(query, key, value, w_q, w_k, w_v, w_o, num_heads):
+    # TinyMHA's habit, d_k = d_model // h, instead of reading d_k off the weights
+    d_k = query.shape[-1] // num_heads
+    q, k, v = (
+        _split(query @ w_q, num_heads),
+        _split(key @ w_k, num_heads),
+        _split(value @ w_v, num_heads),
+    )
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)
+    return _merge(weights @ v) @ w_o, weights
+
+
+def mha_values_as_wide_as_keys(query, key, value, w_q, w_k, w_v, w_o, num_heads):
+    # assumes d_v = d_k: cuts W_V into blocks of d_k columns
+    d_k = w_q.shape[1] // num_heads
+    heads, weights = [], []
+    for r in range(num_heads):
+        cols = slice(r * d_k, (r + 1) * d_k)
+        head, w = scaled_dot_product_attention(
+            query @ w_q[:, cols], key @ w_k[:, cols], value @ w_v
+        )
+        heads.append(head[..., r * d_k : (r + 1) * d_k])
+        weights.append(w)
+    return torch.cat(heads, dim=-1) @ w_o[: num_heads * d_k], torch.stack(weights, dim=1)
+
+
+@pytest.mark.parametrize(
+    "wrong", [mha_unscaled, mha_head_width_from_d_model, mha_values_as_wide_as_keys]
+)
+def test_multi_head_attention_rejects_more_slips(wrong):
+    assert not ch03.check_multi_head_attention(wrong, verbose=False)
+
+
+def gqa_kv_head_r_over_g(query, key, value, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+    # query head r reads key/value head r // g instead of r // (h/g): wrong wherever h/g != g
+    d_k = w_q.shape[1] // num_heads
+    outputs = []
+    for r in range(num_heads):
+        kv = min(r // num_kv_heads, num_kv_heads - 1)
+        q = query @ w_q[:, r * d_k : (r + 1) * d_k]
+        k = key @ w_k[:, kv * d_k : (kv + 1) * d_k]
+        v = value @ w_v[:, kv * d_k : (kv + 1) * d_k]
+        outputs.append(scaled_dot_product_attention(q, k, v)[0])
+    return torch.cat(outputs, dim=-1) @ w_o
+
+
+def gqa_scaled_by_d_model(query, key, value, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+    # the width of the layer, not of one head
+    q = _split(query @ w_q, num_heads)
+    r = num_heads // num_kv_heads
+    k = _split(key @ w_k, num_kv_heads).repeat_interleave(r, dim=1)
+    v = _split(value @ w_v, num_kv_heads).repeat_interleave(r, dim=1)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)
+    return _merge(weights @ v) @ w_o
+
+
+@pytest.mark.parametrize("wrong", [gqa_kv_head_r_over_g, gqa_scaled_by_d_model])
+def test_gqa_rejects_more_slips(wrong):
+    assert not ch03.check_grouped_query_attention(wrong, verbose=False)
+
+
+def fused_q_k_v_swapped(qkv, num_heads):
+    # the right split, but the blocks of each head read as (k, q, v)
+    q, k, v = fused_correct(qkv, num_heads)
+    return k, q, v
+
+
+def test_split_fused_qkv_rejects_swapped_blocks():
+    assert not ch03.check_split_fused_qkv(fused_q_k_v_swapped, verbose=False)
