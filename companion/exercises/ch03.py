@@ -7,15 +7,19 @@ wrong reshape still produces the right shape), and returns a
 The checks call your function with keyword arguments, so keep the parameter names of the stub
 in the notebook.
 
-=================================  ============================================
-exercise                           check
-=================================  ============================================
-split a per-head fused projection  :func:`check_split_fused_qkv`
-multi-head attention from weights  :func:`check_multi_head_attention`
-grouped-query attention            :func:`check_grouped_query_attention`
-reorder the heads, same layer      :func:`check_permute_heads`
-what each head compares            :func:`check_head_score_matrices`
-=================================  ============================================
+=====================================  ============================================
+exercise                               check
+=====================================  ============================================
+1. split a per-head fused projection   :func:`check_split_fused_qkv`
+2. grouped-query attention             :func:`check_grouped_query_attention`
+3. reorder the heads, same layer       :func:`check_permute_heads`
+4. what each head compares             :func:`check_head_score_matrices`
+(extra) multi-head attention, weights  :func:`check_multi_head_attention`
+=====================================  ============================================
+
+The extra check is practice outside the page: the chapter prints the core it asks for
+(``TinyMHA``), so it is not one of the chapter's exercises; exercise 3's check runs its
+reference.
 
 Weight matrices follow the *math* convention of the chapter, ``y = x W`` with ``W`` of shape
 ``(in, out)`` - the transpose of what ``nn.Linear`` stores in ``.weight``.
@@ -106,7 +110,7 @@ def check_split_fused_qkv(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: multi-head attention from weight matrices
+# Extra practice: multi-head attention from weight matrices (exercise 3's check runs it)
 # --------------------------------------------------------------------------------------------
 
 
@@ -195,7 +199,7 @@ def check_multi_head_attention(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: grouped-query attention
+# Exercise 2: grouped-query attention
 # --------------------------------------------------------------------------------------------
 
 
@@ -291,7 +295,7 @@ def check_grouped_query_attention(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: reorder the heads without changing the layer
+# Exercise 3: reorder the heads without changing the layer
 # --------------------------------------------------------------------------------------------
 
 
@@ -409,7 +413,7 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: what each head compares, its bilinear form W_Q^(r) W_K^(r)T
+# Exercise 4: what each head compares, its bilinear form W_Q^(r) W_K^(r)T
 # --------------------------------------------------------------------------------------------
 
 
