@@ -201,7 +201,7 @@ def run_check(
             name, True, count, f"✅ {name}: all {count} cases match the reference."
         )
     if verbose:
-        print(result.message)
+        print(result.message + "\n", end="")  # one write: the kernel sends one stream message
     return result
 
 
@@ -235,7 +235,7 @@ def run_verdict_check(
             name, True, len(cases), f"✅ {name}: the right verdict on all {len(cases)} {what}."
         )
     if verbose:
-        print(result.message)
+        print(result.message + "\n", end="")  # one write: the kernel sends one stream message
     return result
 
 
