@@ -210,12 +210,13 @@ def blockwise_forward(
     """FlashAttention's forward pass: the online softmax over blocks of keys.
 
     For each block of queries, the keys and values are read one block at a time. Each row keeps
-    three running quantities: the largest score seen so far ``m``, the sum ``ℓ`` of
-    ``exp(score - m)`` over the keys seen so far, and the output so far (``Σ exp(score - m) v``,
-    not yet divided by ``ℓ``). When a new block raises the maximum from ``m`` to ``m'``, what was
-    summed under ``m`` is multiplied by ``exp(m - m')`` - the *rescaling* - so that every term is
-    relative to the same maximum. At the end the output is divided by ``ℓ`` once, and
-    ``m + log ℓ`` is the row's log-sum-exp, which the backward pass needs.
+    three running quantities (the course writes ŝ and z; Dao et al. write m and ℓ): the largest
+    score seen so far ``ŝ``, the sum ``z`` of ``exp(score - ŝ)`` over the keys seen so far, and
+    the output so far (``Σ exp(score - ŝ) v``, not yet divided by ``z``). When a new block
+    raises the maximum from ``ŝ`` to ``ŝ'``, what was
+    summed under ``ŝ`` is multiplied by ``exp(ŝ - ŝ')`` - the *rescaling* - so that every term is
+    relative to the same maximum. At the end the output is divided by ``z`` once, and
+    ``ŝ + log z`` is the row's log-sum-exp, which the backward pass needs.
 
     No input checks (see :func:`blockwise_attention`).
 
@@ -235,21 +236,21 @@ def blockwise_forward(
     full_mask = _mask_view(q, k, mask)  # None or a view (..., q_len, k_len), no copy
     for q_start, q_end in _blocks(0, q_len, block_size):
         q_block = q[..., q_start:q_end, :] * scale  # (..., bq, d)
-        row_max = q.new_full(q_block.shape[:-1], float("-inf"))  # (..., bq)  m
-        row_sum = q.new_zeros(q_block.shape[:-1])  # (..., bq)  ℓ
+        row_max = q.new_full(q_block.shape[:-1], float("-inf"))  # (..., bq)  ŝ
+        row_sum = q.new_zeros(q_block.shape[:-1])  # (..., bq)  z
         accumulated = q.new_zeros(*q_block.shape[:-1], d_v)  # (..., bq, d_v)
         for k_start, k_end in _key_blocks(q_start, q_end, q_len, k, block_size, is_causal):
             scores = q_block @ k[..., k_start:k_end, :].transpose(-2, -1)  # (..., bq, bk)
             scores = _block_mask(scores, full_mask, q_len, k, q_start, k_start, is_causal)
-            new_max = torch.maximum(row_max, scores.amax(dim=-1))  # (..., bq)  m'
+            new_max = torch.maximum(row_max, scores.amax(dim=-1))  # (..., bq)  ŝ'
             shift = _finite(new_max)  # (..., bq) a row with no key yet subtracts 0, not -inf
             probs = torch.exp(scores - shift[..., None])  # (..., bq, bk) unnormalised
-            rescale = torch.exp(row_max - shift)  # (..., bq) exp(m - m'), 0 for the first keys
+            rescale = torch.exp(row_max - shift)  # (..., bq) exp(ŝ - ŝ'), 0 for the first keys
             row_sum = row_sum * rescale + probs.sum(dim=-1)  # (..., bq)
             accumulated = accumulated * rescale[..., None] + probs @ v[..., k_start:k_end, :]
             row_max = new_max  # (..., bq)
-        # A row that saw a key has ℓ >= 1 (its maximum contributes exp(0)); a row that saw none
-        # has ℓ = 0 and a zero sum: divide it by 1 to keep its zeros.
+        # A row that saw a key has z >= 1 (its maximum contributes exp(0)); a row that saw none
+        # has z = 0 and a zero sum: divide it by 1 to keep its zeros.
         safe_sum = torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))  # (..., bq)
         output[..., q_start:q_end, :] = accumulated / safe_sum[..., None]  # (..., bq, d_v)
         lse[..., q_start:q_end] = row_max + torch.log(row_sum)  # (..., bq) -inf when no key
