@@ -97,33 +97,9 @@ def test_reference_layer_norm_matches_torch_module():
     torch.testing.assert_close(got, module(x))
 
 
-# --------------------------------------------------------------------------------------------
-# pre_ln_block
-# --------------------------------------------------------------------------------------------
-
-
-def test_pre_ln_block_accepts_correct():
-    assert ch06.check_pre_ln_block(lambda x, sublayer, norm: x + sublayer(norm(x)), verbose=False)
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        ch06.post_ln_block,  # the Post-LN block itself
-        lambda x, sublayer, norm: norm(x) + sublayer(norm(x)),  # residual from norm(x)
-        lambda x, sublayer, norm: x + norm(sublayer(x)),  # norm on the branch's output
-        lambda x, sublayer, norm: sublayer(norm(x)),  # no residual
-        lambda x, sublayer, norm: x + sublayer(x),  # no norm at all
-        lambda x, sublayer, norm: norm(x + sublayer(norm(x))),  # Pre-LN plus a Post-LN
-    ],
-)
-def test_pre_ln_block_rejects_wrong(wrong):
-    assert not ch06.check_pre_ln_block(wrong, verbose=False)
-
-
-def test_pre_ln_cases_are_deterministic_and_leave_the_global_seed_alone():
+def test_peri_ln_cases_are_deterministic_and_leave_the_global_seed_alone():
     state = torch.get_rng_state()
-    first, second = ch06._pre_ln_cases(), ch06._pre_ln_cases()
+    first, second = ch06._peri_ln_cases(), ch06._peri_ln_cases()
     assert torch.equal(torch.get_rng_state(), state)
     for a, b in zip(first, second):
         assert torch.equal(a["x"], b["x"])
@@ -196,70 +172,6 @@ def test_relative_updates_of_a_pre_ln_stack_shrink():
     rho = ch06.reference_relative_updates(torch.stack(states))  # (8,) one per layer
     assert rho.shape == (8,)
     assert rho[-2:].mean() < rho[:2].mean()
-
-
-# --------------------------------------------------------------------------------------------
-# deepnorm_constants
-# --------------------------------------------------------------------------------------------
-
-
-def deepnorm_correct(num_encoder_layers, num_decoder_layers):
-    n, m = num_encoder_layers, num_decoder_layers
-    return (
-        0.81 * (n**4 * m) ** 0.0625,
-        0.87 * (n**4 * m) ** -0.0625,
-        (3 * m) ** 0.25,
-        (12 * m) ** -0.25,
-    )
-
-
-def deepnorm_encoder_only_formula(num_encoder_layers, num_decoder_layers):
-    n, m = num_encoder_layers, num_decoder_layers
-    return (2 * n) ** 0.25, (8 * n) ** -0.25, (2 * m) ** 0.25, (8 * m) ** -0.25
-
-
-def deepnorm_swapped_n_m(num_encoder_layers, num_decoder_layers):
-    return deepnorm_correct(num_decoder_layers, num_encoder_layers)
-
-
-def deepnorm_quarter_power(num_encoder_layers, num_decoder_layers):
-    n, m = num_encoder_layers, num_decoder_layers
-    return 0.81 * (n**4 * m) ** 0.25, 0.87 * (n**4 * m) ** -0.25, (3 * m) ** 0.25, (12 * m) ** -0.25
-
-
-def deepnorm_wrong_order(num_encoder_layers, num_decoder_layers):
-    a, b, c, d = deepnorm_correct(num_encoder_layers, num_decoder_layers)
-    return a, c, b, d  # (alphas, then betas)
-
-
-def test_deepnorm_constants_accepts_correct():
-    assert ch06.check_deepnorm_constants(deepnorm_correct, verbose=False)
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        deepnorm_encoder_only_formula,
-        deepnorm_swapped_n_m,
-        deepnorm_quarter_power,
-        deepnorm_wrong_order,
-    ],
-)
-def test_deepnorm_constants_rejects_wrong(wrong):
-    assert not ch06.check_deepnorm_constants(wrong, verbose=False)
-
-
-def test_deepnorm_constants_for_the_chapter_model():
-    encoder_alpha, encoder_beta, decoder_alpha, decoder_beta = ch06.reference_deepnorm_constants(
-        6, 6
-    )
-    assert math.isclose(encoder_alpha, 0.81 * 6 ** (5 / 16))
-    assert 1.4 < encoder_alpha < 1.45 and 0.49 < encoder_beta < 0.51
-    assert math.isclose(decoder_alpha, 18**0.25) and math.isclose(decoder_beta, 72**-0.25)
-    # α grows and β shrinks with depth
-    deeper = ch06.reference_deepnorm_constants(100, 100)
-    assert deeper[0] > encoder_alpha and deeper[1] < encoder_beta
-    assert deeper[2] > decoder_alpha and deeper[3] < decoder_beta
 
 
 # --------------------------------------------------------------------------------------------
@@ -366,9 +278,8 @@ def test_the_band_holds_for_the_real_measurement():
 
 CHECKS = [
     ch06.check_layer_norm,
-    ch06.check_pre_ln_block,
+    ch06.check_peri_ln_block,
     ch06.check_relative_updates,
-    ch06.check_deepnorm_constants,
     ch06.check_log_log_slope,
 ]
 
@@ -398,9 +309,8 @@ def test_crashing_answer_is_reported_not_raised(check):
     ("check", "reference"),
     [
         (ch06.check_layer_norm, ch06.reference_layer_norm),
-        (ch06.check_pre_ln_block, ch06.reference_pre_ln_block),
+        (ch06.check_peri_ln_block, ch06.reference_peri_ln_block),
         (ch06.check_relative_updates, ch06.reference_relative_updates),
-        (ch06.check_deepnorm_constants, ch06.reference_deepnorm_constants),
         (ch06.check_log_log_slope, ch06.reference_log_log_slope),
     ],
 )

@@ -11,13 +11,11 @@ stub in the notebook.
 exercise                         check
 ===============================  ==================================================
 LayerNorm by hand                :func:`check_layer_norm`
-a Pre-LN block from a Post-LN    :func:`check_pre_ln_block`
 a Peri-LN (sandwich) block       :func:`check_peri_ln_block`
-relative updates of a stream     :func:`check_relative_updates`
-a depth slope, measured         :func:`check_log_log_slope`,
+relative updates (6.6.4)         :func:`check_relative_updates`
+a depth slope, measured          :func:`check_log_log_slope`,
                                  :func:`check_depth_slope` (the measuring function),
                                  :func:`verify_pre_ln_slope_without_final_norm`
-DeepNorm's constants             :func:`check_deepnorm_constants`
 ===============================  ==================================================
 """
 
@@ -35,11 +33,9 @@ from companion.exercises._checker import Case, CheckResult, run_check, seeded_ge
 
 __all__ = [
     "check_layer_norm",
-    "check_pre_ln_block",
     "check_peri_ln_block",
     "check_relative_updates",
     "check_depth_slope",
-    "check_deepnorm_constants",
     "check_log_log_slope",
     "verify_pre_ln_slope_without_final_norm",
     "PRE_LN_NO_FINAL_NORM_SLOPE_BAND",
@@ -120,35 +116,8 @@ def check_layer_norm(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: a Pre-LN residual block, given the Post-LN one
+# Exercise 2: a Peri-LN ("sandwich") residual block
 # --------------------------------------------------------------------------------------------
-
-
-def post_ln_block(x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module) -> Tensor:
-    """The Post-LN residual block of the 2017 paper: ``norm(x + sublayer(x))``.
-
-    Args:
-        x: shape ``(..., d_model)``.
-        sublayer: maps ``(..., d_model)`` to ``(..., d_model)`` (attention or feed-forward).
-        norm: a LayerNorm over ``d_model``.
-    """
-    return norm(x + sublayer(x))  # (..., d_model)
-
-
-def reference_pre_ln_block(
-    x: Tensor, sublayer: Callable[[Tensor], Tensor], norm: nn.Module
-) -> Tensor:
-    """The Pre-LN residual block: ``x + sublayer(norm(x))``; the residual path is untouched.
-
-    Args:
-        x: shape ``(..., d_model)``.
-        sublayer: maps ``(..., d_model)`` to ``(..., d_model)``.
-        norm: a LayerNorm over ``d_model``.
-
-    Returns:
-        Tensor of shape ``(..., d_model)``.
-    """
-    return x + sublayer(norm(x))  # (..., d_model)
 
 
 def _seeded_linear(d_in: int, d_out: int, g: torch.Generator) -> nn.Linear:
@@ -169,7 +138,7 @@ def _seeded_norm(d: int, g: torch.Generator) -> nn.LayerNorm:
     return norm
 
 
-#: the shapes and sub-layers both block checks run: (input shape, sub-layer kind)
+#: the shapes and sub-layers the block check runs: (input shape, sub-layer kind)
 _BLOCK_CASES = [((6, 8), "linear"), ((2, 5, 8), "tanh"), ((3, 4, 16), "mlp"), ((7, 12), "mlp"),
                 ((1, 1, 4), "tanh")]  # fmt: skip
 
@@ -182,39 +151,6 @@ def _seeded_sublayer(d: int, kind: str, g: torch.Generator) -> nn.Module:
     if kind == "tanh":
         return nn.Sequential(first, nn.Tanh())
     return nn.Sequential(first, nn.ReLU(), _seeded_linear(2 * d, d, g))
-
-
-def _pre_ln_cases() -> list[Case]:
-    g = seeded_generator(602)
-    cases: list[Case] = []
-    for shape, kind in _BLOCK_CASES:
-        d = shape[-1]
-        sublayer = _seeded_sublayer(d, kind, g)
-        cases.append(
-            {
-                "x": 2 * torch.randn(shape, generator=g) + 1,  # mean 1, std 2: far from normalised
-                "sublayer": sublayer,
-                "norm": _seeded_norm(d, g),
-            }
-        )
-    return cases
-
-
-def check_pre_ln_block(
-    pre_ln_block: Callable[[Tensor, Callable[[Tensor], Tensor], nn.Module], Tensor],
-    verbose: bool = True,
-) -> CheckResult:
-    """Check ``pre_ln_block(x, sublayer, norm)``: ``x (..., d_model)`` → ``(..., d_model)``,
-    the Pre-LN counterpart of ``norm(x + sublayer(x))``."""
-    with torch.no_grad():
-        return run_check(
-            "pre_ln_block", pre_ln_block, reference_pre_ln_block, _pre_ln_cases(), verbose=verbose
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 2 (chapter): a Peri-LN ("sandwich") residual block
-# --------------------------------------------------------------------------------------------
 
 
 def reference_peri_ln_block(
@@ -274,7 +210,7 @@ def check_peri_ln_block(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: the relative size of each sub-layer's update
+# Section 6.6.4's exercise: the relative size of each sub-layer's update
 # --------------------------------------------------------------------------------------------
 
 
@@ -324,7 +260,7 @@ def check_relative_updates(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: measure a depth slope (Pre-LN without its final LayerNorm)
+# Exercise 3: measure a depth slope (Pre-LN without its final LayerNorm)
 # --------------------------------------------------------------------------------------------
 
 
@@ -377,7 +313,7 @@ def check_log_log_slope(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4 (continued): the measuring function, checked on hidden configurations
+# Exercise 3 (continued): the measuring function, checked on hidden configurations
 # --------------------------------------------------------------------------------------------
 
 #: the seeds the reference averages over (the student's function may use any three seeds)
@@ -539,50 +475,3 @@ def verify_pre_ln_slope_without_final_norm(slope: float, verbose: bool = True) -
     if verbose:
         print(message)
     return CheckResult(name, passed, 1, message)
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 5: DeepNorm's α and β for an encoder-decoder
-# --------------------------------------------------------------------------------------------
-
-
-def reference_deepnorm_constants(
-    num_encoder_layers: int, num_decoder_layers: int
-) -> tuple[float, float, float, float]:
-    r"""DeepNorm's constants for an encoder-decoder with ``N`` encoder and ``M`` decoder
-    layers (Wang et al., 2022, "DeepNet: Scaling Transformers to 1,000 Layers"):
-
-    .. math:: \alpha_\text{enc} = 0.81\,(N^4 M)^{1/16},\quad
-              \beta_\text{enc} = 0.87\,(N^4 M)^{-1/16},\quad
-              \alpha_\text{dec} = (3M)^{1/4},\quad
-              \beta_\text{dec} = (12M)^{-1/4}.
-
-    Returns:
-        ``(encoder_alpha, encoder_beta, decoder_alpha, decoder_beta)``.
-    """
-    n, m = num_encoder_layers, num_decoder_layers
-    encoder_alpha = 0.81 * (n**4 * m) ** (1 / 16)
-    encoder_beta = 0.87 * (n**4 * m) ** (-1 / 16)
-    decoder_alpha = (3 * m) ** (1 / 4)
-    decoder_beta = (12 * m) ** (-1 / 4)
-    return encoder_alpha, encoder_beta, decoder_alpha, decoder_beta
-
-
-def _deepnorm_cases() -> list[Case]:
-    pairs = [(6, 6), (1, 1), (12, 12), (18, 6), (6, 18), (100, 100), (200, 50)]
-    return [{"num_encoder_layers": n, "num_decoder_layers": m} for n, m in pairs]
-
-
-def check_deepnorm_constants(
-    deepnorm_constants: Callable[[int, int], tuple[float, float, float, float]],
-    verbose: bool = True,
-) -> CheckResult:
-    """Check ``deepnorm_constants(num_encoder_layers, num_decoder_layers)`` →
-    ``(encoder_alpha, encoder_beta, decoder_alpha, decoder_beta)``, four floats."""
-    return run_check(
-        "deepnorm_constants",
-        deepnorm_constants,
-        reference_deepnorm_constants,
-        _deepnorm_cases(),
-        verbose=verbose,
-    )
