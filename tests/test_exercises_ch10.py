@@ -1,6 +1,6 @@
-"""Chapter 10 exercise checks: right answers pass, plausible wrong answers fail (a prefix mask
-that leaks the future into the prefix, BERT masking that touches padding or special tokens or
-gets the 15% / 80-10-10 proportions wrong, top-k without renormalising, temperature applied to
+"""Chapter 10 exercise checks: right answers pass, plausible wrong answers fail (a batch of prefix
+masks that leaks the future into the prefix or uses one row's prefix for every row, BERT
+masking that touches padding or special tokens or gets the 15% / 80-10-10 proportions wrong, top-k without renormalising, temperature applied to
 probabilities, patches cut by a plain reshape, ...), stubs are reported without raising."""
 
 from __future__ import annotations
@@ -18,8 +18,18 @@ from companion.exercises import ch10
 from companion.masking import causal_mask, prefix_lm_mask
 
 # --------------------------------------------------------------------------------------------
-# prefix_lm_mask
+# prefix_lm_mask: a batch of prefix-LM masks, one prefix length per row
 # --------------------------------------------------------------------------------------------
+
+
+def per_row(single):
+    """A batched answer built from a one-row rule (length, prefix_len) -> (length, length)."""
+
+    def batched(length, prefix_lens):
+        return torch.stack([single(length, int(p)) for p in prefix_lens])
+
+    batched.__name__ = single.__name__
+    return batched
 
 
 def prefix_loops(length, prefix_len):
@@ -65,38 +75,81 @@ def prefix_block_diagonal(length, prefix_len):  # the continuation does not see 
     return in_prefix | ((i >= prefix_len) & (j >= prefix_len) & (j <= i))
 
 
-def prefix_transposed(length, prefix_len):
-    return ch10.reference_prefix_lm_mask(length, prefix_len).T
+def prefix_strictly_causal(length, prefix_len):  # j < i: a query no longer sees itself
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (j < i) | (j < prefix_len)
+
+
+def prefix_first_row_for_all(length, prefix_lens):  # one prefix for the whole batch
+    return torch.stack([prefix_lm_mask(length, int(prefix_lens[0]))] * len(prefix_lens))
+
+
+def prefix_longest_for_all(length, prefix_lens):
+    return torch.stack([prefix_lm_mask(length, int(prefix_lens.max()))] * len(prefix_lens))
+
+
+def prefix_query_axis_broadcast(length, prefix_lens):  # prefix lengths laid along the queries
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (j <= i)[None] | (j[None] < prefix_lens[None, :, None])
+
+
+def prefix_no_batch_axis(length, prefix_lens):  # (batch, length) | (length, length)
+    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+    return (j <= i) | (j < prefix_lens[:, None])
 
 
 def test_prefix_mask_accepts_correct():
-    for fn in [ch10.reference_prefix_lm_mask, prefix_loops, prefix_causal_or_block]:
+    for fn in [
+        ch10.reference_prefix_lm_mask,
+        per_row(prefix_loops),
+        per_row(prefix_causal_or_block),
+    ]:
         assert ch10.check_prefix_lm_mask(fn, verbose=False), fn.__name__
-    assert ch10.check_prefix_lm_mask(lambda length, prefix_len: prefix_lm_mask(length, prefix_len))
+    assert ch10.check_prefix_lm_mask(per_row(prefix_lm_mask))
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        prefix_causal_only,
-        prefix_everything,
-        prefix_rows_see_all,
-        prefix_off_by_one,
-        prefix_counted_from_one,
-        prefix_block_diagonal,
-        prefix_transposed,
+        per_row(prefix_causal_only),
+        per_row(prefix_everything),
+        per_row(prefix_rows_see_all),
+        per_row(prefix_off_by_one),
+        per_row(prefix_counted_from_one),
+        per_row(prefix_block_diagonal),
+        per_row(prefix_strictly_causal),
+        prefix_first_row_for_all,
+        prefix_longest_for_all,
+        prefix_query_axis_broadcast,
+        prefix_no_batch_axis,
     ],
+    ids=lambda fn: fn.__name__,
 )
 def test_prefix_mask_rejects_wrong(wrong):
     assert not ch10.check_prefix_lm_mask(wrong, verbose=False)
 
 
-def prefix_float(length, prefix_len):  # right values, float 0/1: blocks nothing in SDPA
-    return ch10.reference_prefix_lm_mask(length, prefix_len).float()
+def test_prefix_cases_hold_the_traps():
+    cases = ch10._prefix_cases()
+    assert any(len(set(c["prefix_lens"].tolist())) > 1 for c in cases), "rows that differ"
+    assert any(len(c["prefix_lens"]) == c["length"] for c in cases), "batch == length"
+    lens = [(int(p), c["length"]) for c in cases for p in c["prefix_lens"]]
+    assert any(p == 0 for p, _ in lens) and any(p == n for p, n in lens), "empty and full prefixes"
 
 
-def prefix_long(length, prefix_len):  # right values, integer 0/1
-    return ch10.reference_prefix_lm_mask(length, prefix_len).long()
+def test_prefix_transposed_is_rejected():
+    def transposed(length, prefix_lens):
+        return ch10.reference_prefix_lm_mask(length, prefix_lens).transpose(1, 2)
+
+    assert not ch10.check_prefix_lm_mask(transposed, verbose=False)
+
+
+def prefix_float(length, prefix_lens):  # right values, float 0/1: blocks nothing in SDPA
+    return ch10.reference_prefix_lm_mask(length, prefix_lens).float()
+
+
+def prefix_long(length, prefix_lens):  # right values, integer 0/1
+    return ch10.reference_prefix_lm_mask(length, prefix_lens).long()
 
 
 @pytest.mark.parametrize("wrong", [prefix_float, prefix_long])
@@ -106,9 +159,11 @@ def test_prefix_mask_rejects_a_non_boolean_mask_and_says_why(wrong):
     assert "must be a bool tensor" in result.message and "dtype torch." in result.message
 
 
-def test_prefix_reference_is_the_package_mask():
+def test_prefix_reference_is_the_package_mask_row_by_row():
     for case in ch10._prefix_cases():
-        assert torch.equal(ch10.reference_prefix_lm_mask(**case), prefix_lm_mask(**case))
+        got = ch10.reference_prefix_lm_mask(**case)
+        for row, prefix_len in enumerate(case["prefix_lens"].tolist()):
+            assert torch.equal(got[row], prefix_lm_mask(case["length"], prefix_len))
 
 
 # --------------------------------------------------------------------------------------------
@@ -488,6 +543,32 @@ def sample_divides_by_zero(logits, temperature, top_k, uniform):
     return _inverse_cdf(probs, uniform).clamp(max=logits.shape[-1] - 1)
 
 
+def sample_last_id_at_most_u(logits, temperature, top_k, uniform):
+    """Off by one: the last id whose cumulative probability is at most u."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = sampling_distribution(logits.double(), temperature, top_k)
+    return ((probs.cumsum(-1) <= uniform.double()[:, None]).sum(-1) - 1).clamp(min=0)
+
+
+def sample_cumulated_from_the_last_id(logits, temperature, top_k, uniform):
+    """A valid sampler, but it accumulates from the highest id down."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = sampling_distribution(logits.double(), temperature, top_k).flip(-1)
+    position = (probs.cumsum(-1) <= uniform.double()[:, None]).sum(-1)
+    return (logits.shape[-1] - 1 - position).clamp(min=0)
+
+
+def sample_greedy_reads_the_uniform(logits, temperature, top_k, uniform):
+    """Temperature 0 treated as a draw from the top-1 token set, but with u: the tie rule lost."""
+    if temperature == 0:
+        largest = logits == logits.max(dim=-1, keepdim=True).values  # (batch, vocab)
+        weights = largest.double() / largest.sum(-1, keepdim=True)
+        return (weights.cumsum(-1) <= uniform.double()[:, None]).sum(-1)
+    return ch10.reference_sample_next_token(logits, temperature, top_k, uniform)
+
+
 def test_sampling_accepts_correct():
     for fn in [
         ch10.reference_sample_next_token,
@@ -513,6 +594,9 @@ def test_sampling_accepts_correct():
         sample_tiny_temperature_for_greedy,
         sample_greedy_last_maximum,
         sample_divides_by_zero,
+        sample_last_id_at_most_u,
+        sample_cumulated_from_the_last_id,
+        sample_greedy_reads_the_uniform,
     ],
 )
 def test_sampling_rejects_wrong(wrong):

@@ -10,7 +10,7 @@ your function with keyword arguments, so keep the parameter names of the stub in
 ==============================================  ===================================
 exercise                                        check
 ==============================================  ===================================
-the prefix-LM mask                              :func:`check_prefix_lm_mask`
+a batch of prefix-LM masks                      :func:`check_prefix_lm_mask`
 BERT's 80/10/10 masking                         :func:`check_bert_masking`
 one sampling step: temperature and top-k        :func:`check_sample_next_token`
 a ViT's patches: the patch-embedding reshape    :func:`check_patchify`
@@ -47,60 +47,67 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: the prefix-LM mask
+# Exercise 1: a batch of prefix-LM masks
 # --------------------------------------------------------------------------------------------
 
 
-def reference_prefix_lm_mask(length: int, prefix_len: int) -> Tensor:
-    """The mask of a prefix language model, ``True`` = may attend.
+def reference_prefix_lm_mask(length: int, prefix_lens: Tensor) -> Tensor:
+    """The masks of a batch of prefix language models, one prefix length per row, ``True`` =
+    may attend.
 
-    Query ``i`` may attend to key ``j`` when ``j`` is in the prefix (``j < prefix_len``: the
-    prefix is read both ways, and every later position sees all of it) or ``j <= i`` (the
-    causal rule). ``prefix_len = 0`` is the causal mask, ``prefix_len = length`` an encoder's.
+    In row ``b``, query ``i`` may attend to key ``j`` when ``j`` is in that row's prefix
+    (``j < prefix_lens[b]``: the prefix is read both ways, and every later position sees all of
+    it) or ``j <= i`` (the causal rule). A prefix of 0 gives the causal mask, a prefix of
+    ``length`` an encoder's.
 
     Args:
         length: number of positions (queries and keys alike), ``>= 1``.
-        prefix_len: number of prefix positions, ``0 <= prefix_len <= length``.
+        prefix_lens: ``(batch,)`` integer tensor, each ``0 <= prefix_lens[b] <= length``.
 
     Returns:
-        bool tensor of shape ``(length, length)``, indexed ``[query, key]``.
+        bool tensor of shape ``(batch, length, length)``, indexed ``[row, query, key]``.
     """
-    query = torch.arange(length)[:, None]  # (length, 1)
-    key = torch.arange(length)[None, :]  # (1, length)
-    return (key <= query) | (key < prefix_len)  # (length, length)
+    query = torch.arange(length)[None, :, None]  # (1, length, 1)
+    key = torch.arange(length)[None, None, :]  # (1, 1, length)
+    in_prefix = key < prefix_lens[:, None, None]  # (batch, 1, length)
+    return (key <= query) | in_prefix  # (batch, length, length)
 
 
 def _prefix_cases() -> list[Case]:
     settings = [
-        # (length, prefix_len)
-        (6, 2),
-        (8, 3),
-        (7, 1),  # a prefix of one position: the causal mask
-        (5, 0),  # no prefix: the causal mask
-        (5, 5),  # all prefix: an encoder's mask
-        (4, 3),
-        (10, 4),
-        (1, 0),
-        (1, 1),
-        (9, 8),
+        # (length, prefix length of each row)
+        (6, [2, 4, 0]),
+        (8, [3, 3]),  # equal prefixes: the single-prefix mask, twice
+        (5, [0, 5, 1, 2, 3]),  # batch == length: a wrong broadcast has the right shape
+        (7, [1]),  # a prefix of one position: the causal mask
+        (4, [4, 0, 3, 1]),
+        (10, [4, 9, 7]),
+        (1, [0, 1]),
+        (9, [8, 2]),
     ]
-    return [{"length": n, "prefix_len": p} for n, p in settings]
+    return [
+        {"length": n, "prefix_lens": torch.tensor(lens, dtype=torch.long)} for n, lens in settings
+    ]
 
 
 def check_prefix_lm_mask(
-    prefix_lm_mask: Callable[[int, int], Tensor], verbose: bool = True
+    prefix_lm_mask: Callable[[int, Tensor], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``prefix_lm_mask(length, prefix_len)`` → bool ``(length, length)``.
+    """Check ``prefix_lm_mask(length, prefix_lens)`` → bool ``(batch, length, length)``, one
+    prefix length per row.
 
-    The result must be a *boolean* tensor: a float or integer 0/1 mask with the right values
-    is rejected: PyTorch's ``scaled_dot_product_attention`` reads a float mask as a bias added
-    to the scores (a 0 adds nothing, so a 0/1 float mask blocks nothing), and the course's
-    masks are boolean everywhere.
+    Among the cases are rows with different prefixes in one batch (an answer that uses one
+    row's prefix for every row fails), a batch as long as the sequence (a prefix broadcast
+    along the query axis instead of the key axis has the right shape there, and fails), and
+    prefixes of 0 and of the whole row. The result must be a *boolean* tensor: a float or
+    integer 0/1 mask with the right values is rejected: PyTorch's
+    ``scaled_dot_product_attention`` reads a float mask as a bias added to the scores (a 0 adds
+    nothing, so a 0/1 float mask blocks nothing), and the course's masks are boolean everywhere.
     """
     _check_callable("prefix_lm_mask", prefix_lm_mask)
 
     @functools.wraps(prefix_lm_mask)
-    def boolean_only(**kwargs: int) -> Tensor:
+    def boolean_only(**kwargs: object) -> Tensor:
         mask = prefix_lm_mask(**kwargs)
         if isinstance(mask, Tensor) and mask.dtype != torch.bool:
             raise TypeError(
