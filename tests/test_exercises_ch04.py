@@ -298,6 +298,15 @@ def test_reference_closest_codes_is_the_brute_force_minimum():
         ch04.reference_closest_codes(1, 8)
 
 
+def test_closest_codes_are_neighbours_from_d_model_12_on():
+    """The solution's claim over 512 positions: offsets 63 at d = 8 and 6 at d = 10, then 1."""
+    offsets = {d: ch04.reference_closest_codes(512, d)[0] for d in range(8, 514, 2)}
+    assert offsets[8] == 63 and offsets[10] == 6, {d: offsets[d] for d in (8, 10)}
+    not_neighbours = [d for d in range(12, 514, 2) if offsets[d] != 1]
+    assert not not_neighbours, f"offset 1 expected from d_model = 12 on, not at {not_neighbours}"
+    assert closest_by_table(512, 12)[0] == 1 and closest_by_table(512, 10)[0] == 6
+
+
 # --------------------------------------------------------------------------------------------
 # rope_rotate
 # --------------------------------------------------------------------------------------------

@@ -509,11 +509,12 @@ def check_half_to_interleaved(
 
 
 def reference_rope_decay_bound(offsets: Tensor, head_dim: int) -> Tensor:
-    """RoFormer's relative upper bound ``(1 / (d/2)) Σ_{j=1}^{d/2} |S_j|`` at each offset.
+    """RoFormer's relative upper bound ``(1 / (d_k/2)) Σ_{ν=1}^{d_k/2} |C_ν|`` at each offset.
 
-    ``S_j = Σ_{m=0}^{j-1} exp(i Δ θ_m)`` is a partial sum of unit complex numbers, with
-    ``θ_m = 10000^(-2m/head_dim)`` and ``Δ`` the offset (section 3.4.3 of Su et al., 2021:
-    the RoPE score at offset ``Δ`` is at most ``max_m |h_{m+1} - h_m|`` times this sum).
+    ``C_ν = Σ_{m=0}^{ν-1} exp(√-1 · Δ ω_m)`` is a partial sum of unit complex numbers, with
+    ``ω_m = 10000^(-2m/head_dim)`` and ``Δ`` the offset (section 3.4.3 of Su et al., 2021,
+    who write ``S_j``, ``θ_i`` and ``h_i``: the RoPE score at offset ``Δ`` is at most
+    ``max_m |z_{m+1} - z_m|`` times this sum).
 
     Args:
         offsets: integer offsets ``Δ``, shape ``(n,)``.
@@ -523,8 +524,8 @@ def reference_rope_decay_bound(offsets: Tensor, head_dim: int) -> Tensor:
         float64 tensor of shape ``(n,)``; ``(d/2 + 1) / 2`` at offset 0.
     """
     angles = offsets.double()[:, None] * _frequencies(head_dim)  # (n, head_dim/2)
-    terms = torch.polar(torch.ones_like(angles), angles)  # (n, head_dim/2): exp(i Δ θ_m)
-    partial_sums = terms.cumsum(dim=-1)  # (n, head_dim/2): S_1 .. S_{d/2}
+    terms = torch.polar(torch.ones_like(angles), angles)  # (n, head_dim/2): exp(√-1 · Δ ω_m)
+    partial_sums = terms.cumsum(dim=-1)  # (n, head_dim/2): C_1 .. C_{d_k/2}
     return partial_sums.abs().mean(dim=-1)  # (n,)
 
 
