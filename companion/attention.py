@@ -209,8 +209,8 @@ class MultiHeadAttention(nn.Module):
 
     **Fewer key/value heads** (``num_kv_heads``): grouped-query attention (GQA, Ainslie et al.,
     2023) projects keys and values to ``num_kv_heads`` heads only, each shared by a group of
-    ``num_heads / num_kv_heads`` consecutive query heads: query head ``h`` reads key/value head
-    ``h // (num_heads / num_kv_heads)`` (:func:`repeat_kv_heads`, the grouping of
+    ``num_heads / num_kv_heads`` consecutive query heads: query head ``r`` reads key/value head
+    ``r // (num_heads / num_kv_heads)`` (:func:`repeat_kv_heads`, the grouping of
     ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)``).
     ``num_kv_heads = num_heads`` is multi-head attention, ``num_kv_heads = 1`` multi-query
     attention (MQA, Shazeer 2019). A :class:`KeyValueCache` then holds
@@ -371,8 +371,8 @@ class MultiHeadAttention(nn.Module):
 
         Args:
             q: ``(batch, heads, q_len, head_dim)``.
-            k, v: ``(batch, kv_heads, k_len, head_dim)``; query head ``h`` uses key/value head
-                ``h // (heads / kv_heads)`` (:func:`repeat_kv_heads`).
+            k, v: ``(batch, kv_heads, k_len, head_dim)``; query head ``r`` uses key/value head
+                ``r // (heads / kv_heads)`` (:func:`repeat_kv_heads`).
             mask: boolean, ``True`` = may attend, broadcastable to ``(batch, heads, q_len, k_len)``.
             need_weights: compute the weights explicitly and return them.
             is_causal: let the fused kernel apply a square causal mask (``q_len == k_len``,
@@ -535,9 +535,9 @@ def repeat_kv_heads(x: Tensor, num_heads: int) -> Tensor:
     """Give each of ``num_heads`` query heads its key/value head (grouped-query attention).
 
     Key/value head ``j`` serves the ``group = num_heads / kv_heads`` consecutive query heads
-    ``j·group .. (j+1)·group - 1``, so query head ``h`` reads head ``h // group``: every head
+    ``j·group .. (j+1)·group - 1``, so query head ``r`` reads head ``r // group``: every head
     is repeated ``group`` times *in place* (``repeat_interleave`` on the head axis; ``repeat``
-    would tile the whole stack instead and pair query head ``h`` with ``h % kv_heads``). This
+    would tile the whole stack instead and pair query head ``r`` with ``r % kv_heads``). This
     is the grouping of ``torch.nn.functional.scaled_dot_product_attention(..., enable_gqa=True)``.
 
     Args:

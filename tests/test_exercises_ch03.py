@@ -598,6 +598,33 @@ def test_gqa_rejects_more_slips(wrong):
     assert not ch03.check_grouped_query_attention(wrong, verbose=False)
 
 
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (gqa_repeat, "`repeat`"),
+        (gqa_kv_head_r_over_g, "dividing by the number of groups"),
+        (gqa_only_first_kv_head, "the first key/value head"),
+    ],
+)
+def test_gqa_message_names_the_key_value_head_used(wrong, hint):
+    result = ch03.check_grouped_query_attention(wrong, verbose=False)
+    assert not result
+    assert hint in result.message, result.message
+    assert "used key/value head" in result.message, result.message
+
+
+def test_gqa_repeat_message_names_query_head_1():
+    # first case: 4 query heads, 2 key/value heads; tiled, query head 1 reads kv head 1, not 0
+    message = ch03.check_grouped_query_attention(gqa_repeat, verbose=False).message
+    assert "query head 1 used key/value head 1" in message, message
+    assert "group 0" in message, message
+
+
+def test_gqa_message_has_no_hint_for_a_scale_slip():
+    message = ch03.check_grouped_query_attention(gqa_scaled_by_d_model, verbose=False).message
+    assert "used key/value head" not in message, message
+
+
 def fused_q_k_v_swapped(qkv, num_heads):
     # the right split, but the blocks of each head read as (k, q, v)
     q, k, v = fused_correct(qkv, num_heads)

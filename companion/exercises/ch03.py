@@ -280,18 +280,78 @@ def _gqa_cases() -> list[Case]:
     return cases
 
 
+def _gqa_with_kv_heads(case: Case, kv_of: list[int]) -> Tensor:
+    """Grouped-query attention where query head ``r`` reads key/value head ``kv_of[r]``."""
+    query, key, value = case["query"], case["key"], case["value"]
+    heads, kv_heads = case["num_heads"], case["num_kv_heads"]
+    batch, q_len, _ = query.shape
+    k_len = key.shape[1]
+    d_k = case["w_q"].shape[1] // heads
+    index = torch.tensor(kv_of)  # (h,)
+    q = (query @ case["w_q"]).view(batch, q_len, heads, d_k).transpose(1, 2)  # (batch, h, q, d_k)
+    k = (key @ case["w_k"]).view(batch, k_len, kv_heads, d_k).transpose(1, 2)[:, index]
+    v = (value @ case["w_v"]).view(batch, k_len, kv_heads, d_k).transpose(1, 2)[:, index]
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)  # (batch, h, q, k)
+    merged = (weights @ v).transpose(1, 2).reshape(batch, q_len, heads * d_k)
+    return merged @ case["w_o"]  # (batch, q_len, d_model)
+
+
+def _gqa_hint(case: Case, got: object) -> str:
+    """Name the grouping slip that ``got`` reproduces, if any (empty string otherwise): which
+    key/value head a query head used, and which one it should have used."""
+    if not isinstance(got, Tensor):
+        return ""
+    heads, kv_heads = case["num_heads"], case["num_kv_heads"]
+    group = heads // kv_heads
+    right = [r // group for r in range(heads)]
+    slips = {
+        "`repeat` (it tiles the whole stack of key/value heads; `repeat_interleave(group, "
+        "dim=1)`, or `expand` then `reshape`, repeats each head in place)": [
+            r % kv_heads for r in range(heads)
+        ],
+        "r // num_kv_heads, dividing by the number of groups instead of the group size "
+        "num_heads / num_kv_heads": [min(r // kv_heads, kv_heads - 1) for r in range(heads)],
+        "the first key/value head for every query head": [0] * heads,
+    }
+    for slip, kv_of in slips.items():
+        if kv_of == right:
+            continue
+        value = _gqa_with_kv_heads(case, kv_of)
+        if got.shape == value.shape and torch.allclose(got, value, atol=1e-5, rtol=1e-4):
+            r = next(r for r in range(heads) if kv_of[r] != right[r])
+            return (
+                f"\n   not rounding: your query head {r} used key/value head {kv_of[r]}, but with "
+                f"{heads} query heads and {kv_heads} key/value heads it belongs to group "
+                f"{right[r]} (query heads {right[r] * group} to {right[r] * group + group - 1} "
+                f"share key/value head {right[r]}). This looks like {slip}."
+            )
+    return ""
+
+
 def check_grouped_query_attention(
     grouped_query_attention: Callable[..., Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``grouped_query_attention(query, key, value, w_q, w_k, w_v, w_o, num_heads,
-    num_kv_heads)`` → ``(batch, q_len, d_model)``."""
-    return run_check(
+    num_kv_heads)`` → ``(batch, q_len, d_model)``; when the answer pairs query heads with the
+    wrong key/value heads (``repeat`` for ``repeat_interleave``, ...) the message says which
+    key/value head a query head used and which it should have used."""
+    result = run_check(
         "grouped_query_attention",
         grouped_query_attention,
         reference_grouped_query_attention,
         _gqa_cases(),
-        verbose=verbose,
+        verbose=False,
     )
+    if not result and result.message.startswith("❌") and "is wrong" in result.message:
+        case = _gqa_cases()[result.cases_run - 1]
+        args = {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
+        got, _ = call_reader(
+            "grouped_query_attention", result.cases_run, grouped_query_attention, args
+        )
+        result.message += _gqa_hint(case, got)
+    if verbose:
+        print(result.message)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
