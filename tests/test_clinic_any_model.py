@@ -343,8 +343,9 @@ def test_check_diagnosis_accepts_names_and_synonyms_and_rejects_others(capsys):
     for name, condition in clinic.CONDITIONS.items():
         patient = clinic.admit(name)
         assert clinic.check_diagnosis(patient, name.upper(), verbose=False)
-        for synonym in condition.synonyms:
-            assert clinic.check_diagnosis(patient, f"I think: {synonym}!", verbose=False), synonym
+        for synonym in condition.synonyms:  # a stem* as the stem, a + b as "a and b"
+            said = synonym.replace("*", "").replace(" + ", " and ")
+            assert clinic.check_diagnosis(patient, f"I think: {said}!", verbose=False), synonym
         others = [other for other in clinic.CONDITIONS if other != name]
         assert not any(clinic.check_diagnosis(patient, other, verbose=False) for other in others)
     patient = clinic.admit("model.eval() forgotten")
@@ -356,6 +357,10 @@ def test_check_diagnosis_accepts_names_and_synonyms_and_rejects_others(capsys):
     assert not clinic.check_diagnosis(patient, "a cosmic ray")
     assert "names none" in capsys.readouterr().out
     assert not clinic.check_diagnosis(patient, "dropout, or the layers in a list")
+    assert "Not layers in a plain list" in capsys.readouterr().out
+    assert not clinic.check_diagnosis(patient, "dropout")  # a symptom of two patients
+    assert "symptom" in capsys.readouterr().out
+    assert not clinic.check_diagnosis(patient, "model.eval() forgotten and padding counted in the loss")
     assert "several" in capsys.readouterr().out
     assert clinic.check_diagnosis(clinic.admit(None), "healthy", verbose=False)
     assert not clinic.check_diagnosis(clinic.admit(None), "unshifted labels", verbose=False)

@@ -301,6 +301,39 @@ def test_mystery_rejects_wrong_answers(change):
     assert not ch11.check_mystery({**RIGHT, **change}, verbose=False)
 
 
+@pytest.mark.parametrize(
+    "seed,answer",
+    [
+        (5, "the padding mask masks the queries, not the keys"),
+        (5, "padding mask applied to the query positions"),
+        (5, "pad mask broadcast along the wrong dimension"),
+        (0, "the layers list is not registered, so model.eval() never reaches them"),
+        (0, "forgot nn.ModuleList"),
+        (7, "the model is left in training mode"),
+        (7, "forgot to call model.eval()"),
+    ],
+)
+def test_mystery_accepts_plain_descriptions(seed, answer):
+    assert ch11.check_mystery({**RIGHT, seed: answer}, verbose=False), answer
+
+
+@pytest.mark.parametrize(
+    "seed,answer",
+    [
+        (7, "dropout"),  # a symptom, shared with patient 0
+        (7, "evaluation"),
+        (0, "dropout"),
+        (0, "model.eval() forgotten"),  # the trap: patient 0's first failure
+        (5, "softmax over the wrong dimension"),
+        (5, "wrong dimension"),  # no mask named
+        (0, "a list comprehension"),  # "list" as a word of another sentence
+        (7, "the layers list is not registered, so model.eval() never reaches them"),
+    ],
+)
+def test_mystery_rejects_vague_or_wrong_descriptions(seed, answer):
+    assert not ch11.check_mystery({**RIGHT, seed: answer}, verbose=False), answer
+
+
 def test_mystery_rejects_a_missing_seed():
     answers = dict(RIGHT)
     del answers[ch11.MYSTERY_SEEDS[-1]]

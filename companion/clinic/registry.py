@@ -195,7 +195,8 @@ class Condition:
 
     Attributes:
         name: the bug, in a few words (the key of :data:`CONDITIONS`).
-        synonyms: other phrases :func:`check_diagnosis` accepts (lowercase words).
+        synonyms: other phrases :func:`check_diagnosis` accepts, matched as whole words
+            (lowercase; a word ending in ``*`` is a stem, ``a + b`` needs both parts).
         symptom: what a learner sees.
         caught_by: the diagnostic of :mod:`companion.clinic.toolkit` that fails on it.
         buggy: the class or function holding the bug.
@@ -218,30 +219,33 @@ CONDITIONS: dict[str, Condition] = {
                   "size 0", "position of the batch", "positions by batch"),
                   "a sentence's output depends on its row in the batch", "batch_independence",
                   SeqFirstPositions, ReaderTransformer),
-        Condition("softmax over the wrong dimension", ("softmax", "wrong dim"),
+        Condition("softmax over the wrong dimension", ("softmax",),
                   "outputs read later tokens; weights that do not sum to 1 per query",
                   "causal_leak_check", SoftmaxOverQueries, ReaderAttention),
         Condition("padding counted in the loss", ("padding in the loss", "pads in the loss",
                   "padding counted", "pads counted", "loss counts", "ignore index",
-                  "loss over padding", "loss over the padding", "loss includes pad"),
+                  "loss over padding", "loss over the padding", "loss includes pad*", "pad* + loss"),
                   "the loss changes with the amount of padding", "loss_padding_check",
                   loss_over_padding, sequence_loss),
-        Condition("unshifted labels", ("not shifted", "unshifted", "shift", "labels equal the input",
+        Condition("unshifted labels", ("not shifted", "unshifted", "shift*", "labels equal the input",
                   "copy"), "the training loss falls to 0, the model predicts nothing",
                   "label_shift_check", unshifted_labels, teacher_forcing),
-        Condition("padding mask on the query axis", ("query axis", "queries axis", "mask on the quer",
-                  "mask on queries", "query mask", "unsqueeze"),
+        Condition("padding mask on the query axis", ("query axis", "queries axis", "query mask",
+                  "unsqueeze", "mask* + quer*", "pad* + quer*", "mask* + wrong dim*",
+                  "mask* + wrong axis", "mask* + wrong axes"),
                   "outputs change when pads are appended", "padding_invariance",
                   QueryAxisPaddingMask, ReaderTransformer),
-        Condition("model.eval() forgotten", ("eval", "dropout", "train mode", "training mode"),
+        Condition("model.eval() forgotten", ("eval", "eval mode", "evaluation mode", "train mode",
+                  "training mode", "model train"),
                   "two evaluations of the same sentence differ", "deterministic_check",
                   logits_without_eval, logits_in_eval),
-        Condition("layers in a plain list", ("list", "not registered", "unregistered",
-                  "modulelist", "registration"),
+        Condition("layers in a plain list", ("plain list", "python list", "in a list", "layers list",
+                  "layer list", "list of layers", "modulelist", "module list", "not registered",
+                  "unregistered", "registration", "never registered"),
                   "layers missing from parameters() and state_dict(), never trained",
                   "registration_check", LayersInAList, ReaderTransformer),
-        Condition("tied output not rescaled", ("scale", "tied", "tying", "initial loss",
-                  "loss at init", "sqrt"),
+        Condition("tied output not rescaled", ("scal*", "unscaled", "tied", "tying",
+                  "initial loss", "loss at init*", "sqrt", "√"),
                   "a loss far above ln V before training", "initial_loss_check",
                   UnscaledTiedOutput, ReaderTransformer),
     ]
@@ -332,14 +336,30 @@ def _words(text: str) -> str:
     return " " + " ".join(re.sub(r"[^a-z0-9√]+", " ", text.lower()).split()) + " "
 
 
+def _phrase_pattern(phrase: str) -> re.Pattern[str]:
+    """A synonym as a regular expression on :func:`_words`' text: whole words, in order; a word
+    ending in ``*`` matches any word it begins; ``a + b`` needs both parts, in any order."""
+    parts = []
+    for part in phrase.split(" + "):
+        words = re.sub(r"[^a-z0-9√*]+", " ", part.lower()).split()
+        words = [re.escape(w[:-1]) + "[a-z0-9]*" if w.endswith("*") else re.escape(w) for w in words]
+        parts.append(f"(?=.* {' '.join(words)} )")
+    return re.compile("".join(parts))
+
+
 def _named(answer: str) -> list[str]:
-    """The conditions whose name or synonyms occur in ``answer``."""
+    """The conditions whose name or synonyms occur in ``answer``, as whole words. An answer
+    that names both the unregistered layers and ``eval`` names the registration bug: its
+    layers are why ``model.eval()`` never reaches them."""
     said = _words(answer)
-    return [
+    named = [
         name
         for name, condition in CONDITIONS.items()
-        if any(_words(phrase).strip() in said for phrase in (name, *condition.synonyms))
+        if any(_phrase_pattern(phrase).match(said) for phrase in (name, *condition.synonyms))
     ]
+    if "layers in a plain list" in named and "model.eval() forgotten" in named:
+        named.remove("model.eval() forgotten")
+    return named
 
 
 def check_diagnosis(patient: Patient, answer: str, verbose: bool = True) -> bool:
@@ -364,7 +384,12 @@ def check_diagnosis(patient: Patient, answer: str, verbose: bool = True) -> bool
     else:
         correct = False
         hint = f"Hint: look at what clinic.{CONDITIONS[truth].caught_by} says about it."
-        if not named:
+        if not named and re.search(r"dropout|evaluation", answer.lower()):
+            message = (
+                f"{answer!r} names a symptom, not the bug: dropout stays on at evaluation in "
+                f"more than one patient; say why it is on. {hint}"
+            )
+        elif not named:
             message = f"{answer!r} names none of clinic.CONDITIONS. {hint}"
         elif len(named) > 1:
             message = f"{answer!r} names several bugs ({', '.join(named)}): name one. {hint}"

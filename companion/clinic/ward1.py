@@ -182,7 +182,7 @@ class DoubledExponentPositions(PositionalEncoding):
         """The table of the blog posts' double loop."""
         table = torch.zeros(max_len, d_model)  # (max_len, d_model)
         for pos in range(max_len):
-            for i in range(0, d_model, 2):  # i = 0, 2, 4, ...: i is already "2i"
+            for i in range(0, d_model, 2):  # i = 0, 2, 4, ...: i is already 2m, pair m's even index
                 table[pos, i] = math.sin(pos / 10000 ** (2 * i / d_model))  # BUG: 2·i
                 table[pos, i + 1] = math.cos(pos / 10000 ** (2 * (i + 1) / d_model))  # BUG: i + 1
         return table
