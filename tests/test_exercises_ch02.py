@@ -7,6 +7,9 @@ import math
 import pytest
 import torch
 
+from torch.autograd import grad as _grad_imported_at_module_level
+from torch.func import vjp as _vjp_imported_at_module_level
+
 from companion.attention import scaled_dot_product_attention
 from companion.exercises import ch02
 
@@ -60,6 +63,11 @@ def masked_softmax_inverted(scores, mask):  # True taken as "blocked"
 
 def masked_softmax_zeroed_after(scores, mask):  # rows no longer sum to 1
     return torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)
+
+
+def masked_softmax_renormalised(scores, mask):  # softmax, zero the blocked keys, renormalise
+    weights = torch.softmax(scores, dim=-1) * mask  # a blocked score of 200 takes all the weight
+    return weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
 def masked_softmax_blocked_row_uniform(scores, mask):  # fully blocked row: 1/k_len, not 0
@@ -126,6 +134,7 @@ CHECKS = {
             masked_softmax_inverted,
             masked_softmax_zeroed_after,
             masked_softmax_blocked_row_uniform,
+            masked_softmax_renormalised,
         ],
     ),
     "dot_product_variance": (
@@ -174,6 +183,17 @@ def test_masked_softmax_cases_cover_a_fully_blocked_row():
         assert torch.isfinite(weights).all()
         sums = weights.sum(-1)
         assert torch.all(((sums - 1).abs() < 1e-5) | (sums == 0))
+
+
+def test_masked_softmax_renormalised_fails_only_on_the_large_blocked_score():
+    """Softmax, then the mask, then renormalising is right unless a blocked key's score dwarfs
+    the allowed ones: the case [200, 0, 1] with the 200 blocked must give [0, .27, .73]."""
+    result = ch02.check_masked_softmax(masked_softmax_renormalised, verbose=False)
+    assert not result and "case 6" in result.message, result.message
+    scores = torch.tensor([[200.0, 0.0, 1.0]])
+    mask = torch.tensor([[False, True, True]])
+    expected = torch.tensor([[0.0, 1 / (1 + math.e), math.e / (1 + math.e)]])
+    assert torch.allclose(ch02.reference_masked_softmax(scores, mask), expected, atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -298,6 +318,54 @@ def blockwise_concatenated_scores(q, k, v, block_size):  # blocks, then all scor
         for s in range(0, k.shape[-2], block_size)
     ]
     return torch.softmax(torch.cat(blocks, dim=-1), dim=-1) @ v
+
+
+def blockwise_every_block_kept(q, k, v, block_size):  # one global maximum, no running rescale
+    scale = 1 / math.sqrt(q.shape[-1])
+    starts = range(0, k.shape[-2], block_size)
+    blocks = [q @ k[..., s : s + block_size, :].transpose(-2, -1) * scale for s in starts]
+    top = blocks[0].amax(-1, keepdim=True)
+    for block in blocks[1:]:
+        top = torch.maximum(top, block.amax(-1, keepdim=True))
+    total, acc = 0.0, 0.0
+    for block, s in zip(blocks, starts):
+        p = torch.exp(block - top)
+        total = total + p.sum(-1, keepdim=True)
+        acc = acc + p @ v[..., s : s + block_size, :]
+    return acc / total
+
+
+def blockwise_one_query_at_a_time(q, k, v, block_size):  # every key's score, query by query
+    rows = [
+        torch.softmax(q[..., i : i + 1, :] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
+        @ v
+        for i in range(q.shape[-2])
+    ]
+    return torch.cat(rows, dim=-2)
+
+
+def blockwise_one_query_vector(q, k, v, block_size):  # 1-D scores of one query over all keys
+    q2, k2, v2 = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])
+    out = torch.stack([
+        torch.stack([torch.softmax(k2[b] @ q2[b, i] / math.sqrt(q.shape[-1]), -1) @ v2[b]
+                     for i in range(q2.shape[1])])
+        for b in range(q2.shape[0])
+    ])  # fmt: skip
+    return out.reshape(*q.shape[:-1], v.shape[-1])
+
+
+@pytest.mark.parametrize(
+    "cheat", [blockwise_every_block_kept, blockwise_one_query_at_a_time, blockwise_one_query_vector]
+)
+def test_blockwise_rejects_holding_all_scores_by_other_routes(cheat):
+    # right numbers outside the check ...
+    for case in ch02._blockwise_cases():
+        expected = ch02.reference_scaled_attention(case["q"], case["k"], case["v"])[0]
+        assert torch.allclose(cheat(**case), expected, atol=1e-4)
+    # ... but all k_len scores exist at once, which the exercise forbids
+    result = ch02.check_blockwise_attention(cheat, verbose=False)
+    assert not result
+    assert "BlockRuleBroken" in result.message, result.message
 
 
 def test_blockwise_accepts_correct():
@@ -500,8 +568,29 @@ def backward_with_torch_func(q, k, v, grad_output):
         return vjp(grad_output)
 
 
+def backward_with_grad_imported_earlier(q, k, v, grad_output):  # escapes the patched names
+    with torch.enable_grad():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        output, _ = scaled_dot_product_attention(*leaves)
+        return _grad_imported_at_module_level(output, leaves, grad_output)
+
+
+def backward_with_vjp_imported_earlier(q, k, v, grad_output):
+    _, vjp = _vjp_imported_at_module_level(
+        lambda *t: scaled_dot_product_attention(*t)[0], q, k, v
+    )
+    return vjp(grad_output)
+
+
 @pytest.mark.parametrize(
-    "cheat", [backward_with_enable_grad, backward_with_tensor_backward, backward_with_torch_func]
+    "cheat",
+    [
+        backward_with_enable_grad,
+        backward_with_tensor_backward,
+        backward_with_torch_func,
+        backward_with_grad_imported_earlier,
+        backward_with_vjp_imported_earlier,
+    ],
 )
 def test_attention_backward_blocks_autograd_even_under_enable_grad(cheat):
     # the cheat is right: outside the check it matches the reference ...

@@ -697,6 +697,9 @@ def _offset_head_cases() -> list[Case]:
         (5, 20.0, 0, 9, 1.0),  # the token itself
         (4, 22.5, 2, 8, 5.0),  # large word vectors: a head that reads them is pulled away
         (1, 18.0, -3, 10, 3.0),
+        (3, 10.0, -1, 10, 1.0),  # fine steps: a fixed stretch of 100 falls short
+        (2, 5.0, 2, 12, 1.0),  # ... by far
+        (4, 2.0, 1, 8, 1.0),  # a fixed stretch of 1000 falls short
     ]
     cases: list[Case] = []
     for d_content, degrees, offset, seq_len, scale in settings:
@@ -774,7 +777,8 @@ def check_offset_head(
     out as in section 1.6 (the word's ``d_content`` numbers, then ``cos iθ``, ``sin iθ``) and
     unscaled attention, every query ``i`` whose key ``i + offset`` exists must put at least
     :data:`OFFSET_HEAD_MIN_WEIGHT` of its weight on it. The cases mix offsets from -3 to +3
-    (0 included), angle steps from 15° to 36° and random word vectors, large ones included.
+    (0 included), angle steps from 2° to 36° (a stretch fixed for all of them falls short
+    unless it is huge) and random word vectors, large ones included.
     """
     name = "offset_head"
     result: CheckResult | None = None

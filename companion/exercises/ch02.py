@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -165,6 +166,12 @@ def _masked_softmax_cases(seed: int = 0) -> Iterator[Case]:
     yield {"scores": torch.randn(2, 3, 4, 5, generator=gen), "mask": rand_mask(2, 3, 4, 5)}
     # 5. large scores (a saturated softmax) and a mask that allows everything
     yield {"scores": 20 * torch.randn(2, 3, 8, generator=gen), "mask": torch.ones(3, 8).bool()}
+    # 6. a blocked key with by far the largest score: softmax first, then zeroing the blocked
+    # key and renormalising, leaves exp(-200) ≈ 0 for the allowed keys (0/0, not [0, .27, .73])
+    yield {
+        "scores": torch.tensor([[200.0, 0.0, 1.0], [0.5, 150.0, -1.0]]),
+        "mask": torch.tensor([[False, True, True], [True, False, True]]),
+    }
 
 
 def check_masked_softmax(
@@ -566,6 +573,14 @@ def _blockwise_cases(seed: int = 20) -> Iterator[Case]:
     k = torch.randn(12, 4, generator=gen)  # (12, 4)
     k = k[(q[0] @ k.T).argsort()] * 4  # (12, 4)
     yield {"q": q, "k": k, "v": torch.randn(12, 3, generator=gen), "block_size": 4}
+    # many blocks (12 of 5 keys, 5 ∉ {d_k, d_v}): keeping every block's scores until the end
+    # holds 12 blocks' worth, over the 6 that _BlockRule allows at once
+    yield {
+        "q": torch.randn(3, 4, generator=gen),
+        "k": torch.randn(60, 4, generator=gen),
+        "v": torch.randn(60, 2, generator=gen),
+        "block_size": 5,
+    }
 
 
 class BlockRuleBroken(RuntimeError):
@@ -580,20 +595,33 @@ def _tensors(value: object) -> Iterator[Tensor]:
             yield from _tensors(item)
 
 
+#: How many blocks' worth of scores :class:`_BlockRule` lets be alive at once.
+_LIVE_BLOCKS = 6
+
+
 class _BlockRule(TorchFunctionMode):
     """Watches every PyTorch call while the reader's ``blockwise_attention`` runs.
 
     A call is refused (:class:`BlockRuleBroken`) when it returns a tensor ending in
     ``(q_len, k_len)``, a score or weight matrix over all the keys (``q @ k.transpose``,
     ``torch.softmax`` of it, ``torch.cat`` of the blocks' scores, ...), or when it is
-    PyTorch's fused ``scaled_dot_product_attention`` on more than ``block_size`` keys. Only
-    active when ``block_size < k_len``; the check's cases have ``q_len`` different from
+    PyTorch's fused ``scaled_dot_product_attention`` on more than ``block_size`` keys, or
+    when it returns a float tensor ending in ``k_len`` (one query's scores over all the
+    keys; transposed keys ``(d_k, k_len)`` and values are allowed), or when more than
+    :data:`_LIVE_BLOCKS` blocks' worth of score-shaped tensors (``(..., q_len, n)`` with ``n``
+    not 1, ``d_k`` or ``d_v``) are alive at once. Only active when ``block_size < k_len``; the check's cases have ``q_len`` different from
     ``d_k`` and ``d_v``, so no transposed key or value matrix ends in ``(q_len, k_len)``.
     """
 
-    def __init__(self, q_len: int, k_len: int, block_size: int) -> None:
+    def __init__(
+        self, q_len: int, k_len: int, block_size: int, d_k: int = 0, d_v: int = 0, rows: int = 0
+    ) -> None:
         super().__init__()
         self.q_len, self.k_len, self.block_size = q_len, k_len, block_size
+        self.d_k, self.d_v = d_k, d_v
+        #: at most this many score-shaped numbers may be alive at once: six blocks' worth
+        self.budget = _LIVE_BLOCKS * max(rows, q_len) * block_size
+        self.live: dict[int, tuple[weakref.ref, int]] = {}  # storage address -> (tensor, numel)
 
     def _refuse(self, what: str) -> None:
         raise BlockRuleBroken(
@@ -613,14 +641,42 @@ class _BlockRule(TorchFunctionMode):
                     f" {key.shape[-2]} keys at once"
                 )
         result = func(*args, **kwargs)
+        name = getattr(func, "__name__", repr(func))
         for tensor in _tensors(result):
             if tensor.dim() >= 2 and tuple(tensor.shape[-2:]) == (self.q_len, self.k_len):
-                name = getattr(func, "__name__", repr(func))
                 self._refuse(
                     f"{name} returned a tensor of shape {tuple(tensor.shape)}, the scores of"
                     f" all {self.k_len} keys for each of the {self.q_len} queries"
                 )
+            if not tensor.is_floating_point() or tensor.dim() == 0:
+                continue
+            transposed = tensor.dim() >= 2 and tensor.shape[-2] in (self.d_k, self.d_v)
+            if tensor.shape[-1] == self.k_len and not transposed:
+                self._refuse(
+                    f"{name} returned a tensor of shape {tuple(tensor.shape)}: a score for"
+                    f" each of the {self.k_len} keys (one query at a time still scores all"
+                    " keys at once)"
+                )
+            if (
+                tensor.dim() >= 2
+                and tensor.shape[-2] == self.q_len
+                and tensor.shape[-1] not in (1, self.d_k, self.d_v)
+            ):
+                self._count(tensor, name)
         return result
+
+    def _count(self, tensor: Tensor, name: str) -> None:
+        """Adds a score-shaped tensor to the live ones; refuses when too many are alive."""
+        address = tensor.untyped_storage().data_ptr()
+        self.live[address] = (weakref.ref(tensor), tensor.numel())
+        self.live = {a: (r, n) for a, (r, n) in self.live.items() if r() is not None}
+        alive = sum(n for _, n in self.live.values())
+        if alive > self.budget:
+            self._refuse(
+                f"after {name}, {alive} scores are alive at once, more than {_LIVE_BLOCKS}"
+                " blocks' worth (a list of every block's scores, kept for one global maximum,"
+                " holds all of them)"
+            )
 
 
 def check_blockwise_attention(
@@ -643,7 +699,8 @@ def check_blockwise_attention(
         q_len, k_len = q.shape[-2], k.shape[-2]
         if block_size >= k_len:  # one block holds every key: nothing to watch
             return blockwise_attention(q, k, v, block_size)
-        with _BlockRule(q_len, k_len, block_size):
+        rows = q.shape[:-1].numel()  # every query of every batch and head
+        with _BlockRule(q_len, k_len, block_size, q.shape[-1], v.shape[-1], rows):
             return blockwise_attention(q, k, v, block_size)
 
     return run_check(
@@ -874,27 +931,54 @@ _AUTOGRAD_ENTRY_POINTS = (
 )
 
 
+_AUTOGRAD_REFUSED = (
+    "attention_backward must apply the chain rule itself: during the check autograd"
+    " (torch.autograd.grad, Tensor.backward, torch.func, requires_grad) is switched off"
+)
+
+
+class _NoGradGraph(TorchFunctionMode):
+    """Refuses any PyTorch call that returns a tensor autograd tracks (``requires_grad``):
+    under ``torch.no_grad()`` none does unless the reader's code switches gradients back on."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        result = func(*args, **(kwargs or {}))
+        if any(t.requires_grad for t in _tensors(result)):
+            raise RuntimeError(_AUTOGRAD_REFUSED)
+        return result
+
+
 @contextlib.contextmanager
 def autograd_forbidden() -> Iterator[None]:
     """Inside the block, every way to ask autograd for a gradient raises a ``RuntimeError``.
 
     ``torch.autograd.grad``, ``torch.autograd.backward``, ``Tensor.backward`` and the
     gradient transforms of ``torch.func`` and ``torch.autograd.functional`` are replaced for
-    the duration of the block and restored afterwards, even when the block raises.
+    the duration of the block and restored afterwards, even when the block raises; names
+    imported earlier are caught too: any call that returns a tensor with ``requires_grad``
+    and any tensor autograd saves for a backward pass raise.
     :func:`check_attention_backward` runs the reader's function inside it.
     """
     saved = [(owner, attr, getattr(owner, attr)) for owner, attr in _AUTOGRAD_ENTRY_POINTS]
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            "attention_backward must apply the chain rule itself: during the check autograd"
-            " (torch.autograd.grad, Tensor.backward, torch.func) is switched off"
-        )
+        raise RuntimeError(_AUTOGRAD_REFUSED)
+
+    def refuse_saved(tensor: Tensor) -> Any:
+        refuse()
 
     try:
         for owner, attr, _ in saved:
             setattr(owner, attr, refuse)
-        yield
+        # names imported before the block (``from torch.autograd import grad``) escape the
+        # patches above; no gradient exists without a graph, so building one is refused too
+        try:
+            with _NoGradGraph(), torch.autograd.graph.saved_tensors_hooks(refuse_saved, refuse):
+                yield
+        except RuntimeError as error:  # torch.func refuses to run under the hooks above
+            if "saved tensor hooks" in str(error):
+                raise RuntimeError(_AUTOGRAD_REFUSED) from error
+            raise
     finally:
         for owner, attr, original in saved:
             setattr(owner, attr, original)
