@@ -360,7 +360,9 @@ def test_check_diagnosis_accepts_names_and_synonyms_and_rejects_others(capsys):
     assert "Not layers in a plain list" in capsys.readouterr().out
     assert not clinic.check_diagnosis(patient, "dropout")  # a symptom of two patients
     assert "symptom" in capsys.readouterr().out
-    assert not clinic.check_diagnosis(patient, "model.eval() forgotten and padding counted in the loss")
+    assert not clinic.check_diagnosis(
+        patient, "model.eval() forgotten and padding counted in the loss"
+    )
     assert "several" in capsys.readouterr().out
     assert clinic.check_diagnosis(clinic.admit(None), "healthy", verbose=False)
     assert not clinic.check_diagnosis(clinic.admit(None), "unshifted labels", verbose=False)

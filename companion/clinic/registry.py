@@ -342,7 +342,9 @@ def _phrase_pattern(phrase: str) -> re.Pattern[str]:
     parts = []
     for part in phrase.split(" + "):
         words = re.sub(r"[^a-z0-9√*]+", " ", part.lower()).split()
-        words = [re.escape(w[:-1]) + "[a-z0-9]*" if w.endswith("*") else re.escape(w) for w in words]
+        words = [
+            re.escape(w[:-1]) + "[a-z0-9]*" if w.endswith("*") else re.escape(w) for w in words
+        ]
         parts.append(f"(?=.* {' '.join(words)} )")
     return re.compile("".join(parts))
 
@@ -364,7 +366,8 @@ def _named(answer: str) -> list[str]:
 
 def check_diagnosis(patient: Patient, answer: str, verbose: bool = True) -> bool:
     """Whether ``answer`` names ``patient``'s bug: its name in :data:`CONDITIONS` or one of its
-    synonyms (case and punctuation do not matter, e.g. ``"forgot model.eval()"``). An answer
+    synonyms, as whole words (case and punctuation do not matter, e.g. ``"forgot
+    model.eval()"``; a symptom alone, such as ``"dropout"``, names nothing). An answer
     that names another bug, several bugs or none is rejected, with a hint: the diagnostic that
     catches the bug. ``verbose`` prints the verdict."""
     check_instance("patient", patient, Patient, "a clinic Patient (from mystery or admit)")
