@@ -543,7 +543,7 @@ def _geometric_slopes(num_heads: int) -> Tensor:
 def alibi_slopes(num_heads: int, *, dtype: torch.dtype | None = None) -> Tensor:
     """The slope of every head in ALiBi (Press et al., 2022, "Train Short, Test Long").
 
-    Head ``h`` adds ``-slope_h · distance`` to its scores, so each head forgets distant keys at
+    Head ``r`` adds ``-slope_r · distance`` to its scores, so each head forgets distant keys at
     its own rate: steep slopes give local heads, gentle slopes heads that look far back.
 
     * ``num_heads = n`` a power of two: the geometric sequence whose first term and ratio are
@@ -551,8 +551,10 @@ def alibi_slopes(num_heads: int, *, dtype: torch.dtype | None = None) -> Tensor:
       ``1/2, 1/4, ..., 1/256``);
     * any other ``n``: the paper's rule. Take the ``p`` slopes of the largest power of two
       ``p < n``, then, for the ``n - p`` heads left, the 1st, 3rd, 5th, ... slopes of ``2p``
-      heads (``2^(-4/p), 2^(-12/p), ...``), which fall between the first ones. E.g. 6 heads:
-      ``2^-2, 2^-4, 2^-6, 2^-8`` then ``2^-1, 2^-3``.
+      heads (``2^(-4/p), 2^(-12/p), ...``), the terms of ``2p``'s sequence that ``p``'s lacks.
+      The first of them, ``2^(-4/p)``, is steeper than every slope of ``p``; each later one
+      lies between two of them. E.g. 6 heads: ``2^-2, 2^-4, 2^-6, 2^-8``, then ``2^-1``
+      (steeper than all four) and ``2^-3`` (between ``2^-2`` and ``2^-4``).
 
     Up to 8 heads every slope is a power of two, exact in any floating dtype.
 

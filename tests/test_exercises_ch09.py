@@ -12,6 +12,7 @@ import torch
 from companion.attention import scaled_dot_product_attention
 from companion.exercises import ch03, ch09
 from companion.exercises._checker import causal_bool_mask
+from companion.masking import sliding_window_mask
 from companion.positional import RotaryEmbedding, sinusoidal_frequencies
 
 # --------------------------------------------------------------------------------------------
@@ -367,13 +368,47 @@ def relative_equal_vectors(score_fn, dim):
                for m in (0, 10, 200))  # fmt: skip
 
 
+def relative_relative_tolerance_only(score_fn, dim):
+    """The chapter's solution with math.isclose(rel_tol=1e-5) and no absolute part."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        m, n = (int(p) for p in torch.randint(0, 500, (2,), generator=g))
+        shift = int(torch.randint(1, 500, (), generator=g))
+        before, after = float(score_fn(q, k, m, n)), float(score_fn(q, k, m + shift, n + shift))
+        if not math.isclose(before, after, rel_tol=1e-5):
+            return False
+    return True
+
+
+def relative_loose_small_shifts(score_fn, dim):
+    """A tolerance of 1e-3 and shifts below 10."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        m, n = (int(p) for p in torch.randint(0, 500, (2,), generator=g))
+        shift = int(torch.randint(1, 10, (), generator=g))
+        before, after = float(score_fn(q, k, m, n)), float(score_fn(q, k, m + shift, n + shift))
+        if abs(before - after) > 1e-3:
+            return False
+    return True
+
+
 @pytest.mark.parametrize(
-    "weak", [relative_loose_tolerance, relative_first_positions_only, relative_equal_vectors]
+    "weak",
+    [
+        relative_loose_tolerance,
+        relative_first_positions_only,
+        relative_equal_vectors,
+        relative_relative_tolerance_only,
+        relative_loose_small_shifts,
+    ],
 )
 def test_is_relative_rejects_weak_tests(weak):
-    """A tolerance of 0.1, positions below 10 with a shift of 1, and q = k: each misses one of
-    the subtly non-relative scores (a faint bias, a bias beyond position 100, a bias gated by
-    q - k)."""
+    """A tolerance of 0.1, positions below 10 with a shift of 1, q = k, a purely relative
+    tolerance, and 1e-3 with shifts below 10: each misses one of the subtly non-relative scores
+    (a faint bias, a bias beyond position 100, a bias gated by q - k, a bias 2e-5·(i + j)) or
+    rejects the score that is 0 up to rounding."""
     assert not ch09.check_is_relative(weak, verbose=False), weak.__name__
 
 
@@ -456,53 +491,53 @@ def test_t5_buckets_are_exact_near_and_logarithmic_far():
 # --------------------------------------------------------------------------------------------
 
 
-def window_loops(length, window, dilation):
-    mask = torch.zeros(length, length, dtype=torch.bool)
-    for i in range(length):
-        for step in range(-window, window + 1):
+def window_loops(seq_len, keys_each_side, dilation):
+    mask = torch.zeros(seq_len, seq_len, dtype=torch.bool)
+    for i in range(seq_len):
+        for step in range(-keys_each_side, keys_each_side + 1):
             j = i + step * dilation
-            if 0 <= j < length:
+            if 0 <= j < seq_len:
                 mask[i, j] = True
     return mask
 
 
-def window_same_residue(length, window, dilation):
-    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
-    return (i % dilation == j % dilation) & ((i - j).abs() <= window * dilation)
+def window_same_residue(seq_len, keys_each_side, dilation):
+    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
+    return (i % dilation == j % dilation) & ((i - j).abs() <= keys_each_side * dilation)
 
 
-def window_undilated_band(length, window, dilation):
-    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
-    return (i - j).abs() <= window * dilation
+def window_undilated_band(seq_len, keys_each_side, dilation):
+    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
+    return (i - j).abs() <= keys_each_side * dilation
 
 
-def window_without_dilation(length, window, dilation):
-    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
-    return (i - j).abs() <= window
+def window_without_dilation(seq_len, keys_each_side, dilation):
+    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
+    return (i - j).abs() <= keys_each_side
 
 
-def window_off_by_one(length, window, dilation):
-    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
+def window_off_by_one(seq_len, keys_each_side, dilation):
+    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
     distance = (i - j).abs()
-    return (distance % dilation == 0) & (distance < window * dilation)
+    return (distance % dilation == 0) & (distance < keys_each_side * dilation)
 
 
-def window_causal_half(length, window, dilation):
-    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
-    return (j <= i) & ((i - j) % dilation == 0) & (i - j <= window * dilation)
+def window_causal_half(seq_len, keys_each_side, dilation):
+    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
+    return (j <= i) & ((i - j) % dilation == 0) & (i - j <= keys_each_side * dilation)
 
 
-def window_dilates_keys_only(length, window, dilation):
-    i, j = torch.arange(length)[:, None], torch.arange(length)[None, :]
-    return (j % dilation == 0) & ((i - j).abs() <= window * dilation)
+def window_dilates_keys_only(seq_len, keys_each_side, dilation):
+    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
+    return (j % dilation == 0) & ((i - j).abs() <= keys_each_side * dilation)
 
 
-def window_int_mask(length, window, dilation):
-    return ch09.reference_dilated_window_mask(length, window, dilation).long()
+def window_int_mask(seq_len, keys_each_side, dilation):
+    return ch09.reference_dilated_window_mask(seq_len, keys_each_side, dilation).long()
 
 
-def window_float_mask(length, window, dilation):
-    return ch09.reference_dilated_window_mask(length, window, dilation).float()
+def window_float_mask(seq_len, keys_each_side, dilation):
+    return ch09.reference_dilated_window_mask(seq_len, keys_each_side, dilation).float()
 
 
 def test_dilated_window_accepts_correct():
@@ -532,10 +567,22 @@ def test_integer_mask_is_rejected_with_a_message_naming_the_dtype(capsys):
     assert "torch.bool" in out and "torch.int64" in out, out
 
 
+def test_undilated_window_is_the_packages_symmetric_window_of_one_more():
+    """keys_each_side counts the keys on each side; sliding_window_mask's window counts the
+    query too, so dilation 1 with keys_each_side = w - 1 is sliding_window_mask(window=w)."""
+    for seq_len, keys_each_side in [(20, 3), (9, 0), (6, 8)]:
+        expected = sliding_window_mask(seq_len, window=keys_each_side + 1)
+        assert torch.equal(ch09.reference_dilated_window_mask(seq_len, keys_each_side, 1), expected)
+    assert not torch.equal(
+        ch09.reference_dilated_window_mask(20, 4, 1), sliding_window_mask(20, window=4)
+    )
+
+
 def test_undilated_window_is_the_band_and_rows_hold_at_most_two_windows():
-    for length, window in [(9, 3), (5, 0), (4, 6)]:
-        band = causal_bool_mask(length, window) & causal_bool_mask(length, window).T
-        assert torch.equal(ch09.reference_dilated_window_mask(length, window, 1), band)
+    for seq_len, keys_each_side in [(9, 3), (5, 0), (4, 6)]:
+        causal = causal_bool_mask(seq_len, keys_each_side)
+        band = causal & causal.T
+        assert torch.equal(ch09.reference_dilated_window_mask(seq_len, keys_each_side, 1), band)
     mask = ch09.reference_dilated_window_mask(20, 3, 3)
     assert mask.diagonal().all() and torch.equal(mask, mask.T)
     assert int(mask.sum(-1).max()) == 2 * 3 + 1  # a query far from the ends: 3 + itself + 3
@@ -547,53 +594,60 @@ def test_undilated_window_is_the_band_and_rows_hold_at_most_two_windows():
 # --------------------------------------------------------------------------------------------
 
 
-def interpolated_float32(seq_len, train_len):
-    scale = min(1.0, train_len / seq_len)
-    return torch.arange(seq_len, dtype=torch.float32) * scale
+def interpolated_float32(window_len, train_len):
+    scale = min(1.0, train_len / window_len)
+    return torch.arange(window_len, dtype=torch.float32) * scale
 
 
-def interpolated_via_linspace(seq_len, train_len):
-    if seq_len <= train_len:
-        return torch.arange(seq_len, dtype=torch.float64)
-    step = train_len / seq_len
-    return torch.linspace(0, train_len - step, seq_len, dtype=torch.float64)
+def interpolated_via_linspace(window_len, train_len):
+    if window_len <= train_len:
+        return torch.arange(window_len, dtype=torch.float64)
+    step = train_len / window_len
+    return torch.linspace(0, train_len - step, window_len, dtype=torch.float64)
 
 
-def interpolated_int_positions_when_short(seq_len, train_len):
-    if seq_len <= train_len:
-        return torch.arange(seq_len)  # int64: the right numbers, not float64
-    return torch.arange(seq_len, dtype=torch.float64) * train_len / seq_len
+def interpolated_int_positions_when_short(window_len, train_len):
+    if window_len <= train_len:
+        return torch.arange(window_len)  # int64: the right numbers, not float64
+    return torch.arange(window_len, dtype=torch.float64) * train_len / window_len
 
 
-def interpolated_wrong_way(seq_len, train_len):
-    positions = torch.arange(seq_len, dtype=torch.float64)
-    return positions * seq_len / train_len if seq_len > train_len else positions
+def interpolated_wrong_way(window_len, train_len):
+    positions = torch.arange(window_len, dtype=torch.float64)
+    return positions * window_len / train_len if window_len > train_len else positions
 
 
-def interpolated_short_too(seq_len, train_len):
-    return torch.arange(seq_len, dtype=torch.float64) * train_len / seq_len
+def interpolated_short_too(window_len, train_len):
+    return torch.arange(window_len, dtype=torch.float64) * train_len / window_len
 
 
-def interpolated_rounded(seq_len, train_len):
-    positions = torch.arange(seq_len)
-    return positions * train_len // seq_len if seq_len > train_len else positions
+def interpolated_rounded(window_len, train_len):
+    positions = torch.arange(window_len)
+    return positions * train_len // window_len if window_len > train_len else positions
 
 
-def interpolated_last_at_train_len_minus_one(seq_len, train_len):
-    if seq_len <= train_len:
-        return torch.arange(seq_len, dtype=torch.float64)
-    return torch.linspace(0, train_len - 1, seq_len, dtype=torch.float64)
+def interpolated_last_at_train_len_minus_one(window_len, train_len):
+    if window_len <= train_len:
+        return torch.arange(window_len, dtype=torch.float64)
+    return torch.linspace(0, train_len - 1, window_len, dtype=torch.float64)
 
 
-def interpolated_last_at_train_len(seq_len, train_len):
-    if seq_len <= train_len:
-        return torch.arange(seq_len, dtype=torch.float64)
-    return torch.linspace(0, train_len, seq_len, dtype=torch.float64)
+def interpolated_last_at_train_len(window_len, train_len):
+    if window_len <= train_len:
+        return torch.arange(window_len, dtype=torch.float64)
+    return torch.linspace(0, train_len, window_len, dtype=torch.float64)
 
 
-def interpolated_from_one(seq_len, train_len):
-    positions = torch.arange(seq_len, dtype=torch.float64)
-    return (positions + 1) * train_len / seq_len if seq_len > train_len else positions
+def interpolated_from_one(window_len, train_len):
+    positions = torch.arange(window_len, dtype=torch.float64)
+    return (positions + 1) * train_len / window_len if window_len > train_len else positions
+
+
+def interpolated_float32_then_double(window_len, train_len):
+    """The right formula in float32, converted afterwards: the dtype is right, the values
+    carry float32's rounding (up to 1.2e-4 near 4,096)."""
+    scale = min(1.0, train_len / window_len)
+    return (torch.arange(window_len, dtype=torch.float32) * scale).double()
 
 
 def test_interpolated_positions_accepts_correct():
@@ -611,6 +665,7 @@ def test_interpolated_positions_accepts_correct():
         interpolated_last_at_train_len,
         interpolated_from_one,
         interpolated_float32,
+        interpolated_float32_then_double,
         interpolated_int_positions_when_short,
     ],
 )

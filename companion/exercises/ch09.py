@@ -309,7 +309,7 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
     """Score functions of queries and keys of size ``dim``, each with whether it is relative."""
     g = seeded_generator(903 + dim)
     scale = 1 / math.sqrt(dim)
-    rope = RotaryEmbedding(dim, max_len=MAX_POSITION)  # float32 tables: rounding ~1e-7
+    rope = RotaryEmbedding(dim, max_len=MAX_POSITION + 1)  # float32 tables: rounding ~1e-7
     rope_short = RotaryEmbedding(dim, max_len=MAX_POSITION, base=500.0)
     table = sinusoidal_table(MAX_POSITION, dim, dtype=torch.float32).double()  # (P, dim)
     learned = 0.5 * torch.randn(MAX_POSITION, dim, generator=g, dtype=torch.float64)  # (P, dim)
@@ -369,6 +369,16 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
     def content_gated_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
         return q @ k * scale + 0.05 * i * (q - k).sum()  # blind to a shift when q = k
 
+    def rope_minus_next(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        # 0 in exact arithmetic at every (i, j), so relative; computed, float32 rounding
+        # (~1e-7) that changes with the positions: a purely relative tolerance rejects it
+        return rope_score(q, k, i, j) - rope_score(q, k, i + 1, j + 1)  # i + 1 <= MAX_POSITION
+
+    def tiny_sum_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        # moves by 4e-5 per step of a shift: above atol=1e-5 for every shift, below 1e-3 for
+        # shifts under 25 and below 0.1 for every shift in range
+        return q @ k * scale + 2e-5 * (i + j)
+
     named = [
         ("no position information", no_positions, True),
         ("RoPE (RotaryEmbedding, base 10000)", rope_score, True),
@@ -385,6 +395,8 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         ("bias -0.0003·i on the query position", faint_query_bias, False),
         ("bias on the query position beyond 100", late_position_bias, False),
         ("bias 0.05·i·sum(q - k)", content_gated_bias, False),
+        ("RoPE score minus the same score one position later (0 up to rounding)", rope_minus_next, True),
+        ("bias 2e-5·(i + j)", tiny_sum_bias, False),
     ]
     return [(ScoreFunction(name, dim, fn), relative) for name, fn, relative in named]
 
@@ -462,47 +474,51 @@ def check_is_relative(
 # --------------------------------------------------------------------------------------------
 
 
-def reference_dilated_window_mask(length: int, window: int, dilation: int) -> Tensor:
+def reference_dilated_window_mask(seq_len: int, keys_each_side: int, dilation: int) -> Tensor:
     """The dilated sliding-window mask of Longformer (Beltagy et al. 2020), ``True`` = may attend.
 
     Query ``i`` may attend key ``j`` iff the distance ``|i - j|`` is a multiple of ``dilation``
-    and at most ``window · dilation``: ``window`` keys on each side (fewer near the edges) plus
-    the query's own position, every ``dilation``-th position. ``dilation = 1`` is the plain
-    sliding window ``|i - j| <= window``; ``window = 0`` keeps the diagonal only.
+    and at most ``keys_each_side · dilation``: ``keys_each_side`` keys on each side (fewer near
+    the edges) plus the query's own position, every ``dilation``-th position. ``dilation = 1``
+    is the band ``|i - j| <= keys_each_side``, which is
+    ``companion.masking.sliding_window_mask(seq_len, window=keys_each_side + 1)`` (there
+    ``window`` counts the query itself); ``keys_each_side = 0`` keeps the diagonal only.
 
     Args:
-        length: number of positions (queries and keys alike).
-        window: keys on each side, ``>= 0``.
+        seq_len: number of positions (queries and keys alike).
+        keys_each_side: keys on each side, ``>= 0``.
         dilation: gap between attended positions, ``>= 1``.
 
     Returns:
-        bool tensor of shape ``(length, length)``, indexed ``[query, key]``.
+        bool tensor of shape ``(seq_len, seq_len)``, indexed ``[query, key]``.
     """
-    positions = torch.arange(length)  # (length,)
-    distance = (positions[:, None] - positions[None, :]).abs()  # (length, length)
-    return (distance % dilation == 0) & (distance <= window * dilation)  # (length, length)
+    positions = torch.arange(seq_len)  # (seq_len,)
+    distance = (positions[:, None] - positions[None, :]).abs()  # (seq_len, seq_len)
+    reach = keys_each_side * dilation  # the farthest key on either side
+    return (distance % dilation == 0) & (distance <= reach)  # (seq_len, seq_len)
 
 
 def _window_cases() -> list[Case]:
     settings = [
-        # (length, window, dilation)
+        # (seq_len, keys_each_side, dilation)
         (10, 2, 2),
         (12, 1, 3),
-        (9, 3, 1),  # no dilation: the plain sliding window
+        (9, 3, 1),  # no dilation: the plain symmetric band
         (16, 2, 4),
         (6, 4, 2),  # the window reaches past both ends
-        (7, 0, 3),  # window 0: the diagonal only
+        (7, 0, 3),  # no key on either side: the diagonal only
         (1, 2, 2),
         (20, 3, 3),
         (11, 2, 5),
     ]
-    return [{"length": n, "window": w, "dilation": d} for n, w, d in settings]
+    return [{"seq_len": n, "keys_each_side": w, "dilation": d} for n, w, d in settings]
 
 
 def check_dilated_window_mask(
     dilated_window_mask: Callable[[int, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``dilated_window_mask(length, window, dilation)`` → bool ``(length, length)``.
+    """Check ``dilated_window_mask(seq_len, keys_each_side, dilation)`` → bool
+    ``(seq_len, seq_len)``.
 
     The result must be a boolean tensor: a 0/1 integer or float tensor is rejected, because
     the package's attention reads a non-boolean mask as numbers to add to the scores.
@@ -522,31 +538,32 @@ def check_dilated_window_mask(
 # --------------------------------------------------------------------------------------------
 
 
-def reference_interpolated_positions(seq_len: int, train_len: int) -> Tensor:
+def reference_interpolated_positions(window_len: int, train_len: int) -> Tensor:
     """The positions that position interpolation (Chen et al. 2023) gives RoPE.
 
-    A model trained on positions ``0 .. train_len - 1`` meets a longer sequence: instead of
-    rotating by positions it never saw, position ``p`` is squeezed to
-    ``p · train_len / seq_len``, so the ``seq_len`` positions fill ``[0, train_len)`` with a
-    step ``train_len / seq_len < 1`` (the last one is ``train_len - train_len / seq_len``).
-    A sequence that fits (``seq_len <= train_len``) keeps its positions ``0, 1, 2, ...``.
+    A model trained on positions ``0 .. train_len - 1`` is extended to a longer context window
+    of ``window_len`` tokens: instead of rotating by positions it never saw, position ``p`` is
+    squeezed to ``p · train_len / window_len``, so the ``window_len`` positions fill
+    ``[0, train_len)`` with a step ``train_len / window_len < 1`` (the last one is
+    ``train_len - train_len / window_len``). A window that fits (``window_len <= train_len``)
+    keeps its positions ``0, 1, 2, ...``.
 
     Args:
-        seq_len: number of positions of the sequence, ``>= 1``.
+        window_len: length of the new context window (number of positions), ``>= 1``.
         train_len: context length used in training, ``>= 1``.
 
     Returns:
-        float64 tensor of shape ``(seq_len,)``.
+        float64 tensor of shape ``(window_len,)``.
     """
-    positions = torch.arange(seq_len, dtype=torch.float64)  # (seq_len,)
-    if seq_len <= train_len:
-        return positions  # (seq_len,)
-    return positions * train_len / seq_len  # (seq_len,) in [0, train_len)
+    positions = torch.arange(window_len, dtype=torch.float64)  # (window_len,)
+    if window_len <= train_len:
+        return positions  # (window_len,)
+    return positions * train_len / window_len  # (window_len,) in [0, train_len)
 
 
 def _interpolation_cases() -> list[Case]:
     settings = [
-        # (seq_len, train_len)
+        # (window_len, train_len)
         (8, 4),  # twice as long: steps of one half
         (12, 8),  # steps of two thirds
         (4096, 2048),
@@ -555,26 +572,30 @@ def _interpolation_cases() -> list[Case]:
         (5, 8),  # shorter: unchanged
         (1, 4),
         (7, 3),
+        (12288, 4096),  # steps of one third: float32 rounds positions near 4,096 by ~1e-4
     ]
-    return [{"seq_len": n, "train_len": t} for n, t in settings]
+    return [{"window_len": n, "train_len": t} for n, t in settings]
 
 
 def check_interpolated_positions(
     interpolated_positions: Callable[[int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``interpolated_positions(seq_len, train_len)`` → ``(seq_len,)`` float positions.
+    """Check ``interpolated_positions(window_len, train_len)`` → ``(window_len,)`` float positions.
 
-    The result must be float64: in float32 a position near 131,072 (Mistral's reach) is
-    stored to the nearest 1/64, a coarser grid than the fractional steps the interpolation
-    makes. The tolerance is relative (``1e-6``): a position off by a fraction of a step fails.
+    The result must be float64, and it is compared with the exact fractions to ``1e-9``.
+    A fraction such as ``4095 · 4096 / 12288 = 1365`` is exact, but ``4094 / 3`` is not: float32
+    keeps 24 significant bits, so near 4,096 it rounds a position by up to ``1.2e-4``, and RoPE's
+    fastest pair (frequency 1) turns that into an angle error of the same size. Positions
+    computed in float32 and converted with ``.double()`` afterwards carry that rounding and fail
+    on the values.
     """
-    why = "float32 rounds a position near 131,072 to a multiple of 1/64"
+    why = "float32 rounds a fractional position near 4,096 by up to 1.2e-4"
     return run_check(
         "interpolated_positions",
         _returning(torch.float64, "interpolated_positions", why, interpolated_positions),
         reference_interpolated_positions,
         _interpolation_cases(),
-        atol=1e-5,
-        rtol=1e-6,
+        atol=1e-9,
+        rtol=0.0,
         verbose=verbose,
     )
