@@ -911,3 +911,54 @@ def test_decode_stub_is_not_attempted_and_cases_leave_the_seed_alone():
     torch.manual_seed(5)
     ch07._decode_cases()
     assert torch.equal(torch.rand(3), expected)
+
+
+# --------------------------------------------------------------------------------------------
+# round 3: float beam indices, and the package's sampling_distribution, are refused
+# --------------------------------------------------------------------------------------------
+
+
+def beam_float_indices(scores, log_probs, beam_size):
+    """The right values, but ``beams`` is float: ``(index / vocab).floor()``."""
+    vocab = log_probs.shape[-1]
+    top, index = (scores[..., None] + log_probs).reshape(scores.shape[0], -1).topk(beam_size)
+    return top, (index / vocab).floor(), index % vocab
+
+
+def test_beam_step_rejects_float_beams_with_a_clear_message(capsys):
+    result = ch07.check_beam_step(beam_float_indices, verbose=False)
+    assert not result
+    assert "beams must be a torch.long tensor" in result.message and "float32" in result.message
+
+
+def test_beam_step_rejects_float_tokens():
+    def float_tokens(scores, log_probs, beam_size):
+        top, beams, tokens = ch07.reference_beam_step(scores, log_probs, beam_size)
+        return top, beams, tokens.float()
+
+    result = ch07.check_beam_step(float_tokens, verbose=False)
+    assert not result and "tokens must be a torch.long tensor" in result.message
+
+
+def test_sampling_refuses_the_package_function_and_restores_it():
+    from companion import decode as package_decode
+    from companion.decode import sampling_distribution as imported_early
+
+    def wraps_the_package(logits, temperature, top_k):
+        return imported_early(logits, temperature, top_k)
+
+    result = ch07.check_sampling_distribution(wraps_the_package, verbose=False)
+    assert not result and "refuses to run in this check" in result.message
+    # restored afterwards, under both names
+    logits = torch.tensor([[1.0, 2.0, 3.0]])
+    for fn in (imported_early, package_decode.sampling_distribution):
+        torch.testing.assert_close(fn(logits, 1.0, None), torch.softmax(logits, -1))
+
+
+def test_sampling_reference_equals_the_package_function():
+    from companion.decode import sampling_distribution
+
+    for case in ch07._sampling_cases():
+        torch.testing.assert_close(
+            ch07.reference_sampling_distribution(**case), sampling_distribution(**case)
+        )

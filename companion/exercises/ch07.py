@@ -472,12 +472,37 @@ def _beam_cases() -> list[Case]:
     return cases
 
 
+def _long_indices(beam_step: Callable[..., Any]) -> Callable[..., Any]:
+    """``beam_step`` that raises when its ``beams`` or ``tokens`` are not ``torch.long``.
+
+    Both are indices (``gather`` and ``index_select`` want ``long``); a float ``beams`` from
+    ``(index / vocab).floor()`` has the right values but cannot index the cache."""
+
+    @functools.wraps(beam_step)
+    def wrapper(**kwargs: Any) -> Any:
+        result = beam_step(**kwargs)
+        if isinstance(result, tuple) and len(result) == 3:
+            for name, value in zip(("beams", "tokens"), result[1:]):
+                if isinstance(value, Tensor) and value.dtype != torch.long:
+                    raise TypeError(
+                        f"{name} must be a torch.long tensor of indices, got dtype {value.dtype} "
+                        f"(use // on the long index of topk, not / and floor)"
+                    )
+        return result
+
+    return wrapper
+
+
 def check_beam_step(
     beam_step: Callable[..., tuple[Tensor, Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
     """Check ``beam_step(scores, log_probs, beam_size)`` →
-    ``(new_scores, beams, tokens)``, each ``(batch, beam_size)``, best first."""
-    return run_check("beam_step", beam_step, reference_beam_step, _beam_cases(), verbose=verbose)
+    ``(new_scores, beams, tokens)``, each ``(batch, beam_size)``, best first; ``beams`` and
+    ``tokens`` must be ``torch.long``."""
+    _check_callable("the function to check", beam_step)
+    return run_check(
+        "beam_step", _long_indices(beam_step), reference_beam_step, _beam_cases(), verbose=verbose
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,9 +525,34 @@ def reference_sampling_distribution(
         ``(batch, vocab)`` probabilities: zero outside the top ``top_k`` tokens, the rest
         renormalised so that every row sums to 1.
     """
-    return sampling_distribution(
-        logits, temperature, top_k
-    )  # (batch, vocab): what sample_decode uses
+    scaled = logits / temperature  # (batch, vocab)
+    if top_k is not None:
+        kth_largest = scaled.topk(top_k, dim=-1).values[:, -1:]  # (batch, 1)
+        scaled = scaled.masked_fill(scaled < kth_largest, -math.inf)  # (batch, vocab)
+    return torch.softmax(scaled, dim=-1)  # (batch, vocab): what sample_decode draws from
+
+
+def _refused_sampling_distribution(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError(
+        "companion.decode.sampling_distribution refuses to run in this check: "
+        "write the distribution yourself (temperature, top-k, softmax)"
+    )
+
+
+def _without_package_distribution(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run while ``companion.decode.sampling_distribution`` raises, under every name
+    it was imported as (its code object is swapped for the call, then restored)."""
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        original = sampling_distribution.__code__
+        sampling_distribution.__code__ = _refused_sampling_distribution.__code__
+        try:
+            return fn(**kwargs)
+        finally:
+            sampling_distribution.__code__ = original
+
+    return wrapper
 
 
 def _sampling_cases() -> list[Case]:
@@ -532,10 +582,12 @@ def check_sampling_distribution(
     sampling_distribution: Callable[..., Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``sampling_distribution(logits, temperature, top_k)`` → ``(batch, vocab)``
-    probabilities."""
+    probabilities. While it runs, the package's ``companion.decode.sampling_distribution``
+    raises: the exercise asks for the distribution written out."""
+    _check_callable("the function to check", sampling_distribution)
     return run_check(
         "sampling_distribution",
-        sampling_distribution,
+        _without_package_distribution(sampling_distribution),
         reference_sampling_distribution,
         _sampling_cases(),
         verbose=verbose,
