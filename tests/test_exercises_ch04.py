@@ -688,6 +688,57 @@ def test_relative_test_rejects_loose_or_narrow_tests(wrong):
     assert not ch04.check_is_relative(wrong, verbose=False)
 
 
+def _summary_test(summary, name):
+    """A test with a good tolerance and good starts that compares only ``summary(output)``."""
+
+    def test(layer, x):
+        out = summary(layer(x, 0))
+        return all(
+            torch.allclose(summary(layer(x, s)), out, atol=1e-5, rtol=1e-4) for s in STARTS
+        )
+
+    test.__name__ = name
+    return test
+
+
+WEAK_SUMMARIES = {
+    "relative_sum_only": lambda out: out.sum(),
+    "relative_mean_over_sequence": lambda out: out.mean(dim=1),
+    "relative_first_token_only": lambda out: out[:, 0],
+    "relative_last_token_only": lambda out: out[:, -1],
+    "relative_batch_element_0_only": lambda out: out[0],
+}
+
+
+@pytest.mark.parametrize("name", list(WEAK_SUMMARIES))
+def test_relative_test_rejects_a_summary_of_the_outputs(name):
+    """Comparing a sum, a mean, one token or one batch element misses an absolute layer."""
+    result = ch04.check_is_relative(_summary_test(WEAK_SUMMARIES[name], name), verbose=False)
+    assert not result
+    assert "Compare every output" in result.message
+
+
+def test_relative_summary_layers_hide_from_their_summary():
+    """Each summary-blind layer moves, yet the summary it targets stays put."""
+    cases = {repr(case["layer"]): case for case in ch04._relative_cases()}
+
+    def find(word):
+        return next(case for name, case in cases.items() if word in name)
+
+    for word, summary in [
+        ("rolled", WEAK_SUMMARIES["relative_mean_over_sequence"]),
+        ("rolled", WEAK_SUMMARIES["relative_sum_only"]),
+        ("LAST token", WEAK_SUMMARIES["relative_first_token_only"]),
+        ("FIRST token", WEAK_SUMMARIES["relative_last_token_only"]),
+        ("batch element 1", WEAK_SUMMARIES["relative_batch_element_0_only"]),
+    ]:
+        case = find(word)
+        layer, x = case["layer"], case["x"]
+        with torch.no_grad():
+            assert not case["relative"] and (layer(x, 3) - layer(x, 0)).abs().max() > 0.1, word
+            assert torch.allclose(summary(layer(x, 3)), summary(layer(x, 0)), atol=1e-5), word
+
+
 @pytest.mark.parametrize("too_strict", [relative_exact, relative_default_allclose])
 def test_relative_test_names_a_too_strict_comparison(too_strict):
     """A test that rejects RoPE attention (relative, up to float32 rounding) is told so."""

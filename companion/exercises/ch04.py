@@ -173,7 +173,8 @@ def reference_concat_table(max_len: int, d_model: int) -> Tensor:
 
 
 def reference_concat_shift_matrix(shift: int, d_model: int) -> Tensor:
-    """``T_Δ`` with ``PE[i + Δ] = T_Δ @ PE[i]`` (column vectors) for the **concatenated** layout.
+    """``T_Δ`` with ``PE[i + Δ] = PE[i] @ T_Δᵀ`` (row vectors, as in chapter 4; for a 1-D row
+    ``PE[i]`` that is ``T_Δ @ PE[i]``) for the **concatenated** layout.
 
     The four ``d/2 × d/2`` blocks are diagonal: ``[[C, S], [-S, C]]`` with
     ``C = diag(cos(Δ ω_m))`` and ``S = diag(sin(Δ ω_m))`` - the interleaved ``T_Δ`` with its
@@ -958,6 +959,34 @@ def _relative_cases() -> list[Case]:
             ),
             False,
         ),
+        # absolute layers whose dependence on the start cancels in a summary of the outputs
+        (
+            "attention with no positions, its outputs then rolled by start % seq_len along the "
+            "sequence (the sum and the mean over tokens do not move)",
+            lambda x, s: torch.roll(attention(x, rope=False), s % x.shape[1], dims=1),
+            False,
+        ),
+        (
+            "attention with no positions, plus the sinusoidal code of its position on the LAST "
+            "token's output only",
+            lambda x, s: _on_token(attention(x, rope=False), -1, s, d),
+            False,
+        ),
+        (
+            "attention with no positions, plus the sinusoidal code of its position on the FIRST "
+            "token's output only",
+            lambda x, s: _on_token(attention(x, rope=False), 0, s, d),
+            False,
+        ),
+        (
+            "attention on tokens plus sinusoidal codes in batch element 1 only (element 0 has "
+            "no positions)",
+            lambda x, s: attention(
+                x + torch.stack([torch.zeros(x.shape[1], d), _codes_at(s, x.shape[1], d)]),
+                rope=False,
+            ),
+            False,
+        ),
     ]
     return [
         {
@@ -967,6 +996,19 @@ def _relative_cases() -> list[Case]:
         }
         for name, fn, rel in layers
     ]
+
+
+def _on_token(out: Tensor, token: int, start: int, d: int) -> Tensor:
+    """``out (batch, seq_len, d)`` with the sinusoidal code of its position added to one token."""
+    seq_len = out.shape[1]
+    position = start + (token % seq_len)  # the absolute position of that token
+    out = out.clone()
+    out[:, token] += _codes_at(position, 1, d)[0]
+    return out
+
+
+#: Words in a layer's name that mark a dependence hidden from summaries of the outputs.
+_SUMMARY_BLIND = ("rolled", "LAST token", "FIRST token", "batch element 1")
 
 
 def _relative_verdict_problem(got: object, case: Case) -> str | None:
@@ -988,11 +1030,16 @@ def _relative_verdict_problem(got: object, case: Case) -> str | None:
             "comparison is too strict: exact equality, and torch.allclose with its default "
             "atol=1e-8, reject rounding; compare with a tolerance such as atol=1e-5"
         )
-    hint = (
-        " Your test needs a stricter tolerance (a difference this small is not rounding)"
-        if gap < 1e-2
-        else " Try several starts: near ones (1, 2, 3) and far ones (1000 and more)"
-    )
+    if gap < 1e-2:
+        hint = " Your test needs a stricter tolerance (a difference this small is not rounding)"
+    elif any(word in repr(layer) for word in _SUMMARY_BLIND):
+        hint = (
+            " Compare every output, of every token and every batch element: a sum, a mean "
+            "over the sequence, one token or one batch element can stay the same while "
+            "the rest moves"
+        )
+    else:
+        hint = " Try several starts: near ones (1, 2, 3) and far ones (1000 and more)"
     return (
         f"your test accepted {layer!r}, a layer whose outputs DO depend on the absolute "
         f"position: at start {start} they move by {gap:.1e}.{hint}"
@@ -1012,8 +1059,12 @@ def check_is_relative(
     ``tanh``. Absolute: attention on tokens plus sinusoidal codes, the same codes 10000 times
     fainter (outputs move by at most about ``3e-3``: a tolerance of ``1e-2`` misses it), RoPE on the
     queries only, a parity code (a test that tries only even starts misses it) and a code of
-    wavelength ``2π·10^6`` (a test that tries only starts up to about 10 misses it). A wrong
-    verdict is explained with the size of the difference.
+    wavelength ``2π·10^6`` (a test that tries only starts up to about 10 misses it); and four
+    whose dependence cancels in a summary: outputs rolled by ``start % seq_len`` (a test of
+    the sum or of the mean over the sequence misses it), a code on the last token's output
+    only (a test of the first token misses it), on the first token's only (a test of the last
+    token misses it), and codes in batch element 1 only (a test of element 0 misses it). A
+    wrong verdict is explained with the size of the difference.
     """
     name = "is_relative"
     cases = _relative_cases()
