@@ -368,6 +368,10 @@ def test_permute_heads_explains_what_changed():
     assert "must not change" in result.message
     result = ch03.check_permute_heads(permute_inverse, verbose=False)
     assert "order[r]" in result.message
+    assert "you applied the inverse permutation" in result.message
+    # the hint is for the inverse only: a different wrong answer does not get it
+    result = ch03.check_permute_heads(permute_only_queries_and_keys, verbose=False)
+    assert "inverse permutation" not in result.message
 
 
 def test_permute_heads_reports_a_stub_and_a_wrong_return():

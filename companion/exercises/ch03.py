@@ -455,6 +455,16 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
                     weights,
                     path="the weights of new head r (old head order[r])",
                 ) or compare(before_out, out, path="the layer's output (it must not change)")
+                inverse = torch.argsort(torch.as_tensor(order)).tolist()
+                if (
+                    problem
+                    and inverse != list(order)
+                    and torch.allclose(weights, before_w[:, inverse], atol=1e-5)
+                ):
+                    problem += (
+                        "\n   you applied the inverse permutation: old head r went to place "
+                        "order[r]; new head r must be old head order[r]"
+                    )
         if problem:
             result = CheckResult(
                 name,
