@@ -240,8 +240,9 @@ CONDITIONS: dict[str, Condition] = {
                   "two evaluations of the same sentence differ", "deterministic_check",
                   logits_without_eval, logits_in_eval),
         Condition("layers in a plain list", ("plain list", "python list", "in a list", "layers list",
-                  "layer list", "list of layers", "modulelist", "module list", "not registered",
-                  "unregistered", "registration", "never registered"),
+                  "layer list", "list of layers", "not + modulelist", "no modulelist", "missing + modulelist",
+                  "without + modulelist", "forgot* + modulelist", "instead of + modulelist",
+                  "not registered", "unregistered", "registration", "never registered"),
                   "layers missing from parameters() and state_dict(), never trained",
                   "registration_check", LayersInAList, ReaderTransformer),
         Condition("tied output not rescaled", ("scal*", "unscaled", "tied", "tying",
@@ -359,9 +360,26 @@ def _named(answer: str) -> list[str]:
         for name, condition in CONDITIONS.items()
         if any(_phrase_pattern(phrase).match(said) for phrase in (name, *condition.synonyms))
     ]
-    if "layers in a plain list" in named and "model.eval() forgotten" in named:
+    hedged = re.search(r" (or|either|maybe|perhaps) ", said)
+    if "layers in a plain list" in named and "model.eval() forgotten" in named and not hedged:
         named.remove("model.eval() forgotten")
+    if "padding mask on the query axis" in named and _backwards(said):
+        named.remove("padding mask on the query axis")
     return named
+
+
+#: The query-axis bug stated backwards: the mask *should* go on the queries ("should be
+#: applied to the queries, not the keys"), or it sits on the keys instead of the queries.
+_SHOULD = r" (should|must|needs? to|ought to|has to)"
+_SHOULD_QUERIES = re.compile(_SHOULD + r"( (?!key)[a-z]+){0,4} quer")
+_INSTEAD_OF_QUERIES = re.compile(r" instead of( the)? quer")
+
+
+def _backwards(said: str) -> bool:
+    """Whether ``said`` (from :func:`_words`) wants the padding mask on the queries."""
+    if _SHOULD_QUERIES.search(said):
+        return True
+    return bool(_INSTEAD_OF_QUERIES.search(said)) and not re.search(_SHOULD, said)
 
 
 def check_diagnosis(patient: Patient, answer: str, verbose: bool = True) -> bool:
