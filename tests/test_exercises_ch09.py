@@ -645,7 +645,7 @@ def interpolated_from_one(window_len, train_len):
 
 def interpolated_float32_then_double(window_len, train_len):
     """The right formula in float32, converted afterwards: the dtype is right, the values
-    carry float32's rounding (up to 1.2e-4 near 4,096)."""
+    carry float32's rounding (of the order of 1e-4 near 4,096)."""
     scale = min(1.0, train_len / window_len)
     return (torch.arange(window_len, dtype=torch.float32) * scale).double()
 

@@ -395,7 +395,7 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         ("bias -0.0003·i on the query position", faint_query_bias, False),
         ("bias on the query position beyond 100", late_position_bias, False),
         ("bias 0.05·i·sum(q - k)", content_gated_bias, False),
-        ("RoPE score minus the same score one position later (0 up to rounding)", rope_minus_next, True),
+        ("RoPE score minus itself one position on (0 up to rounding)", rope_minus_next, True),
         ("bias 2e-5·(i + j)", tiny_sum_bias, False),
     ]
     return [(ScoreFunction(name, dim, fn), relative) for name, fn, relative in named]
@@ -583,13 +583,13 @@ def check_interpolated_positions(
     """Check ``interpolated_positions(window_len, train_len)`` → ``(window_len,)`` float positions.
 
     The result must be float64, and it is compared with the exact fractions to ``1e-9``.
-    A fraction such as ``4095 · 4096 / 12288 = 1365`` is exact, but ``4094 / 3`` is not: float32
-    keeps 24 significant bits, so near 4,096 it rounds a position by up to ``1.2e-4``, and RoPE's
-    fastest pair (frequency 1) turns that into an angle error of the same size. Positions
-    computed in float32 and converted with ``.double()`` afterwards carry that rounding and fail
-    on the values.
+    A position such as ``4095 · 4096 / 12288 = 1365`` is exact, but ``12287 / 3 ≈ 4095.67`` is
+    not: float32 keeps 24 significant bits, so near 4,096 it is off by the order of ``1e-4``,
+    and RoPE's fastest pair (frequency 1) turns that into an angle error of the same size.
+    Positions computed in float32 and converted with ``.double()`` afterwards carry that
+    rounding and fail on the values.
     """
-    why = "float32 rounds a fractional position near 4,096 by up to 1.2e-4"
+    why = "float32 rounds a fractional position near 4,096 by the order of 1e-4"
     return run_check(
         "interpolated_positions",
         _returning(torch.float64, "interpolated_positions", why, interpolated_positions),
