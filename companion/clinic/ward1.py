@@ -301,10 +301,12 @@ class LayersInAList(ReaderTransformer):
 
 
 class UnscaledTiedOutput(ReaderTransformer):
-    """Embedding scale slip: the tied output table used without its ``1/√d_model``. The
-    table's rows were sized for inputs multiplied by ``√d_model``; as an output they give
-    logits ``√d_model`` times too large, and a loss far above ``ln V`` before any training."""
+    """The tied output without its ``1/√d_model`` (T5's convention; Vaswani et al. leave the
+    output as it is and scale only the input). With this model's table, initialised at std
+    ``1/√d_model`` for the rescaled output, the logits are ``√d_model`` times larger than
+    intended and the loss before any training is far above ``ln V``: the initial-loss check
+    flags it, whether it is a slip or the other convention."""
 
     def output(self, y: Tensor) -> Tensor:
         """The tied product, not rescaled."""
-        return y @ self.embed.weight.T  # BUG: should be multiplied by d_model ** -0.5
+        return y @ self.embed.weight.T  # BUG here: this model's init expects × d_model ** -0.5
