@@ -320,18 +320,28 @@ def relative_zero_vectors(score_fn, dim):
     return True
 
 
-def relative_chapter_hint(score_fn, dim):
-    """The chapter's solution with the absolute tolerance its text suggests (1e-5, no relative
-    part) and shifts that reach positions near 1000, where float32 rounding is largest."""
-    g = torch.Generator().manual_seed(0)
-    for _ in range(10):
-        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
-        m, n = (int(p) for p in torch.randint(0, 500, (2,), generator=g))
-        shift = int(torch.randint(1, 500, (), generator=g))
-        before, after = float(score_fn(q, k, m, n)), float(score_fn(q, k, m + shift, n + shift))
-        if abs(before - after) > 1e-5:
-            return False
-    return True
+def _random_shift_test(max_shift, same):
+    """A reader's test: 10 random (q, k, i, j, shift) with shifts below ``max_shift``, the two
+    scores compared by ``same(before, after)``."""
+
+    def test(score_fn, dim):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(10):
+            q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+            i, j = (int(p) for p in torch.randint(0, 500, (2,), generator=g))
+            shift = int(torch.randint(1, max_shift, (), generator=g))
+            before, after = float(score_fn(q, k, i, j)), float(score_fn(q, k, i + shift, j + shift))
+            if not same(before, after):
+                return False
+        return True
+
+    return test
+
+
+# The chapter's solution with the absolute tolerance its text suggests (1e-5, no relative part)
+# and shifts that reach positions near 1000, where float32 rounding is largest.
+relative_chapter_hint = _random_shift_test(500, lambda a, b: abs(a - b) <= 1e-5)
+relative_chapter_hint.__name__ = "relative_chapter_hint"
 
 
 def test_is_relative_accepts_correct():
@@ -368,30 +378,15 @@ def relative_equal_vectors(score_fn, dim):
                for m in (0, 10, 200))  # fmt: skip
 
 
-def relative_relative_tolerance_only(score_fn, dim):
-    """The chapter's solution with math.isclose(rel_tol=1e-5) and no absolute part."""
-    g = torch.Generator().manual_seed(0)
-    for _ in range(10):
-        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
-        m, n = (int(p) for p in torch.randint(0, 500, (2,), generator=g))
-        shift = int(torch.randint(1, 500, (), generator=g))
-        before, after = float(score_fn(q, k, m, n)), float(score_fn(q, k, m + shift, n + shift))
-        if not math.isclose(before, after, rel_tol=1e-5):
-            return False
-    return True
+# The chapter's solution with math.isclose(rel_tol=1e-5) and no absolute part.
+relative_relative_tolerance_only = _random_shift_test(
+    500, lambda a, b: math.isclose(a, b, rel_tol=1e-5)
+)
+relative_relative_tolerance_only.__name__ = "relative_relative_tolerance_only"
 
-
-def relative_loose_small_shifts(score_fn, dim):
-    """A tolerance of 1e-3 and shifts below 10."""
-    g = torch.Generator().manual_seed(0)
-    for _ in range(10):
-        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
-        m, n = (int(p) for p in torch.randint(0, 500, (2,), generator=g))
-        shift = int(torch.randint(1, 10, (), generator=g))
-        before, after = float(score_fn(q, k, m, n)), float(score_fn(q, k, m + shift, n + shift))
-        if abs(before - after) > 1e-3:
-            return False
-    return True
+# A tolerance of 1e-3 and shifts below 10.
+relative_loose_small_shifts = _random_shift_test(10, lambda a, b: abs(a - b) <= 1e-3)
+relative_loose_small_shifts.__name__ = "relative_loose_small_shifts"
 
 
 @pytest.mark.parametrize(
