@@ -376,8 +376,19 @@ def rope_one_angle(x, positions):
 
 
 def test_rope_rotate_accepts_correct():
-    for fn in [rope_correct, rope_complex]:
-        assert ch04.check_rope_rotate(fn, verbose=False), fn.__name__
+    assert ch04.check_rope_rotate(rope_correct, verbose=False)
+
+
+def test_rope_rotate_rejects_the_complex_form_the_chapter_shows():
+    """Exercise 5(a) asks for real pairs; the complex form is printed in section 4.5."""
+    result = ch04.check_rope_rotate(rope_complex, verbose=False)
+    assert not result and "complex numbers" in result.message
+
+
+def test_the_complex_form_is_a_correct_rotation():
+    g = torch.Generator().manual_seed(1)
+    x, positions = torch.randn(2, 5, 8, generator=g), torch.tensor([3, 0, 7, 7, 40])
+    torch.testing.assert_close(rope_complex(x, positions), ch04.reference_rope_rotate(x, positions))
 
 
 def test_rope_rotate_rejects_companion_rotary_embedding():
@@ -573,9 +584,10 @@ def own_table(seq_len, d_model):
     return torch.stack([torch.sin(i * omega), torch.cos(i * omega)], -1).flatten(1).float()
 
 
-def encode_with_companion_table(tokens, embedding, attention):
+def encode_with_companion_table(tokens, embedding, attention, start):
     x = embedding(tokens) * math.sqrt(embedding.embedding_dim)
-    return attention(x + sinusoidal_table(tokens.shape[1], embedding.embedding_dim))
+    n = tokens.shape[1]
+    return attention(x + sinusoidal_table(start + n, embedding.embedding_dim)[start:])
 
 
 def test_encode_rejects_companion_table():
@@ -583,36 +595,69 @@ def test_encode_rejects_companion_table():
     assert not result and "called companion.positional" in result.message
 
 
-def encode_correct(tokens, embedding, attention):
-    x = embedding(tokens) * math.sqrt(embedding.embedding_dim)
-    return attention(x + own_table(tokens.shape[1], embedding.embedding_dim))
+def encode_correct(tokens, embedding, attention, start):
+    n, d = tokens.shape[1], embedding.embedding_dim
+    return attention(embedding(tokens) * math.sqrt(d) + own_table(start + n, d)[start:])
 
 
-def encode_no_scale(tokens, embedding, attention):
-    return attention(embedding(tokens) + own_table(tokens.shape[1], embedding.embedding_dim))
+def encode_correct_shifted_angles(tokens, embedding, attention, start):
+    """Correct too: the codes of start..start+n-1 computed directly from the positions."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    i = torch.arange(start, start + n, dtype=torch.float64)[:, None]
+    omega = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    codes = torch.stack([torch.sin(i * omega), torch.cos(i * omega)], -1).flatten(1).float()
+    return attention(embedding(tokens) * math.sqrt(d) + codes)
 
 
-def encode_no_positions(tokens, embedding, attention):
+def encode_no_scale(tokens, embedding, attention, start):
+    n, d = tokens.shape[1], embedding.embedding_dim
+    return attention(embedding(tokens) + own_table(start + n, d)[start:])
+
+
+def encode_no_positions(tokens, embedding, attention, start):
     return attention(embedding(tokens) * math.sqrt(embedding.embedding_dim))
 
 
-def encode_scales_the_sum(tokens, embedding, attention):
-    d = embedding.embedding_dim
-    return attention((embedding(tokens) + own_table(tokens.shape[1], d)) * math.sqrt(d))
+def encode_scales_the_sum(tokens, embedding, attention, start):
+    n, d = tokens.shape[1], embedding.embedding_dim
+    return attention((embedding(tokens) + own_table(start + n, d)[start:]) * math.sqrt(d))
 
 
-def encode_positions_from_one(tokens, embedding, attention):
-    d = embedding.embedding_dim
-    return attention(embedding(tokens) * math.sqrt(d) + own_table(tokens.shape[1] + 1, d)[1:])
+def encode_ignores_start(tokens, embedding, attention, start):
+    """The chapter's table of positions 0..n-1, whatever the start."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    return attention(embedding(tokens) * math.sqrt(d) + own_table(n, d))
 
 
-def test_encode_accepts_correct():
-    assert ch04.check_encode(encode_correct, verbose=False)
+def encode_off_by_one(tokens, embedding, attention, start):
+    """Positions start+1 .. start+n."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    return attention(embedding(tokens) * math.sqrt(d) + own_table(start + n + 1, d)[start + 1 :])
+
+
+def encode_start_as_offset_angle(tokens, embedding, attention, start):
+    """Adds start to the angle of pair 0 only (a shift of the first column)."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    codes = own_table(n, d).clone()
+    codes[:, 0] = torch.sin(torch.arange(start, start + n, dtype=torch.float64)).float()
+    return attention(embedding(tokens) * math.sqrt(d) + codes)
+
+
+@pytest.mark.parametrize("correct", [encode_correct, encode_correct_shifted_angles])
+def test_encode_accepts_correct(correct):
+    assert ch04.check_encode(correct, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
-    [encode_no_scale, encode_no_positions, encode_scales_the_sum, encode_positions_from_one],
+    [
+        encode_no_scale,
+        encode_no_positions,
+        encode_scales_the_sum,
+        encode_ignores_start,
+        encode_off_by_one,
+        encode_start_as_offset_angle,
+    ],
 )
 def test_encode_rejects_wrong(wrong):
     assert not ch04.check_encode(wrong, verbose=False)
@@ -693,9 +738,7 @@ def _summary_test(summary, name):
 
     def test(layer, x):
         out = summary(layer(x, 0))
-        return all(
-            torch.allclose(summary(layer(x, s)), out, atol=1e-5, rtol=1e-4) for s in STARTS
-        )
+        return all(torch.allclose(summary(layer(x, s)), out, atol=1e-5, rtol=1e-4) for s in STARTS)
 
     test.__name__ = name
     return test

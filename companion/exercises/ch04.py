@@ -16,7 +16,7 @@ porting a rotate-half checkpoint (GQA, biases)  :func:`check_half_to_interleaved
 RoFormer's long-term decay bound, measured       :func:`check_rope_decay_bound`
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
 capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
-capstone: ``encode(tokens, ...)``                :func:`check_encode`
+capstone: ``encode(tokens, ..., start)``         :func:`check_encode`
 capstone: a test that a layer is relative       :func:`check_is_relative`
 ===============================================  ==================================
 
@@ -104,6 +104,44 @@ def _without_positional(fn: Callable[..., object], task: str) -> Callable[..., o
             raise RuntimeError(
                 f"your function called companion.positional ({calls[0]}); this exercise asks "
                 f"you to {task} yourself, from the formulas of the chapter"
+            )
+        return value
+
+    return run
+
+
+class _ComplexWatch(torch.overrides.TorchFunctionMode):
+    """Records the first torch function that returns a complex tensor while the mode is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        value = func(*args, **(kwargs or {}))
+        if self.first is None:
+            outputs = value if isinstance(value, (tuple, list)) else (value,)
+            if any(isinstance(v, Tensor) and v.is_complex() for v in outputs):
+                self.first = getattr(func, "__name__", repr(func))
+        return value
+
+
+def _real_pairs_only(fn: Callable[..., object], task: str) -> Callable[..., object]:
+    """``fn``, failing (``RuntimeError``) when it computes with complex tensors.
+
+    The chapter shows the complex-number form of the rotation; the exercise asks for ``task``
+    with real pairs. The signature of ``fn`` is kept (``functools.wraps``).
+    """
+
+    @functools.wraps(fn)
+    def run(**kwargs: object) -> object:
+        with _ComplexWatch() as watch:
+            value = fn(**kwargs)
+        if watch.first is not None:
+            raise RuntimeError(
+                f"your function computed with complex numbers ({watch.first}); the chapter "
+                f"shows that form, this exercise asks you to {task} with real pairs "
+                f"(a, b) = (x[..., 0::2], x[..., 1::2])"
             )
         return value
 
@@ -595,10 +633,16 @@ def _rope_cases() -> list[Case]:
 def check_rope_rotate(
     rope_rotate: Callable[[Tensor, Tensor], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``rope_rotate(x, positions)``: ``(..., seq_len, head_dim)``, ``(seq_len,)`` → same shape as ``x``."""
+    """Check ``rope_rotate(x, positions)``: ``(..., seq_len, head_dim)``, ``(seq_len,)`` → same shape as ``x``.
+
+    The rotation must be written with real pairs: a call into :mod:`companion.positional` or a
+    computation with complex tensors (the form the chapter shows) fails the check.
+    """
     return run_check(
         "rope_rotate",
-        _without_positional(rope_rotate, "write the rotation"),
+        _without_positional(
+            _real_pairs_only(rope_rotate, "write the rotation"), "write the rotation"
+        ),
         reference_rope_rotate,
         _rope_cases(),
         verbose=verbose,
@@ -763,20 +807,23 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
     return run_check("MyMHA", build_and_run, reference, _my_mha_cases(), verbose=verbose)
 
 
-def reference_encode(tokens: Tensor, embedding: nn.Embedding, attention: nn.Module) -> Tensor:
-    """``attention(embedding(tokens) · √d_model + PE[0:seq_len])``.
+def reference_encode(
+    tokens: Tensor, embedding: nn.Embedding, attention: nn.Module, start: int
+) -> Tensor:
+    """``attention(embedding(tokens) · √d_model + PE[start : start + seq_len])``.
 
     Args:
         tokens: integer ids, shape ``(batch, seq_len)``.
         embedding: an ``nn.Embedding(vocab_size, d_model)``.
         attention: any module mapping ``(batch, seq_len, d_model)`` to the same shape.
+        start: the position of the first token (a continued text, a cached prefix).
 
     Returns:
         Shape ``(batch, seq_len, d_model)``.
     """
-    d_model = embedding.embedding_dim
+    d_model, seq_len = embedding.embedding_dim, tokens.shape[-1]
     x = embedding(tokens) * math.sqrt(d_model)  # (batch, seq_len, d_model)
-    x = x + reference_sinusoidal_table(tokens.shape[-1], d_model)  # added position codes
+    x = x + reference_sinusoidal_table(start + seq_len, d_model)[start:]  # codes of start..
     return attention(x)  # (batch, seq_len, d_model)
 
 
@@ -794,10 +841,12 @@ class _StateAttention(nn.Module):
 def _encode_cases() -> list[Case]:
     g = seeded_generator(404)
     cases: list[Case] = []
-    for vocab, d_model, heads, batch, seq_len in [
-        (10, 16, 2, 2, 6),
-        (7, 8, 1, 1, 9),
-        (20, 32, 4, 2, 12),
+    # (vocab, d_model, heads, batch, seq_len, start): the starts are not printed in the chapter
+    for vocab, d_model, heads, batch, seq_len, start in [
+        (10, 16, 2, 2, 6, 0),
+        (7, 8, 1, 1, 9, 13),
+        (20, 32, 4, 2, 12, 1000),
+        (10, 16, 2, 1, 5, 1),
     ]:
         embedding = nn.Embedding(vocab, d_model)
         with torch.no_grad():
@@ -807,14 +856,16 @@ def _encode_cases() -> list[Case]:
                 "tokens": torch.randint(0, vocab, (batch, seq_len), generator=g),
                 "embedding": embedding,
                 "attention": _StateAttention(_mha_state(d_model, g), heads),
+                "start": start,
             }
         )
     return cases
 
 
 def check_encode(encode: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``encode(tokens, embedding, attention)`` =
-    ``attention(embedding(tokens) · √d_model + PE)``."""
+    """Check ``encode(tokens, embedding, attention, start)`` =
+    ``attention(embedding(tokens) · √d_model + PE[start : start + seq_len])``, on several starts
+    (0, 1 and far ones: a table from position 0, or from ``start + 1``, fails)."""
 
     def no_grad(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
         def run(**kwargs: object) -> Tensor:
@@ -1057,7 +1108,7 @@ def check_is_relative(
     attention with RoPE (its outputs move by float32 rounding at far starts, so exact
     equality fails it), attention with a bias on ``|j - i|``, attention with no positions,
     ``tanh``. Absolute: attention on tokens plus sinusoidal codes, the same codes 10000 times
-    fainter (outputs move by at most about ``3e-3``: a tolerance of ``1e-2`` misses it), RoPE on the
+    fainter (outputs move by at most about ``1.4e-3``: a tolerance of ``1e-2`` misses it), RoPE on the
     queries only, a parity code (a test that tries only even starts misses it) and a code of
     wavelength ``2π·10^6`` (a test that tries only starts up to about 10 misses it); and four
     whose dependence cancels in a summary: outputs rolled by ``start % seq_len`` (a test of
