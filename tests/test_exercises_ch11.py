@@ -278,7 +278,9 @@ def test_mystery_accepts_the_names_and_synonyms(capsys):
     assert set(FIXES) == set(NAMES.values())
     assert ch11.check_mystery(RIGHT)
     assert "✅" in capsys.readouterr().out
-    synonyms = {seed: (clinic.CONDITIONS[name].synonyms[0], FIXES[name]) for seed, name in NAMES.items()}
+    synonyms = {
+        seed: (clinic.CONDITIONS[name].synonyms[0], FIXES[name]) for seed, name in NAMES.items()
+    }
     assert ch11.check_mystery(synonyms, verbose=False)
 
 
@@ -311,8 +313,17 @@ def test_mystery_rejects_the_first_failure_taken_for_the_bug(capsys):
         (0, "layers in a plain list"),  # the bug without its fix
         (0, ("layers in a plain list", "")),
     ],
-    ids=["other-bug", "several-bugs", "hedge", "either-or", "no-name", "healthy", "empty",
-         "no-fix", "empty-fix"],  # fmt: skip
+    ids=[
+        "other-bug",
+        "several-bugs",
+        "hedge",
+        "either-or",
+        "no-name",
+        "healthy",
+        "empty",
+        "no-fix",
+        "empty-fix",
+    ],  # fmt: skip
 )
 def test_mystery_rejects_wrong_answers(seed, answer):
     assert not ch11.check_mystery({**RIGHT, seed: answer}, verbose=False), answer

@@ -15,7 +15,7 @@ the heads split without a transpose (bug 4)     :func:`check_split_heads`
 the scale and the mask of attention (7, 11)     :func:`check_attention`
 the positional table (bug 8)                    :func:`check_positional_table`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
-three mystery patients: the bug and its fix    :func:`check_mystery`
+three mystery patients: the bug and its fix     :func:`check_mystery`
 ==============================================  ===================================
 
 The reference solutions (``reference_split_heads``, ...) are module-level functions too; they
@@ -279,7 +279,10 @@ GENERIC_TEST_EXEMPT = {
 #: What the one-line fix of each condition must say, as a regular expression on the lowercase
 #: fix (code or words), and a wrong fix it must not be (``None``: no such rule).
 _FIXES: dict[str, tuple[str, str | None]] = {
-    "batch_first confusion": (r"batch_first|size\(1\)|shape\[1\]|sequence (axis|length)|seq_len", None),
+    "batch_first confusion": (
+        r"batch_first|size\(1\)|shape\[1\]|sequence (axis|length)|seq_len",
+        None,
+    ),
     "softmax over the wrong dimension": (r"dim\s*=\s*-1|last (axis|dim)|over the keys", None),
     "padding counted in the loss": (r"ignore_index|ignore.*pad|mask.*pad|pad.*mask", None),
     "unshifted labels": (r"shift|\[:,\s*1:\]|\[:,\s*:-1\]", None),
@@ -329,7 +332,9 @@ def check_mystery(answers: Mapping[int, tuple[str, str]], verbose: bool = True) 
     if all(empty(answers.get(seed)) for seed in MYSTERY_SEEDS):
         result = CheckResult(name, False, 0, "⏳ mystery: not attempted yet (no answer given).")
     else:
-        result = CheckResult(name, True, total, f"✅ mystery: all {total} patients named and fixed right.")
+        result = CheckResult(
+            name, True, total, f"✅ mystery: all {total} patients named and fixed right."
+        )
         for count, seed in enumerate(MYSTERY_SEEDS, start=1):
             answer = answers.get(seed)
             well_formed = (
