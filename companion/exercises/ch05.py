@@ -149,15 +149,15 @@ def reference_causal_window_mask(q_len: int, k_len: int, window: int) -> Tensor:
     its ``W`` is this ``window - 1``.)
 
     The queries are the *last* ``q_len`` of the ``k_len`` positions (as when a decoder adds
-    ``q_len`` new tokens to ``k_len - q_len`` cached ones), so query ``i`` sits at position
-    ``p = i + k_len - q_len``.
+    ``q_len`` new tokens to ``k_len - q_len`` cached ones), so the query in row ``r`` sits at
+    position ``i = r + k_len - q_len``.
 
     Returns:
-        Boolean mask ``(q_len, k_len)``: ``True`` where ``p - window < key <= p``.
+        Boolean mask ``(q_len, k_len)``: ``True`` where ``i - window < j <= i`` (key ``j``).
     """
     query_position = torch.arange(q_len)[:, None] + (k_len - q_len)  # (q_len, 1)
     key_position = torch.arange(k_len)[None, :]  # (1, k_len)
-    distance = query_position - key_position  # (q_len, k_len): p - j
+    distance = query_position - key_position  # (q_len, k_len): i - j
     return (distance >= 0) & (distance < window)  # (q_len, k_len)
 
 
@@ -180,8 +180,8 @@ def check_causal_window_mask(
     causal_window_mask: Callable[[int, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``causal_window_mask(q_len, k_len, window)`` → boolean ``(q_len, k_len)``; query
-    ``i`` sits at position ``p = i + k_len - q_len`` and may attend to the keys ``j`` with
-    ``p - window < j <= p``."""
+    in row ``r`` sits at position ``i = r + k_len - q_len`` and may attend to the keys ``j``
+    with ``i - window < j <= i``."""
     return run_check(
         "causal_window_mask",
         _returning("bool", "causal_window_mask", causal_window_mask),
@@ -442,6 +442,17 @@ def _square(v: Tensor) -> Tensor:  # (batch, d): even, so blind to v -> -v
     return v * v
 
 
+def _gated(v: Tensor) -> Tensor:  # (batch, d): zero while |v| < 0.5, so zero at 0 and nearby
+    return (v.norm(dim=-1, keepdim=True) - 0.5).relu().expand_as(v)
+
+
+def _small_at(x: Tensor, j: int) -> Tensor:
+    """``x`` with input ``j`` rescaled to norm 0.2: inside the closed gate of :func:`_gated`."""
+    x = x.clone()  # (batch, seq_len, d)
+    x[:, j] = 0.2 * torch.nn.functional.normalize(x[:, j], dim=-1)
+    return x
+
+
 def _future_leak_cases() -> list[Case]:
     g = seeded_generator(506)
     d = 4
@@ -487,6 +498,13 @@ def _future_leak_cases() -> list[Case]:
             "attend": _Elementwise("square of x[4] into 1", _add_at(causal, 1, 4, _square)),
             "x": x(5),
         },
+        # a leak through a gate that is closed at the sample's input 3 and at zero: replacing
+        # input 3 by zeros (or 2 * x, or -x) changes nothing, and neither does a derivative
+        # taken at the sample; a random vector (norm about 2) opens the gate
+        {
+            "attend": _Elementwise("gated x[3] into 1", _add_at(causal, 1, 3, _gated)),
+            "x": _small_at(x(5), 3),
+        },  # (1, 3)
         # layer norm first: it ignores a constant added to a position's vector
         {
             "attend": _Elementwise("layer norm, then no mask", lambda x: full(_layer_norm(x))),
@@ -535,7 +553,8 @@ def check_first_leak(
     that leak in several ways: full attention, an off-by-one diagonal, a single pair (0, 1), a
     leak two steps ahead only, a leak into a late position only, two leaks whose smallest ``j``
     is not the one with the smallest ``i``, a leak in the second sequence of the batch only,
-    and leaks that a positive rescale, an added constant or a negation cannot reveal."""
+    and leaks that a positive rescale, an added constant, a negation or a replacement by zeros
+    cannot reveal."""
     return run_check(
         "first_leak",
         first_leak,
