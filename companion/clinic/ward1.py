@@ -297,7 +297,7 @@ class LayersInAList(ReaderTransformer):
 
     def make_stack(self, make_layer: Callable[[], nn.Module], num_layers: int) -> list:
         """A list where an ``nn.ModuleList`` was needed."""
-        return [make_layer() for _ in range(num_layers)]  # BUG: nn.ModuleList(...)
+        return [make_layer() for _ in range(num_layers)]  # BUG: a plain Python list
 
 
 class UnscaledTiedOutput(ReaderTransformer):
