@@ -431,6 +431,19 @@ def equivariance_test_shifts_only(layer, x):
     )
 
 
+def equivariance_test_swap_first_two(layer, x):  # one transposition, always the same one
+    perm = torch.arange(x.shape[0])
+    perm[[0, 1]] = perm[[1, 0]]
+    return torch.allclose(layer(x[perm]), layer(x)[perm], atol=1e-5)
+
+
+def equivariance_test_reversal_and_shift(layer, x):  # the two "structured" reorderings only
+    out = layer(x)
+    reversal = torch.arange(x.shape[0] - 1, -1, -1)
+    shift = torch.roll(torch.arange(x.shape[0]), 1)
+    return all(torch.allclose(layer(x[p]), out[p], atol=1e-5) for p in (reversal, shift))
+
+
 def equivariance_test_loose(layer, x):  # a tolerance of 0.1 hides small position codes
     perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
     return torch.allclose(layer(x[perm]), layer(x)[perm], atol=0.1)
@@ -457,6 +470,8 @@ def test_equivariance_test_accepts_correct():
         equivariance_test_inverse,
         equivariance_test_reversal_only,
         equivariance_test_shifts_only,
+        equivariance_test_swap_first_two,
+        equivariance_test_reversal_and_shift,
         equivariance_test_loose,
         equivariance_test_features,
         lambda layer, x: True,  # a test that cannot fail
@@ -529,6 +544,20 @@ def test_equivariance_layers_are_what_their_names_say():
     attention = layers["self-attention"]
     perms = [torch.randperm(6, generator=torch.Generator().manual_seed(s)) for s in range(5)]
     assert any(not torch.equal(attention(x[p]), attention(x)[p]) for p in perms)
+
+
+def test_equivariance_traps_fool_only_their_wrong_test():
+    """The symmetric circular convolution commutes with the reversal and every cyclic shift,
+    and the codes alike at positions 0 and 1 with the swap of those two tokens: each one is
+    what defeats the matching wrong test, and each fails the reference."""
+    layers = ch01.equivariance_test_layers()
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(4))
+    conv = layers["circular convolution with a symmetric kernel"]
+    alike = layers["attention with codes alike at positions 0 and 1"]
+    assert equivariance_test_reversal_and_shift(conv, x)
+    assert equivariance_test_swap_first_two(alike, x)
+    assert not ch01.reference_is_permutation_equivariant(conv, x)
+    assert not ch01.reference_is_permutation_equivariant(alike, x)
 
 
 # --------------------------------------------------------------------------------------------

@@ -466,8 +466,9 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
 
     Equivariant: self-attention, a per-token linear layer, attention plus the mean token.
     Not equivariant: attention with added position codes (large, small, or symmetric under
-    reversal), causal attention, a window layer over the flattened sequence, and a circular
-    convolution along the sequence (which commutes with cyclic shifts only).
+    reversal, or alike at positions 0 and 1), causal attention, a window layer over the
+    flattened sequence, and two circular convolutions along the sequence (one commutes with
+    cyclic shifts only; the other, with a symmetric kernel, also with the reversal).
 
     Args:
         d: width of a token vector, ``d_in = d_out = d``.
@@ -481,12 +482,16 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     def attention(x: Tensor) -> Tensor:
         return _attention(x, w_q, w_k, w_v)  # (seq_len, d)
 
-    def with_positions(scale: float, symmetric: bool = False) -> Callable[[Tensor], Tensor]:
+    def with_positions(
+        scale: float, symmetric: bool = False, first_two_alike: bool = False
+    ) -> Callable[[Tensor], Tensor]:
         def layer(x: Tensor) -> Tensor:
             seq_len = x.shape[0]
             positions = torch.arange(seq_len, dtype=torch.float32)  # (seq_len,)
             if symmetric:  # position i and position seq_len-1-i get the same code
                 positions = (positions - (seq_len - 1) / 2).abs()  # (seq_len,)
+            if first_two_alike:  # positions 0 and 1 get the same code: swapping them is harmless
+                positions = positions.clamp(min=1.0)  # (seq_len,)
             return attention(x + scale * _position_codes(positions, d))  # (seq_len, d)
 
         return layer
@@ -501,6 +506,11 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
 
     def circular_conv(x: Tensor) -> Tensor:
         return sum(torch.roll(x, shift, dims=0) @ kernel[shift + 1] for shift in (-1, 0, 1))
+
+    def symmetric_circular_conv(x: Tensor) -> Tensor:
+        # the same matrix for both neighbours: commutes with every cyclic shift AND the reversal
+        neighbours = torch.roll(x, 1, dims=0) + torch.roll(x, -1, dims=0)  # (seq_len, d)
+        return x @ kernel[1] + neighbours @ kernel[0]  # (seq_len, d)
 
     return {
         "self-attention": NamedLayer("self-attention", attention),
@@ -522,6 +532,13 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
         ),
         "window layer": NamedLayer("window layer", window),
         "circular convolution": NamedLayer("circular convolution", circular_conv),
+        "circular convolution with a symmetric kernel": NamedLayer(
+            "circular convolution with a symmetric kernel", symmetric_circular_conv
+        ),
+        "attention with codes alike at positions 0 and 1": NamedLayer(
+            "attention with codes alike at positions 0 and 1",
+            with_positions(1.0, first_two_alike=True),
+        ),
     }
 
 
