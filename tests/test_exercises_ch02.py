@@ -911,7 +911,7 @@ def test_gradient_crossover_settings_are_clear_cut():
     on both sides, so a measurement on 10 000 queries cannot land on the wrong side."""
     assert 16 not in ch02.CROSSOVER_N_KEYS  # the chapter's setting
     answers = [crossover_correct(n_keys) for n_keys in ch02.CROSSOVER_N_KEYS]
-    assert answers == [16, 32, 64, 256, 512, 512], answers  # as the module's comment says
+    assert answers == [16, 32, 64, 256, 512, 512], answers  # the crossovers, kept out of the module
     for n_keys, answer in zip(ch02.CROSSOVER_N_KEYS, answers):
         assert answer != 128
         assert ch02.crossover_gap(answer, n_keys) > 1.1

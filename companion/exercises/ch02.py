@@ -765,10 +765,10 @@ def sampled_query_gradient_norms(
 
 #: The numbers of keys per query at which :func:`check_gradient_crossover` asks for the
 #: crossover: three few and three many, every one of them at each run. Chapter 2 measures 16
-#: keys only, and the right widths differ from setting to setting (16, 32, 64, 256, 512, 512),
-#: so neither the chapter's 128, nor a table of a few remembered answers, nor a rule of thumb
-#: that fits most settings passes; at each setting the crossover is clear-cut (the gap at
-#: least 10 % away from 1 on both sides).
+#: keys only, and the right width differs from setting to setting, so neither the chapter's
+#: 128, nor a table of a few remembered answers, nor a rule of thumb that fits most settings
+#: passes; at each setting the crossover is clear-cut (the gap at least 10 % away from 1 on
+#: both sides).
 CROSSOVER_N_KEYS = (3, 4, 8, 32, 64, 96)
 
 #: The widths the crossover is looked for among: 2, 4, ..., 2048.
