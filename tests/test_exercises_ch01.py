@@ -67,7 +67,10 @@ def test_row_softmax_accepts_correct():
             lambda scores: (scores - torch.special.logsumexp(scores, dim=-1, keepdim=True)).exp(),
             "torch.special.logsumexp",
         ),
-        (lambda scores: torch.nn.functional.softmin(-scores, dim=-1), "torch.nn.functional.softmin"),
+        (
+            lambda scores: torch.nn.functional.softmin(-scores, dim=-1),
+            "torch.nn.functional.softmin",
+        ),
     ],
 )
 def test_row_softmax_rejects_the_builtin_softmax_and_restores_it(builtin, named):
@@ -85,7 +88,9 @@ def test_row_softmax_rejects_the_builtin_softmax_and_restores_it(builtin, named)
     assert torch.equal(torch.logsumexp(scores, dim=-1), scores.logsumexp(dim=-1))
     assert torch.equal(torch.nn.functional.softmin(-scores, dim=-1), half)
     assert "softmax" not in torch.Tensor.__dict__, "Tensor.softmax restored to the inherited one"
-    assert "logsumexp" not in torch.Tensor.__dict__, "Tensor.logsumexp restored to the inherited one"
+    assert "logsumexp" not in torch.Tensor.__dict__, (
+        "Tensor.logsumexp restored to the inherited one"
+    )
 
 
 def softmax_minus_mean(scores):

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from torch.autograd import grad as _grad_imported_at_module_level
 from torch.func import vjp as _vjp_imported_at_module_level
 
@@ -337,15 +336,18 @@ def blockwise_every_block_kept(q, k, v, block_size):  # one global maximum, no r
 
 def blockwise_one_query_at_a_time(q, k, v, block_size):  # every key's score, query by query
     rows = [
-        torch.softmax(q[..., i : i + 1, :] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1)
-        @ v
+        torch.softmax(q[..., i : i + 1, :] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), -1) @ v
         for i in range(q.shape[-2])
     ]
     return torch.cat(rows, dim=-2)
 
 
 def blockwise_one_query_vector(q, k, v, block_size):  # 1-D scores of one query over all keys
-    q2, k2, v2 = q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), v.reshape(-1, *v.shape[-2:])
+    q2, k2, v2 = (
+        q.reshape(-1, *q.shape[-2:]),
+        k.reshape(-1, *k.shape[-2:]),
+        v.reshape(-1, *v.shape[-2:]),
+    )
     out = torch.stack([
         torch.stack([torch.softmax(k2[b] @ q2[b, i] / math.sqrt(q.shape[-1]), -1) @ v2[b]
                      for i in range(q2.shape[1])])
@@ -576,9 +578,7 @@ def backward_with_grad_imported_earlier(q, k, v, grad_output):  # escapes the pa
 
 
 def backward_with_vjp_imported_earlier(q, k, v, grad_output):
-    _, vjp = _vjp_imported_at_module_level(
-        lambda *t: scaled_dot_product_attention(*t)[0], q, k, v
-    )
+    _, vjp = _vjp_imported_at_module_level(lambda *t: scaled_dot_product_attention(*t)[0], q, k, v)
     return vjp(grad_output)
 
 

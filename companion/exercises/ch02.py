@@ -716,6 +716,7 @@ def check_blockwise_attention(
 # The measurement of exercise 4: how much gradient reaches the queries, with and without √d_k
 # ---------------------------------------------------------------------------------------------
 
+
 def sampled_query_gradient_norms(
     d_k: int,
     n_keys: int,
