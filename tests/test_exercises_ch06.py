@@ -14,87 +14,123 @@ from torch import nn
 from companion.exercises import ch06
 
 # --------------------------------------------------------------------------------------------
-# layer_norm
+# layer_norm_backward
 # --------------------------------------------------------------------------------------------
 
 
-def layer_norm_correct(x, gain, bias, eps):
+def _ln_parts(x, eps, correction=0):
     mean = x.mean(-1, keepdim=True)
-    var = x.var(-1, keepdim=True, correction=0)
-    return gain * (x - mean) / torch.sqrt(var + eps) + bias
+    s = torch.sqrt(x.var(-1, keepdim=True, correction=correction) + eps)
+    return (x - mean) / s, s
 
 
-def layer_norm_builtin(x, gain, bias, eps):
-    return F.layer_norm(x, x.shape[-1:], gain, bias, eps)
+def ln_backward_correct(x, gain, grad_out, eps):
+    x_hat, s = _ln_parts(x, eps)
+    g = gain * grad_out
+    return (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)) / s
 
 
-def layer_norm_unbiased(x, gain, bias, eps):
-    mean = x.mean(-1, keepdim=True)
-    return gain * (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + eps) + bias  # ÷ (d - 1)
+def ln_backward_autograd(x, gain, grad_out, eps):  # deliberately switches autograd back on
+    with torch.enable_grad():
+        x = x.clone().requires_grad_(True)
+        y = F.layer_norm(x, x.shape[-1:], gain, None, eps)
+        return torch.autograd.grad(y, x, grad_out)[0]
 
 
-def layer_norm_eps_outside(x, gain, bias, eps):
-    # the Annotated Transformer's old LayerNorm: unbiased std, eps added outside the root
-    mean = x.mean(-1, keepdim=True)
-    return gain * (x - mean) / (x.std(-1, keepdim=True) + eps) + bias
+def ln_backward_plain_autograd(x, gain, grad_out, eps):  # autograd without enable_grad
+    x = x.clone().requires_grad_(True)
+    return torch.autograd.grad(F.layer_norm(x, x.shape[-1:], gain, None, eps), x, grad_out)[0]
 
 
-def layer_norm_biased_std_eps_outside(x, gain, bias, eps):
-    mean = x.mean(-1, keepdim=True)
-    return gain * (x - mean) / (x.std(-1, keepdim=True, correction=0) + eps) + bias
+def ln_backward_constant_statistics(x, gain, grad_out, eps):  # μ and s treated as constants
+    _, s = _ln_parts(x, eps)
+    return gain * grad_out / s
 
 
-def layer_norm_wrong_axis(x, gain, bias, eps):
-    mean = x.mean(0, keepdim=True)  # over the tokens, like BatchNorm
-    var = x.var(0, keepdim=True, correction=0)
-    return gain * (x - mean) / torch.sqrt(var + eps) + bias
+def ln_backward_no_mean_term(x, gain, grad_out, eps):
+    x_hat, s = _ln_parts(x, eps)
+    g = gain * grad_out
+    return (g - x_hat * (g * x_hat).mean(-1, keepdim=True)) / s
 
 
-def layer_norm_no_affine(x, gain, bias, eps):
-    return F.layer_norm(x, x.shape[-1:], eps=eps)
+def ln_backward_no_variance_term(x, gain, grad_out, eps):
+    _, s = _ln_parts(x, eps)
+    g = gain * grad_out
+    return (g - g.mean(-1, keepdim=True)) / s
 
 
-def layer_norm_affine_swapped(x, gain, bias, eps):
-    return bias * F.layer_norm(x, x.shape[-1:], eps=eps) + gain
+def ln_backward_no_gain(x, gain, grad_out, eps):
+    return ln_backward_correct(x, torch.ones_like(gain), grad_out, eps)
 
 
-def test_layer_norm_accepts_correct_and_builtin():
-    assert ch06.check_layer_norm(layer_norm_correct, verbose=False)
-    assert ch06.check_layer_norm(layer_norm_builtin, verbose=False)
+def ln_backward_unbiased(x, gain, grad_out, eps):  # ÷ (d - 1) in the variance
+    x_hat, s = _ln_parts(x, eps, correction=1)
+    g = gain * grad_out
+    return (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)) / s
+
+
+def ln_backward_eps_dropped(x, gain, grad_out, eps):  # s = σ, as if eps were 0
+    return ln_backward_correct(x, gain, grad_out, 0.0)
+
+
+def ln_backward_x_hat_without_eps(x, gain, grad_out, eps):  # x̂ = (x - μ)/σ, but ÷ s outside
+    x_hat, _ = _ln_parts(x, 0.0)
+    _, s = _ln_parts(x, eps)
+    g = gain * grad_out
+    return (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)) / s
+
+
+def test_layer_norm_backward_accepts_the_formula_and_deliberate_autograd():
+    assert ch06.check_layer_norm_backward(ln_backward_correct, verbose=False)
+    assert ch06.check_layer_norm_backward(ln_backward_autograd, verbose=False)
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        layer_norm_unbiased,
-        layer_norm_eps_outside,
-        layer_norm_biased_std_eps_outside,
-        layer_norm_wrong_axis,
-        layer_norm_no_affine,
-        layer_norm_affine_swapped,
+        ln_backward_constant_statistics,
+        ln_backward_no_mean_term,
+        ln_backward_no_variance_term,
+        ln_backward_no_gain,
+        ln_backward_unbiased,
+        ln_backward_eps_dropped,
+        ln_backward_x_hat_without_eps,
+        ln_backward_plain_autograd,  # the check runs under no_grad: the exercise is the formula
     ],
 )
-def test_layer_norm_rejects_wrong(wrong):
-    assert not ch06.check_layer_norm(wrong, verbose=False)
+def test_layer_norm_backward_rejects_wrong(wrong):
+    assert not ch06.check_layer_norm_backward(wrong, verbose=False)
 
 
-def test_eps_placement_is_caught_by_the_nearly_constant_case():
-    """``std + eps`` with the biased std passes the unit-variance cases with a small eps; the
-    large-eps and nearly constant cases are what reject it."""
-    result = ch06.check_layer_norm(layer_norm_biased_std_eps_outside, verbose=False)
-    assert not result
-    assert result.cases_run >= 4
-
-
-def test_reference_layer_norm_matches_torch_module():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_reference_layer_norm_backward_matches_autograd(dtype):
     g = torch.Generator().manual_seed(0)
-    module = nn.LayerNorm(10, eps=1e-5)
+    module = nn.LayerNorm(10, eps=1e-3).to(dtype)
     with torch.no_grad():
         module.weight.copy_(torch.randn(10, generator=g))
         module.bias.copy_(torch.randn(10, generator=g))
-    x = torch.randn(3, 7, 10, generator=g)
-    got = ch06.reference_layer_norm(x, module.weight, module.bias, module.eps)
-    torch.testing.assert_close(got, module(x))
+    x = (3 * torch.randn(3, 7, 10, generator=g)).to(dtype).requires_grad_(True)
+    grad_out = torch.randn(3, 7, 10, generator=g).to(dtype)
+    module(x).backward(grad_out)
+    got = ch06.reference_layer_norm_backward(x.detach(), module.weight.detach(), grad_out, module.eps)
+    torch.testing.assert_close(got, x.grad)
+
+
+def test_reference_layer_norm_backward_removes_the_mean_and_the_x_hat_direction():
+    """With eps → 0 the gradient sums to 0 over the features and is orthogonal to x̂."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 9, generator=g, dtype=torch.float64)
+    grad = ch06.reference_layer_norm_backward(
+        x, torch.ones(9, dtype=torch.float64), torch.randn(4, 9, generator=g, dtype=torch.float64), 1e-12
+    )
+    x_hat, _ = _ln_parts(x, 0.0)
+    assert grad.sum(-1).abs().max() < 1e-10
+    assert (grad * x_hat).sum(-1).abs().max() < 1e-10
+
+
+def test_layer_norm_backward_rejects_mismatched_shapes():
+    with pytest.raises(ValueError, match="grad_out"):
+        ch06.reference_layer_norm_backward(torch.zeros(2, 4), torch.ones(4), torch.zeros(2, 5), 1e-5)
 
 
 def test_peri_ln_cases_are_deterministic_and_leave_the_global_seed_alone():
@@ -277,7 +313,7 @@ def test_the_band_holds_for_the_real_measurement():
 # --------------------------------------------------------------------------------------------
 
 CHECKS = [
-    ch06.check_layer_norm,
+    ch06.check_layer_norm_backward,
     ch06.check_peri_ln_block,
     ch06.check_relative_updates,
     ch06.check_log_log_slope,
@@ -308,7 +344,7 @@ def test_crashing_answer_is_reported_not_raised(check):
 @pytest.mark.parametrize(
     ("check", "reference"),
     [
-        (ch06.check_layer_norm, ch06.reference_layer_norm),
+        (ch06.check_layer_norm_backward, ch06.reference_layer_norm_backward),
         (ch06.check_peri_ln_block, ch06.reference_peri_ln_block),
         (ch06.check_relative_updates, ch06.reference_relative_updates),
         (ch06.check_log_log_slope, ch06.reference_log_log_slope),
@@ -461,3 +497,34 @@ def test_depth_slope_reference_values():
     assert abs(ch06.reference_depth_slope([2, 4, 8, 16], True, False)) < 0.15
     assert -0.7 < ch06.reference_depth_slope([2, 4, 8, 16], True, True) < -0.3
     assert abs(ch06.reference_depth_slope([3, 6, 12], False, True)) < 0.15
+
+
+def _last_layer_w1_gradient(num_layers, norm_first, final_norm, seed):
+    """As ``ch06.last_layer_w2_gradient``, but for the first feed-forward matrix W₁."""
+    from companion.model import Encoder, TransformerConfig
+
+    torch.manual_seed(seed)
+    encoder = Encoder(TransformerConfig(num_layers=num_layers, d_model=64, num_heads=4, d_ff=256,
+                                        dropout=0.0, norm_first=norm_first, final_norm=final_norm))
+    for name, parameter in encoder.named_parameters():
+        if parameter.dim() > 1:
+            nn.init.xavier_normal_(parameter)
+        elif name.endswith("bias"):
+            nn.init.zeros_(parameter)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    x = torch.randn(8, 16, 64, generator=gen)
+    readout = torch.randn(8, 16, 64, generator=gen)
+    ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
+    return encoder.layers[-1].feed_forward.hidden_proj.weight.grad.norm().item()
+
+
+@pytest.mark.parametrize(("norm_first", "final_norm"), [(True, True), (True, False), (False, True)])
+def test_w1_and_w2_get_the_same_gradient_so_the_slope_check_need_not_separate_them(norm_first, final_norm):
+    """A depth_slope that measures W₁ instead of W₂ passes check_depth_slope: in this setup
+    (Xavier initialisation, ReLU) the two matrices' gradients have the same size at every
+    depth, so their slopes agree. Pinned here, so that a change of setup that separates them
+    is noticed (and the check then gets a case for it)."""
+    for depth in (3, 12):
+        w1 = np.mean([_last_layer_w1_gradient(depth, norm_first, final_norm, s) for s in range(3)])
+        w2 = np.mean([ch06.last_layer_w2_gradient(depth, norm_first, final_norm, s) for s in range(3)])
+        assert abs(w1 / w2 - 1) < 0.1, (depth, w1, w2)

@@ -10,7 +10,7 @@ stub in the notebook.
 ===============================  ==================================================
 exercise                         check
 ===============================  ==================================================
-LayerNorm by hand                :func:`check_layer_norm`
+the gradient through LayerNorm   :func:`check_layer_norm_backward`
 a Peri-LN (sandwich) block       :func:`check_peri_ln_block`
 relative updates (6.6.4)         :func:`check_relative_updates`
 a depth slope, measured          :func:`check_log_log_slope`,
@@ -29,10 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
 
 __all__ = [
-    "check_layer_norm",
+    "check_layer_norm_backward",
     "check_peri_ln_block",
     "check_relative_updates",
     "check_depth_slope",
@@ -42,76 +43,98 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: LayerNorm by hand
+# Exercise 1: the gradient through a LayerNorm
 # --------------------------------------------------------------------------------------------
 
 
-def reference_layer_norm(x: Tensor, gain: Tensor, bias: Tensor, eps: float) -> Tensor:
-    r"""LayerNorm over the last dimension, exactly as ``torch.nn.LayerNorm`` computes it:
+def reference_layer_norm_backward(x: Tensor, gain: Tensor, grad_out: Tensor, eps: float) -> Tensor:
+    r"""The gradient that LayerNorm passes down, :math:`\partial \mathcal{L} / \partial x`, given
+    the gradient ``grad_out`` :math:`= \partial \mathcal{L} / \partial y` that arrives at its
+    output :math:`y = \gamma \odot \hat{x} + \beta`, with :math:`\hat{x} = (x - \mu) / s` and
+    :math:`s = \sqrt{\sigma^2 + \varepsilon}` (biased variance, as ``torch.nn.LayerNorm``):
 
-    .. math:: y = \text{gain} \odot \frac{x - \mu}{\sqrt{\sigma^2 + \varepsilon}} + \text{bias},
+    .. math:: \frac{\partial \mathcal{L}}{\partial x}
+              = \frac{1}{s}\Bigl(\delta - \operatorname{mean}(\delta)
+                - \hat{x} \odot \operatorname{mean}(\delta \odot \hat{x})\Bigr),
+              \qquad \delta = \gamma \odot \frac{\partial \mathcal{L}}{\partial y},
 
-    with the mean :math:`\mu` and the *biased* variance :math:`\sigma^2` (dividing by ``d``)
-    of each vector's ``d`` features, and :math:`\varepsilon` inside the square root.
+    the means taken over the ``d`` features of each vector. The bias does not enter.
 
     Args:
-        x: shape ``(..., d)``; every vector along the last axis is normalised on its own.
+        x: shape ``(..., d)``, the LayerNorm's input.
         gain: shape ``(d,)``.
-        bias: shape ``(d,)``.
+        grad_out: shape ``(..., d)``, like ``x``.
         eps: a small positive number.
 
     Returns:
         Tensor of shape ``(..., d)``.
     """
+    if not isinstance(x, Tensor) or not isinstance(grad_out, Tensor) or x.shape != grad_out.shape:
+        raise ValueError(
+            f"x and grad_out: expected two tensors of the same shape (..., d), got "
+            f"{getattr(x, 'shape', type(x).__name__)} and "
+            f"{getattr(grad_out, 'shape', type(grad_out).__name__)}"
+        )
     mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
-    variance = ((x - mean) ** 2).mean(dim=-1, keepdim=True)  # (..., 1), biased: ÷ d
-    return gain * (x - mean) / torch.sqrt(variance + eps) + bias  # (..., d)
+    s = torch.sqrt(((x - mean) ** 2).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
+    x_hat = (x - mean) / s  # (..., d)
+    delta = gain * grad_out  # (..., d): the gradient at x̂
+    return (
+        delta
+        - delta.mean(dim=-1, keepdim=True)
+        - x_hat * (delta * x_hat).mean(dim=-1, keepdim=True)
+    ) / s  # (..., d)
 
 
-def _layer_norm_cases() -> list[Case]:
+def _layer_norm_backward_cases() -> list[Case]:
     g = seeded_generator(601)
     cases: list[Case] = []
-    for shape, scale, eps in [
-        ((8,), 3.0, 1e-5),  # one vector
-        ((5, 16), 1.0, 1e-5),  # a sequence of 5 tokens
-        ((2, 3, 32), 10.0, 1e-5),  # a batch of sequences, large values
-        ((3, 4), 1.0, 1e-5),  # d = 4: dividing by d - 1 instead of d is 15 % off
-        ((4, 8), 1.0, 0.1),  # a large eps: where it goes matters even at unit variance
+    for shape, scale, eps, dtype in [
+        ((8,), 3.0, 1e-5, torch.float32),  # one vector
+        ((5, 16), 1.0, 1e-5, torch.float32),  # a sequence of 5 tokens
+        ((2, 3, 32), 10.0, 1e-5, torch.float64),  # a batch of sequences, large values
+        ((3, 4), 1.0, 1e-5, torch.float64),  # d = 4: dividing by d - 1 instead of d is 15 % off
+        ((4, 8), 0.3, 0.1, torch.float64),  # a large eps: it must sit inside s
     ]:
         d = shape[-1]
         cases.append(
             {
-                "x": scale * torch.randn(shape, generator=g) + torch.randn(1, generator=g),
-                "gain": 1 + 0.5 * torch.randn(d, generator=g),
-                "bias": 0.5 * torch.randn(d, generator=g),
+                "x": (scale * torch.randn(shape, generator=g) + torch.randn(1, generator=g)).to(dtype),
+                "gain": (1 + 0.5 * torch.randn(d, generator=g)).to(dtype),
+                "grad_out": torch.randn(shape, generator=g).to(dtype),
                 "eps": eps,
             }
         )
-    # Nearly constant vectors (std 1e-3, so σ² = 1e-6 < eps): eps dominates the denominator,
-    # and "std + eps" gives a result about three times larger than "sqrt(var + eps)".
-    x = 5 + 1e-3 * torch.randn(3, 16, generator=g, dtype=torch.float64)
-    gain = torch.ones(16, dtype=torch.float64)
-    cases.append({"x": x, "gain": gain, "bias": torch.zeros(16, dtype=torch.float64), "eps": 1e-5})
-    # An exactly constant vector: the output is the bias (never NaN).
-    cases.append(
-        {
-            "x": torch.full((2, 6), 3.0),
-            "gain": torch.randn(6, generator=g),
-            "bias": torch.randn(6, generator=g),
-            "eps": 1e-5,
-        }
-    )
+    # grad_out along x̂ itself (and a constant): the two directions the Jacobian removes, so
+    # an answer that keeps either one is far off here
+    x = torch.randn(3, 12, generator=g, dtype=torch.float64)
+    x_hat = (x - x.mean(-1, keepdim=True)) / x.std(-1, correction=0, keepdim=True)
+    cases.append({"x": x, "gain": torch.ones(12, dtype=torch.float64),
+                  "grad_out": 2 * x_hat + 1.5, "eps": 1e-5})  # fmt: skip
     return cases
 
 
-def check_layer_norm(
-    layer_norm: Callable[[Tensor, Tensor, Tensor, float], Tensor], verbose: bool = True
+def check_layer_norm_backward(
+    layer_norm_backward: Callable[[Tensor, Tensor, Tensor, float], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``layer_norm(x, gain, bias, eps)``: ``x (..., d)``, ``gain, bias (d,)`` →
-    ``(..., d)``, normalised over the last axis with the biased variance and eps inside the
-    square root (what ``torch.nn.LayerNorm`` computes)."""
+    """Check ``layer_norm_backward(x, gain, grad_out, eps)`` → ``∂L/∂x`` of shape ``(..., d)``
+    for ``y = LayerNorm(x)`` with gain ``gain (d,)`` and ``grad_out = ∂L/∂y (..., d)``.
+
+    Your function runs under ``torch.no_grad()``: the exercise is the formula, not autograd.
+    """
+    _check_callable("layer_norm_backward", layer_norm_backward)
+
+    @functools.wraps(layer_norm_backward)  # keeps the signature, so a misnamed parameter is reported
+    def user(**kwargs: object) -> object:
+        with torch.no_grad():
+            return layer_norm_backward(**kwargs)
+
     return run_check(
-        "layer_norm", layer_norm, reference_layer_norm, _layer_norm_cases(), verbose=verbose
+        "layer_norm_backward",
+        user,
+        reference_layer_norm_backward,
+        _layer_norm_backward_cases(),
+        verbose=verbose,
     )
 
 
