@@ -136,11 +136,13 @@ def sinusoidal_table(
 def sinusoidal_shift_matrix(
     shift: int, d_model: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """The matrix ``T_Δ`` with ``PE[i + Δ] = T_Δ @ PE[i]`` for every position ``i``.
+    """The matrix ``T_Δ`` with ``PE[i + Δ] = PE[i] @ T_Δᵀ`` (``= PE[i] @ T_{-Δ}``) for every
+    position ``i``, codes being row vectors as everywhere in the course.
 
     For each pair ``(sin(i ω_m), cos(i ω_m))`` the angle-addition formulas give the 2 × 2 block
-    ``[[cos(Δ ω_m), sin(Δ ω_m)], [-sin(Δ ω_m), cos(Δ ω_m)]]`` - a rotation that depends on the
-    offset ``Δ`` only. ``T_Δ`` is block-diagonal with one such block per pair ``m``.
+    ``ρ(Δ ω_m) = [[cos(Δ ω_m), sin(Δ ω_m)], [-sin(Δ ω_m), cos(Δ ω_m)]]``, which turns a row
+    vector ``(a, b)`` counter-clockwise by ``Δ ω_m``: a rotation that depends on the offset
+    ``Δ`` only. ``T_Δ`` is block-diagonal with one such block per pair ``m``.
 
     Args:
         shift: the offset ``Δ`` (may be negative).

@@ -434,7 +434,8 @@ def test_cases_are_reproducible():
 
 
 def _rotate(x, positions):
-    return RotaryEmbedding(x.shape[-1]).rotate(x, positions)
+    """RoPE written out (check_my_mha switches companion.positional off)."""
+    return ch04.reference_rope_rotate(x, positions)
 
 
 class MHACorrect(nn.Module):
@@ -542,6 +543,45 @@ def test_my_mha_rejects_wrong(wrong):
     assert not ch04.check_my_mha(wrong, verbose=False)
 
 
+class MHASubclassesCompanion(MultiHeadAttention):
+    """The package's module, renamed: right numbers, but no attention written."""
+
+    def __init__(self, d_model, num_heads, rope=False):
+        super().__init__(d_model, num_heads, positional="rope" if rope else None)
+
+    def forward(self, x):
+        return super().forward(x, x, x)[0]
+
+
+def test_my_mha_rejects_a_subclass_of_companion_attention():
+    result = ch04.check_my_mha(MHASubclassesCompanion, verbose=False)
+    assert not result and "called companion.attention" in result.message, result.message
+
+
+def test_my_mha_rejects_companion_rotary_embedding():
+    class CompanionRotation(MHACorrect):
+        def rotate_qk(self, q, k):
+            positions = torch.arange(q.shape[-2])
+            rope = RotaryEmbedding(q.shape[-1])
+            return rope.rotate(q, positions), rope.rotate(k, positions)
+
+    result = ch04.check_my_mha(CompanionRotation, verbose=False)
+    assert not result and "called companion.positional" in result.message, result.message
+
+
+def test_my_mha_subclass_of_companion_attention_gives_the_right_numbers():
+    """So the rejection above is by the guard, not by the values."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 6, 16)
+    for rope in (False, True):
+        module = MHASubclassesCompanion(16, 2, rope=rope)
+        state = dict(module.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(
+                module(x), ch04.reference_mha_forward(state, x, 2, rope=rope).float()
+            )
+
+
 def test_my_mha_reports_wrong_parameter_names():
     class Renamed(MHACorrect):
         def __init__(self, d_model, num_heads, rope=False):
@@ -643,7 +683,47 @@ def encode_start_as_offset_angle(tokens, embedding, attention, start):
     return attention(embedding(tokens) * math.sqrt(d) + codes)
 
 
-@pytest.mark.parametrize("correct", [encode_correct, encode_correct_shifted_angles])
+def encode_textbook_float32(tokens, embedding, attention, start):
+    """Correct too: the Annotated Transformer's float32 table (angles rounded in float32)."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    pe = torch.zeros(start + n, d)
+    position = torch.arange(0, start + n).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, d, 2) * -(math.log(10000.0) / d))
+    pe[:, 0::2] = torch.sin(position * div_term)
+    pe[:, 1::2] = torch.cos(position * div_term)
+    return attention(embedding(tokens) * math.sqrt(d) + pe[start:])
+
+
+def encode_concat_layout(tokens, embedding, attention, start):
+    """All sines, then all cosines: the other layout, not the chapter's table."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    table = own_table(start + n, d)[start:]
+    codes = torch.cat([table[:, 0::2], table[:, 1::2]], dim=-1)
+    return attention(embedding(tokens) * math.sqrt(d) + codes)
+
+
+def test_encode_textbook_float32_differs_only_at_the_far_start():
+    """The float32 table is off by float32 rounding of start · ω (below 1e-5 near 0), more
+    than the default atol at start 1000, where the check's start-dependent tolerance applies."""
+    gaps = {}
+    for case in ch04._encode_cases():
+        with torch.no_grad():
+            gap = (encode_textbook_float32(**case) - ch04.reference_encode(**case)).abs().max()
+        gaps[case["start"]] = gap.item()
+    assert gaps[1000] > 1e-5 and max(g for s, g in gaps.items() if s < 100) < 1e-5, gaps
+
+
+def test_encode_hints_at_float32_angles_for_a_small_gap():
+    def rounded(tokens, embedding, attention, start):
+        return encode_correct(tokens, embedding, attention, start) + 3e-3 * (start > 100)
+
+    result = ch04.check_encode(rounded, verbose=False)
+    assert not result and "float64" in result.message, result.message
+
+
+@pytest.mark.parametrize(
+    "correct", [encode_correct, encode_correct_shifted_angles, encode_textbook_float32]
+)
 def test_encode_accepts_correct(correct):
     assert ch04.check_encode(correct, verbose=False)
 
@@ -657,6 +737,7 @@ def test_encode_accepts_correct(correct):
         encode_ignores_start,
         encode_off_by_one,
         encode_start_as_offset_angle,
+        encode_concat_layout,
     ],
 )
 def test_encode_rejects_wrong(wrong):
