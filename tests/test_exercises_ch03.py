@@ -63,6 +63,25 @@ def test_split_fused_qkv_rejects_wrong(wrong):
     assert not ch03.check_split_fused_qkv(wrong, verbose=False)
 
 
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (fused_chunk_first, "stacked layout"),
+        (fused_without_transpose, "without the transpose"),
+    ],
+)
+def test_split_fused_qkv_names_the_slip(wrong, hint):
+    result = ch03.check_split_fused_qkv(wrong, verbose=False)
+    assert not result
+    assert hint in result.message, result.message
+
+
+def test_split_fused_qkv_names_no_slip_for_another_wrong_answer():
+    result = ch03.check_split_fused_qkv(fused_heads_interleaved, verbose=False)
+    assert not result
+    assert "this looks like" not in result.message, result.message
+
+
 def test_split_without_transpose_fails_on_values_not_only_shapes():
     """Where len = heads = head_dim the wrong reshape has the right shape: values catch it."""
     result = ch03.check_split_fused_qkv(fused_without_transpose, verbose=False)

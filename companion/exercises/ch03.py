@@ -100,13 +100,52 @@ def check_split_fused_qkv(
 ) -> CheckResult:
     """Check ``split_fused_qkv(qkv, num_heads)``: ``(batch, len, 3·d_model)`` with the
     per-head layout → ``(q, k, v)``, each ``(batch, heads, len, head_dim)``."""
-    return run_check(
+    result = run_check(
         "split_fused_qkv",
         split_fused_qkv,
         reference_split_fused_qkv,
         _fused_cases(),
-        verbose=verbose,
+        verbose=False,
     )
+    if not result and result.message.startswith("❌") and "is wrong" in result.message:
+        case = _fused_cases()[result.cases_run - 1]
+        args = {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
+        got, _ = call_reader("split_fused_qkv", result.cases_run, split_fused_qkv, args)
+        result.message += _fused_hint(case, got)
+    if verbose:
+        print(result.message)
+    return result
+
+
+def _fused_hint(case: Case, got: object) -> str:
+    """Name the classic slip that ``got`` reproduces, if any (empty string otherwise)."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return ""
+    if not all(isinstance(part, Tensor) for part in got):
+        return ""
+    qkv, heads = case["qkv"], case["num_heads"]
+    batch, length, width = qkv.shape
+
+    def heads_of(part: Tensor) -> Tensor:  # (batch, len, d_model) → (batch, heads, len, d_k)
+        return part.view(batch, length, heads, -1).transpose(1, 2)
+
+    no_transpose = qkv.reshape(batch, heads, length, width // heads).chunk(3, dim=-1)
+    slips = {
+        "the split of the stacked layout [all q | all k | all v] (chunk into three first): "
+        "these features are laid out head by head, [q_0 | k_0 | v_0 | q_1 | ...]": tuple(
+            heads_of(part) for part in qkv.chunk(3, dim=-1)
+        ),
+        "a reshape to (batch, heads, len, 3·d_k) without the transpose: it has the right shape "
+        "but moves features between positions; view as (batch, len, heads, 3·d_k), then "
+        "transpose(1, 2)": no_transpose,
+    }
+    for slip, value in slips.items():
+        if all(
+            part.shape == right.shape and torch.allclose(part, right)
+            for part, right in zip(got, value)
+        ):
+            return f"\n   this looks like {slip}."
+    return ""
 
 
 # --------------------------------------------------------------------------------------------
