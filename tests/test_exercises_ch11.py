@@ -261,27 +261,24 @@ def test_greedy_cases_have_padded_sources():
 # --------------------------------------------------------------------------------------------
 
 NAMES = {seed: clinic.mystery(seed)._condition for seed in ch11.MYSTERY_SEEDS}
-FIXES = {
-    "layers in a plain list": "self.layers = nn.ModuleList(...)",
-    "padding mask on the query axis": "(src != pad_id)[:, None, None, :]",
-    "model.eval() forgotten": "call model.eval() before evaluating",
-}
-RIGHT = {seed: (name, FIXES[name]) for seed, name in NAMES.items()}
+RIGHT = dict(NAMES)
 
 
-def with_bug(seed, bug):
-    """RIGHT with patient ``seed``'s bug named ``bug`` (its fix kept)."""
-    return {**RIGHT, seed: (bug, RIGHT[seed][1])}
+def test_mystery_menu_is_every_condition_in_a_neutral_order():
+    assert set(ch11.MYSTERY_MENU) == set(clinic.CONDITIONS)
+    assert list(ch11.MYSTERY_MENU) == sorted(ch11.MYSTERY_MENU, key=str.casefold)
 
 
-def test_mystery_accepts_the_names_and_synonyms(capsys):
-    assert set(FIXES) == set(NAMES.values())
+def test_mystery_accepts_the_names_in_any_case_and_spacing(capsys):
+    assert set(NAMES.values()) == {
+        "layers in a plain list",
+        "padding mask on the query axis",
+        "model.eval() forgotten",
+    }
     assert ch11.check_mystery(RIGHT)
     assert "✅" in capsys.readouterr().out
-    synonyms = {
-        seed: (clinic.CONDITIONS[name].synonyms[0], FIXES[name]) for seed, name in NAMES.items()
-    }
-    assert ch11.check_mystery(synonyms, verbose=False)
+    shouted = {seed: "  " + name.upper().replace(" ", "   ") + " " for seed, name in NAMES.items()}
+    assert ch11.check_mystery(shouted, verbose=False)
 
 
 def test_mystery_seeds_hold_different_bugs_that_fail_the_same_first_test():
@@ -297,114 +294,71 @@ def test_mystery_rejects_the_first_failure_taken_for_the_bug(capsys):
     swapped = {**RIGHT, 0: RIGHT[7]}  # the list bug named after its first failing test
     assert not ch11.check_mystery(swapped)
     out = capsys.readouterr().out
-    assert "patient 0" in out and "Hint" in out
+    assert "patient 0" in out and "not 'model.eval() forgotten'" in out
 
 
 @pytest.mark.parametrize(
     "seed,answer",
     [
-        (5, ("batch_first confusion", "batch_first=True")),  # another bug
-        (7, ("model.eval() forgotten and padding counted in the loss", "model.eval()")),  # two bugs
-        (0, ("model.eval() forgotten or layers in a plain list", "nn.ModuleList")),  # a hedge
-        (0, ("either eval forgotten or the layers in a python list", "nn.ModuleList")),
-        (5, ("something is off", "mask the keys")),  # no bug named
-        (7, ("healthy", "nothing")),
-        (0, ("", "")),  # one answer missing
-        (0, "layers in a plain list"),  # the bug without its fix
-        (0, ("layers in a plain list", "")),
+        (0, "model.eval() forgotten"),  # eval for the list: the trap
+        (7, "layers in a plain list"),  # the list for eval
+        (5, "padding counted in the loss"),  # another padding bug
+        (5, "batch_first confusion"),
+        (5, "softmax over the wrong dimension"),
+        (0, ("model.eval() forgotten", "layers in a plain list")),  # a hedge
+        (0, ["layers in a plain list", "model.eval() forgotten"]),  # a hedge, the right one first
+        (0, ("layers in a plain list",)),  # not a str
+        (7, 3),
     ],
     ids=[
-        "other-bug",
-        "several-bugs",
-        "hedge",
-        "either-or",
-        "no-name",
-        "healthy",
-        "empty",
-        "no-fix",
-        "empty-fix",
+        "eval-for-list",
+        "list-for-eval",
+        "loss-padding",
+        "batch-first",
+        "softmax",
+        "hedge-tuple",
+        "hedge-list",
+        "tuple-of-one",
+        "int",
     ],  # fmt: skip
 )
-def test_mystery_rejects_wrong_answers(seed, answer):
-    assert not ch11.check_mystery({**RIGHT, seed: answer}, verbose=False), answer
+def test_mystery_rejects_wrong_names_and_hedges(seed, answer, capsys):
+    assert not ch11.check_mystery({**RIGHT, seed: answer}), answer
+    out = capsys.readouterr().out
+    assert f"patient {seed}" in out
+    if isinstance(answer, (tuple, list)) and len(answer) > 1:
+        assert "name one condition" in out
 
 
 @pytest.mark.parametrize(
-    "seed,bug",
+    "seed,answer",
     [
-        (5, "the padding mask masks the queries, not the keys"),
-        (5, "padding mask applied to the query positions"),
-        (5, "pad mask broadcast along the wrong dimension"),
-        (5, "the mask is on the queries instead of the keys"),
-        (5, "it should mask the keys, not the queries"),
-        (0, "the layers list is not registered, so model.eval() never reaches them"),
-        (0, "forgot nn.ModuleList"),
-        (0, "the layers are not in a ModuleList"),
-        (7, "the model is left in training mode"),
-        (7, "forgot to call model.eval()"),
+        (5, "padding mask on the key axis"),  # the fix stated as the bug
+        (5, "query mask missing"),
+        (5, "do not mask the keys"),
+        (0, "use a plain list instead of nn.ModuleList"),  # the bug stated as the fix
+        (0, "the layers are a list"),  # a description, not a name of the menu
+        (7, "remove model.eval()"),
+        (7, "dropout"),  # a symptom
+        (7, "healthy"),
     ],
 )
-def test_mystery_accepts_plain_descriptions(seed, bug):
-    assert ch11.check_mystery(with_bug(seed, bug), verbose=False), bug
+def test_mystery_rejects_free_text_with_the_menu(seed, answer, capsys):
+    assert not ch11.check_mystery({**RIGHT, seed: answer}), answer
+    out = capsys.readouterr().out
+    assert "not on the menu" in out
+    assert all(name in out for name in ch11.MYSTERY_MENU)
 
 
-@pytest.mark.parametrize(
-    "seed,bug",
-    [
-        (7, "dropout"),  # a symptom, shared with patient 0
-        (7, "evaluation"),
-        (0, "dropout"),
-        (0, "model.eval() forgotten"),  # the trap: patient 0's first failure
-        (0, "layers are in a ModuleList"),  # the fix, not the bug
-        (5, "softmax over the wrong dimension"),
-        (5, "wrong dimension"),  # no mask named
-        (5, "the mask should be applied to the queries, not the keys"),  # backwards
-        (5, "the mask is on the keys instead of the queries"),  # backwards
-        (0, "a list comprehension"),  # "list" as a word of another sentence
-        (7, "the layers list is not registered, so model.eval() never reaches them"),
-    ],
-)
-def test_mystery_rejects_vague_or_wrong_descriptions(seed, bug):
-    assert not ch11.check_mystery(with_bug(seed, bug), verbose=False), bug
-
-
-@pytest.mark.parametrize(
-    "seed,fix",
-    [
-        (0, "call model.eval() before evaluating"),  # the trap's fix: the list stays unregistered
-        (0, "model.eval()"),
-        (7, "wrap the layers in nn.ModuleList"),  # the other patient's fix
-        (5, "mask the queries instead of the keys"),  # the bug itself
-        (5, "(src != pad_id)[:, None, :, None]"),  # the buggy line
-        (5, "fix the mask"),  # says nothing
-    ],
-)
-def test_mystery_rejects_wrong_fixes(seed, fix, capsys):
-    assert not ch11.check_mystery({**RIGHT, seed: (RIGHT[seed][0], fix)})
-    assert "fix" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize(
-    "seed,fix",
-    [
-        (0, "nn.ModuleList(make_layer() for _ in range(num_layers))"),
-        (5, "mask the keys: (batch, 1, 1, src_len)"),
-        (5, "(src != self.pad_id).unsqueeze(1).unsqueeze(2)"),
-        (7, "logits_in_eval: model.eval() first"),
-    ],
-)
-def test_mystery_accepts_fixes_in_code_or_words(seed, fix):
-    assert ch11.check_mystery({**RIGHT, seed: (RIGHT[seed][0], fix)}, verbose=False), fix
-
-
-def test_mystery_rejects_a_missing_seed():
+def test_mystery_rejects_a_missing_seed(capsys):
     answers = dict(RIGHT)
     del answers[ch11.MYSTERY_SEEDS[-1]]
-    assert not ch11.check_mystery(answers, verbose=False)
+    assert not ch11.check_mystery(answers)
+    assert "no answer" in capsys.readouterr().out
 
 
 def test_mystery_stub_and_bad_input(capsys):
-    assert not ch11.check_mystery({seed: ("", "") for seed in ch11.MYSTERY_SEEDS})
+    assert not ch11.check_mystery({seed: "" for seed in ch11.MYSTERY_SEEDS})
     assert "not attempted yet" in capsys.readouterr().out
     with pytest.raises(TypeError, match="answers must be a dict"):
         ch11.check_mystery("model.eval() forgotten")

@@ -488,8 +488,9 @@ class ReaderTransformer(nn.Module):
     ``1/√d_model``), sinusoidal positions,
     the clinic's Post-LN layers with :class:`ReaderAttention`, dropout 0.1 by default. Each
     ward-1 bug for any model (:mod:`companion.clinic.ward1`) overrides one method. Its small
-    tied output makes the loss start at ``ln V`` but learn one batch more slowly than the
-    clinic's :class:`Transformer` (about 150 Adam steps at ``lr=1e-2`` with ``dropout=0``).
+    tied output makes the loss start at ``ln(vocabulary size)`` but learn one batch more
+    slowly than the clinic's :class:`Transformer` (about 150 Adam steps at ``lr=1e-2`` with
+    ``dropout=0``).
 
     Args:
         vocab_size: one vocabulary for source, target and output.
@@ -582,7 +583,8 @@ class ReaderTransformer(nn.Module):
     def output(self, y: Tensor) -> Tensor:
         """``(batch, tgt_len, d_model)`` → logits ``(batch, tgt_len, vocab_size)``: the tied
         table, rescaled by ``1/√d_model`` (the input multiplied by ``√d_model``; T5 rescales its
-        tied output the same way), so that the logits start small and the loss near ``ln V``."""
+        tied output the same way), so that the logits start small and the loss near
+        ``ln(vocabulary size)``."""
         return (y @ self.embed.weight.T) * self.d_model**-0.5  # (batch, tgt_len, vocab_size)
 
 

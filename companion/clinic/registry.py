@@ -247,7 +247,7 @@ CONDITIONS: dict[str, Condition] = {
                   "registration_check", LayersInAList, ReaderTransformer),
         Condition("tied output not rescaled", ("scal*", "unscaled", "tied", "tying",
                   "initial loss", "loss at init*", "sqrt", "√"),
-                  "a loss far above ln V before training", "initial_loss_check",
+                  "a loss far above ln(vocabulary size) before training", "initial_loss_check",
                   UnscaledTiedOutput, ReaderTransformer),
     ]
 }  # fmt: skip

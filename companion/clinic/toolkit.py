@@ -765,7 +765,7 @@ def initial_loss_check(
     expected = math.log(vocab)
     passed = abs(loss - expected) <= tolerance
     summary = (
-        f"loss {loss:.3f} at initialisation, ln V = {expected:.3f} (V = {vocab}): "
+        f"loss {loss:.3f} at initialisation, ln(vocabulary size {vocab}) = {expected:.3f}: "
         f"{'within' if passed else 'outside'} ±{tolerance:g}"
     )
     return Finding("loss at initialisation", passed, summary, {"loss": loss, "ln_v": expected})

@@ -304,8 +304,8 @@ class UnscaledTiedOutput(ReaderTransformer):
     """The tied output without its ``1/√d_model`` (T5's convention; Vaswani et al. leave the
     output as it is and scale only the input). With this model's table, initialised at std
     ``1/√d_model`` for the rescaled output, the logits are ``√d_model`` times larger than
-    intended and the loss before any training is far above ``ln V``: the initial-loss check
-    flags it, whether it is a slip or the other convention."""
+    intended and the loss before any training is far above ``ln(vocabulary size)``: the
+    initial-loss check flags it, whether it is a slip or the other convention."""
 
     def output(self, y: Tensor) -> Tensor:
         """The tied product, not rescaled."""

@@ -5,8 +5,9 @@ Each exercise hands the reader a buggy piece of the clinic's Transformer
 cases drawn from a seeded generator next to the reference solution kept in this module; the
 split into heads then goes into an attention module that must be permutation-equivariant
 (the chapter's test for bug 4). Exercise 2 is a diagnosis: three mystery patients of
-:mod:`companion.clinic`, examined, named, and given their one-line fix. The checks call your function with keyword arguments,
-so keep the parameter names of the stub in the notebook.
+:mod:`companion.clinic`, examined and named from a menu (:data:`MYSTERY_MENU`). The checks
+call your function with keyword arguments, so keep the parameter names of the stub in the
+notebook.
 
 ==============================================  ===================================
 exercise                                        check
@@ -15,7 +16,7 @@ the heads split without a transpose (bug 4)     :func:`check_split_heads`
 the scale and the mask of attention (7, 11)     :func:`check_attention`
 the positional table (bug 8)                    :func:`check_positional_table`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
-three mystery patients: the bug and its fix     :func:`check_mystery`
+three mystery patients: the bug's name        :func:`check_mystery`
 ==============================================  ===================================
 
 The reference solutions (``reference_split_heads``, ...) are module-level functions too; they
@@ -24,10 +25,7 @@ are not exported.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
-import re
 from collections.abc import Callable, Mapping
 
 import torch
@@ -106,7 +104,7 @@ def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) 
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: attention, scaled and masked (bugs 7, 11, 12)
+# Exercise 3: attention, scaled and masked (bugs 7, 11)
 # --------------------------------------------------------------------------------------------
 
 
@@ -269,97 +267,82 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
 #: same first diagnostic for different reasons.
 MYSTERY_SEEDS = (0, 5, 7)
 
+#: The menu of the exercise: the names of ``clinic.CONDITIONS`` in alphabetical order (not the
+#: chapter's order). An answer is one of them.
+MYSTERY_MENU = tuple(sorted(clinic.CONDITIONS, key=str.casefold))
+
 
 #: checks that tests/test_exercises.py's generic tests cannot run, with the reason
 GENERIC_TEST_EXEMPT = {
-    "check_mystery": "it takes the reader's answers (a dict of (bug, fix) pairs), not a "
+    "check_mystery": "it takes the reader's answers (a dict of condition names), not a "
     "function; tests/test_exercises_ch11.py checks right, wrong and missing answers",
 }
 
-#: What the one-line fix of each condition must say, as a regular expression on the lowercase
-#: fix (code or words), and a wrong fix it must not be (``None``: no such rule).
-_FIXES: dict[str, tuple[str, str | None]] = {
-    "batch_first confusion": (
-        r"batch_first|size\(1\)|shape\[1\]|sequence (axis|length)|seq_len",
-        None,
-    ),
-    "softmax over the wrong dimension": (r"dim\s*=\s*-1|last (axis|dim)|over the keys", None),
-    "padding counted in the loss": (r"ignore_index|ignore.*pad|mask.*pad|pad.*mask", None),
-    "unshifted labels": (r"shift|\[:,\s*1:\]|\[:,\s*:-1\]", None),
-    "padding mask on the query axis": (
-        r"none,\s*none,\s*:\]|unsqueeze\(-2\)|unsqueeze\(1\)\.unsqueeze\(2\)|\bkeys?\b|1,\s*1,\s*src_len",
-        r"mask(ing)?( the)? quer|quer[a-z]* instead of|none,\s*:,\s*none\]",
-    ),
-    "model.eval() forgotten": (r"\beval\b", r"modulelist|module list"),
-    "layers in a plain list": (r"modulelist|module list", None),
-    "tied output not rescaled": (r"sqrt|√|\*\*\s*-?0?\.5|rescal|scale", None),
-}
+
+def _normal(name: str) -> str:
+    """``name`` in lowercase with single spaces: the form answers are compared in."""
+    return " ".join(name.casefold().split())
 
 
-def _fix_verdict(condition: str, fix: str) -> str | None:
-    """None when ``fix`` is the fix of ``condition``, else what is wrong with it."""
-    needed, wrong = _FIXES[condition]
-    said = " ".join(fix.lower().split())
-    if wrong is not None and re.search(wrong, said):
-        return f"the fix {fix!r} keeps the bug or fixes another one"
-    if not re.search(needed, said):
-        return f"the fix {fix!r} does not fix this bug (name what changes: a call, an argument, an axis)"
+def _menu_text() -> str:
+    return "; ".join(repr(name) for name in MYSTERY_MENU)
+
+
+def _mystery_problem(seed: int, answer: object) -> str | None:
+    """None when ``answer`` is the name of the bug of ``clinic.mystery(seed)``, else why not."""
+    if isinstance(answer, (tuple, list, set)):
+        return (
+            f"name one condition, not {len(answer)} ({answer!r}): a diagnosis that hedges "
+            "between bugs is not a diagnosis"
+        )
+    if not isinstance(answer, str):
+        return f"the answer must be a str, one name of the menu, got {type(answer).__name__}"
+    names = {_normal(name): name for name in MYSTERY_MENU}
+    named = names.get(_normal(answer))
+    if named is None:
+        return f"{answer!r} is not on the menu; answer with one of: {_menu_text()}"
+    truth = clinic.mystery(seed)._condition
+    if named != truth:
+        return (
+            f"not {named!r}. Read every finding of clinic.examine(patient), not only the "
+            "first, and test your diagnosis on the patient itself"
+        )
     return None
 
 
-def check_mystery(answers: Mapping[int, tuple[str, str]], verbose: bool = True) -> CheckResult:
-    """Check ``answers``, ``{seed: (the bug of clinic.mystery(seed), its one-line fix)}``, for
-    the seeds of :data:`MYSTERY_SEEDS`. A bug is a key of ``clinic.CONDITIONS`` or a
-    description (:func:`companion.clinic.check_diagnosis`); an answer that names another bug,
-    hedges between two or names none is rejected with a hint, the diagnostic that catches the
-    bug. The fix is a line of code or a sentence; it must name what changes (``nn.ModuleList``,
-    ``model.eval()``, the key axis of the mask, ...), and a fix of another bug is rejected.
+def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResult:
+    """Check ``answers``, ``{seed: the name of the bug of clinic.mystery(seed)}``, for the seeds
+    of :data:`MYSTERY_SEEDS`. Each answer is one name of :data:`MYSTERY_MENU` (the keys of
+    ``clinic.CONDITIONS``), compared without regard to case or spacing; an unknown name is
+    rejected with the menu, a list or tuple of several names (a hedge) and the name of another
+    bug are rejected.
 
     Raises:
         TypeError: ``answers`` is not a dict.
     """
     if not isinstance(answers, Mapping):
         raise TypeError(
-            f"answers must be a dict {{seed: (the bug, its fix)}} for the seeds {MYSTERY_SEEDS}, "
+            f"answers must be a dict {{seed: the name of the bug}} for the seeds {MYSTERY_SEEDS}, "
             f"got {type(answers).__name__}"
         )
     name, total = "mystery", len(MYSTERY_SEEDS)
 
     def empty(answer: object) -> bool:
-        parts = answer if isinstance(answer, (tuple, list)) else (answer,)
-        return all(not str(part or "").strip() for part in parts)
+        return answer is None or (isinstance(answer, str) and not answer.strip())
 
     if all(empty(answers.get(seed)) for seed in MYSTERY_SEEDS):
         result = CheckResult(name, False, 0, "⏳ mystery: not attempted yet (no answer given).")
     else:
-        result = CheckResult(
-            name, True, total, f"✅ mystery: all {total} patients named and fixed right."
-        )
+        result = CheckResult(name, True, total, f"✅ mystery: all {total} patients named right.")
         for count, seed in enumerate(MYSTERY_SEEDS, start=1):
             answer = answers.get(seed)
-            well_formed = (
-                isinstance(answer, (tuple, list)) and len(answer) == 2
-                and all(isinstance(part, str) and part.strip() for part in answer)
-            )  # fmt: skip
-            if not well_formed:
-                got = "nothing" if answer is None else repr(answer)
-                result = CheckResult(
-                    name, False, count,
-                    f"❌ mystery: patient {seed} needs a pair (the bug, its one-line fix) of two "
-                    f"non-empty str, got {got}.",
-                )  # fmt: skip
-                break
-            bug, fix = answer
-            verdict = io.StringIO()
-            patient = clinic.mystery(seed)
-            with contextlib.redirect_stdout(verdict):  # check_diagnosis prints its verdict
-                right = clinic.check_diagnosis(patient, bug)
-            problem = None if right else verdict.getvalue().strip()
-            if problem is None:
-                problem = _fix_verdict(patient._condition, fix)
+            if empty(answer):
+                problem = f"no answer; answer with one of: {_menu_text()}"
+            else:
+                problem = _mystery_problem(seed, answer)
             if problem is not None:
                 result = CheckResult(name, False, count, f"❌ mystery: patient {seed}: {problem}")
                 break
     if verbose:
-        print(result.message)
+        print(result.message + "\n", end="")
     return result
