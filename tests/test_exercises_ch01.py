@@ -667,8 +667,10 @@ def test_offset_head_weights_match_the_chapter_layout():
     """The check's inputs are laid out as section 1.6 lays them out: the word, then the angle."""
     content = torch.randn(7, 4, generator=torch.Generator().manual_seed(0))
     step_angle = math.pi / 6
-    w_q, w_k = ch01.reference_offset_head(d_content=4, step_angle=step_angle, offset=-1)
-    weights = ch01.offset_head_weights(w_q, w_k, content, step_angle)
+    query_weight, key_weight = ch01.reference_offset_head(
+        d_content=4, step_angle=step_angle, offset=-1
+    )
+    weights = ch01.offset_head_weights(query_weight, key_weight, content, step_angle)
     assert torch.equal(weights[1:].argmax(dim=-1), torch.arange(6))  # the previous token
     positions = ch01.angle_positions(7, step_angle)
     assert torch.allclose(positions[3], torch.tensor([0.0, 1.0], dtype=torch.float64), atol=1e-12)

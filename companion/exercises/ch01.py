@@ -661,15 +661,17 @@ def angle_positions(seq_len: int, step_angle: float) -> Tensor:
     return torch.stack([angles.cos(), angles.sin()], dim=-1)  # (seq_len, 2)
 
 
-def offset_head_weights(w_q: Tensor, w_k: Tensor, content: Tensor, step_angle: float) -> Tensor:
+def offset_head_weights(
+    query_weight: Tensor, key_weight: Tensor, content: Tensor, step_angle: float
+) -> Tensor:
     """The attention weights of a head on inputs laid out as in section 1.6.
 
     Row ``i`` of the input is the word's ``content[i]`` followed by ``(cos iθ, sin iθ)``; the
     weights are ``softmax(X W_Q (X W_K)ᵀ)``, unscaled as in chapter 1, computed in float64.
 
     Args:
-        w_q: ``(d_content + 2, d_k)``.
-        w_k: ``(d_content + 2, d_k)``.
+        query_weight: ``(d_content + 2, d_k)``.
+        key_weight: ``(d_content + 2, d_k)``.
         content: the words, ``(seq_len, d_content)``.
         step_angle: ``θ`` in radians.
 
@@ -678,13 +680,14 @@ def offset_head_weights(w_q: Tensor, w_k: Tensor, content: Tensor, step_angle: f
     """
     seq_len = content.shape[0]
     x = torch.cat([content.double(), angle_positions(seq_len, step_angle)], dim=-1)
-    q = x @ w_q.detach().double()  # (seq_len, d_k)
-    k = x @ w_k.detach().double()  # (seq_len, d_k)
+    q = x @ query_weight.detach().double()  # (seq_len, d_k)
+    k = x @ key_weight.detach().double()  # (seq_len, d_k)
     return torch.softmax(q @ k.T, dim=-1)  # (seq_len, seq_len)
 
 
 def reference_offset_head(d_content: int, step_angle: float, offset: int) -> tuple[Tensor, Tensor]:
-    """``(w_q, w_k)``, each ``(d_content + 2, 2)``: query ``i`` looks at key ``i + offset``.
+    """``(query_weight, key_weight)`` = ``(W_Q, W_K)``, each ``(d_content + 2, 2)``: query ``i``
+    looks at key ``i + offset``.
 
     ``W_K`` copies the angle ``jθ``; ``W_Q`` turns the angle ``iθ`` by ``offset · θ`` and
     stretches it by ``κ = 8 / (1 - cos θ)``, so the target key's score leads its neighbours'
@@ -695,11 +698,11 @@ def reference_offset_head(d_content: int, step_angle: float, offset: int) -> tup
         [[math.cos(turn), math.sin(turn)], [-math.sin(turn), math.cos(turn)]]
     )  # (2, 2): the row vector (cos φ, sin φ) becomes (cos(φ + turn), sin(φ + turn))
     stretch = 8 / (1 - math.cos(step_angle))
-    w_q = torch.zeros(d_content + 2, 2)  # (d_content + 2, 2)
-    w_q[d_content:] = stretch * rotate
-    w_k = torch.zeros(d_content + 2, 2)  # (d_content + 2, 2)
-    w_k[d_content:] = torch.eye(2)
-    return w_q, w_k
+    query_weight = torch.zeros(d_content + 2, 2)  # (d_content + 2, 2)
+    query_weight[d_content:] = stretch * rotate
+    key_weight = torch.zeros(d_content + 2, 2)  # (d_content + 2, 2)
+    key_weight[d_content:] = torch.eye(2)
+    return query_weight, key_weight
 
 
 def _offset_head_cases() -> list[Case]:
@@ -732,12 +735,12 @@ def _offset_head_cases() -> list[Case]:
 
 
 def _offset_head_problem(got: object, case: Case) -> str | None:
-    """Why the reader's ``(w_q, w_k)`` fails ``case``, or ``None`` when it passes."""
+    """Why the reader's ``(query_weight, key_weight)`` fails ``case``, or ``None`` when it passes."""
     d_content, offset, content = case["d_content"], case["offset"], case["content"]
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
-        return f"return a pair (w_q, w_k), got {type(got).__name__}"
-    w_q, w_k = got
-    for name, w in (("w_q", w_q), ("w_k", w_k)):
+        return f"return a pair (query_weight, key_weight), got {type(got).__name__}"
+    query_weight, key_weight = got
+    for name, w in (("query_weight", query_weight), ("key_weight", key_weight)):
         if not isinstance(w, Tensor) or not w.is_floating_point() or w.dim() != 2:
             return f"{name} must be a 2-D float tensor"
         if w.shape[0] != d_content + 2:
@@ -745,11 +748,16 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
                 f"{name} must have d_content + 2 = {d_content + 2} rows (one per input number), "
                 f"got shape {tuple(w.shape)}"
             )
-    if w_q.shape[1] != w_k.shape[1]:
-        return f"w_q and w_k need the same number of columns (d_k), got {tuple(w_q.shape)} and {tuple(w_k.shape)}"
-    weights = offset_head_weights(w_q, w_k, content, case["step_angle"])  # (seq_len, seq_len)
+    if query_weight.shape[1] != key_weight.shape[1]:
+        return (
+            "query_weight and key_weight need the same number of columns (d_k), got "
+            f"{tuple(query_weight.shape)} and {tuple(key_weight.shape)}"
+        )
+    weights = offset_head_weights(
+        query_weight, key_weight, content, case["step_angle"]
+    )  # (seq_len, seq_len)
     if not torch.isfinite(weights).all():
-        return "the weights are not finite (NaN or inf in w_q or w_k?)"
+        return "the weights are not finite (NaN or inf in query_weight or key_weight?)"
     seq_len = content.shape[0]
     checked = [i for i in range(seq_len) if 0 <= i + offset < seq_len]  # the others have no key
     tops = {i: int(weights[i].argmax()) for i in checked}
@@ -775,7 +783,7 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
             f"{said}; every query looks most at itself: the query's angle is not turned "
             "relative to the key's (turning W_Q and W_K by the same angle cancels)"
         )
-    reads_words = bool(w_q[:d_content].any() or w_k[:d_content].any())
+    reads_words = bool(query_weight[:d_content].any() or key_weight[:d_content].any())
     hint = (
         "; your matrices read the word's numbers (their first d_content rows are not 0), and "
         "the check's word vectors are random"
@@ -788,7 +796,7 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
 def check_offset_head(
     offset_head: Callable[[int, float, int], tuple[Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
-    """Check ``offset_head(d_content, step_angle, offset) -> (w_q, w_k)``.
+    """Check ``offset_head(d_content, step_angle, offset) -> (query_weight, key_weight)``.
 
     The matrices, each ``(d_content + 2, d_k)``, are graded by what they do: on inputs laid
     out as in section 1.6 (the word's ``d_content`` numbers, then ``cos iθ``, ``sin iθ``) and

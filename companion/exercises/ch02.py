@@ -234,6 +234,13 @@ def _scaled_after_softmax(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return weights @ v  # (..., q_len, d_v)
 
 
+def _softmax_in_float16(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    # the right formula, but the weights rounded to float16 (3 decimal digits): a small error
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., q_len, k_len)
+    weights = torch.softmax(scores.half(), dim=-1).to(v.dtype)  # (..., q_len, k_len)
+    return weights @ v  # (..., q_len, d_v)
+
+
 #: The attention functions :func:`check_scale_test` hands to the reader's test:
 #: (what it does, the function, whether it computes softmax(q kᵀ/√d_k) v, a hint when a test
 #: accepts it). Correct and wrong ones alternate, so a test that always answers the same
@@ -295,6 +302,18 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         _scaled_after_softmax,
         False,
         "compare the output itself, not only the ranking of the keys",
+    ),
+    (
+        "a division by √(d_k + 1), a small error (3 % at d_k = 16)",
+        _with_factor(lambda q, k, v: 1 / math.sqrt(q.shape[-1] + 1)),
+        False,
+        "tighten the tolerance: float32 rounding is about 1e-7, so atol=1e-5 has room enough",
+    ),
+    (
+        "the weights computed in float16, about 1e-3 off",
+        _softmax_in_float16,
+        False,
+        "tighten the tolerance: float32 rounding is about 1e-7, so atol=1e-5 has room enough",
     ),
 )
 
@@ -416,8 +435,9 @@ def check_scale_test(
     :func:`reference_scaled_attention`, the output only, as PyTorch's function returns it)
     and must say whether it computes ``softmax(q kᵀ/√d_k) v``. The check hands it the
     functions of :data:`SCALE_TEST_CANDIDATES`, four correct ones (with different float32
-    rounding) and eight with a classic slip (no scale, ``d_k``, a fixed ``√64``, ``√d_v``,
-    ``√k_len``, the softmax over axis 1, a multiplication, the scale after the softmax). A
+    rounding) and ten with a classic slip (no scale, ``d_k``, a fixed ``√64``, ``√d_v``,
+    ``√k_len``, the softmax over axis 1, a multiplication, the scale after the softmax, and
+    two small ones that only a tight tolerance catches: ``√(d_k + 1)``, float16 weights). A
     wrong verdict is explained with the inputs the test used: a rejected correct function
     with its float32 rounding (the trap of exact equality), an accepted wrong one with the
     largest difference the test's inputs produced and what to vary. An ``AssertionError``
