@@ -54,21 +54,47 @@ def train_data() -> CopyReverseDataset:
     return CopyReverseDataset("reverse", num_examples=STEPS * BATCH, max_len=8, seed=1)
 
 
-def train_arm(placement: str, schedule: str, peak_lr: float, seed: int, steps: int = STEPS,
-              data: CopyReverseDataset | None = None) -> np.ndarray:
+def train_arm(
+    placement: str,
+    schedule: str,
+    peak_lr: float,
+    seed: int,
+    steps: int = STEPS,
+    data: CopyReverseDataset | None = None,
+) -> np.ndarray:
     """One arm of the grid, exactly as the chapter trains: returns the loss of every step."""
     data = train_data() if data is None else data
     set_seed(seed)
-    model = Transformer(TransformerConfig(
-        data.vocab_size, data.vocab_size, d_model=D_MODEL, num_heads=HEADS, num_layers=LAYERS,
-        d_ff=D_FF, dropout=0.0, norm_first=placement == "Pre-LN", src_pad_id=PAD_ID, tgt_pad_id=PAD_ID))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+    model = Transformer(
+        TransformerConfig(
+            data.vocab_size,
+            data.vocab_size,
+            d_model=D_MODEL,
+            num_heads=HEADS,
+            num_layers=LAYERS,
+            d_ff=D_FF,
+            dropout=0.0,
+            norm_first=placement == "Pre-LN",
+            src_pad_id=PAD_ID,
+            tgt_pad_id=PAD_ID,
+        )
+    )
+    optimizer = torch.optim.Adam(
+        model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=True
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(schedule, peak_lr))
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True, collate_fn=collate_batch,
-                        generator=torch.Generator().manual_seed(seed))
+    loader = DataLoader(
+        data,
+        batch_size=BATCH,
+        shuffle=True,
+        collate_fn=collate_batch,
+        generator=torch.Generator().manual_seed(seed),
+    )
     losses = []
     for _, (src, tgt) in zip(range(steps), loader):
-        losses.append(train_step(model, src, tgt, optimizer, scheduler, pad_id=PAD_ID, clip_norm=1.0).loss)
+        losses.append(
+            train_step(model, src, tgt, optimizer, scheduler, pad_id=PAD_ID, clip_norm=1.0).loss
+        )
     return np.array(losses)
 
 
@@ -89,15 +115,25 @@ def main() -> None:
         train_arm("Post-LN", "warm-up", MAIN_LR, 0, data=data)
         print(f"one arm of {STEPS} steps: {time.perf_counter() - start:.1f} s")
         return
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
-    result.update({
-        "about": "chapter 6 grid: 6 + 6-layer Transformer, reversal task, loss (nats/token) of every step",
-        "commit": commit, "torch": torch.__version__, "threads": 1, "steps": STEPS, "batch": BATCH,
-        "warmup": WARMUP, "learning_rates": list(LEARNING_RATES), "placements": list(PLACEMENTS),
-        "schedules": list(SCHEDULES), "seeds": sorted(set(result.get("seeds", [])) | set(args.seeds)),
-    })
+    result.update(
+        {
+            "about": "chapter 6 grid: 6 + 6-layer Transformer, reversal task, loss (nats/token) of every step",
+            "commit": commit,
+            "torch": torch.__version__,
+            "threads": 1,
+            "steps": STEPS,
+            "batch": BATCH,
+            "warmup": WARMUP,
+            "learning_rates": list(LEARNING_RATES),
+            "placements": list(PLACEMENTS),
+            "schedules": list(SCHEDULES),
+            "seeds": sorted(set(result.get("seeds", [])) | set(args.seeds)),
+        }
+    )
     arms = result.setdefault("arms", {})
     for seed in args.seeds:  # seed by seed, so that a stopped grid still has whole seeds
         for placement in PLACEMENTS:
@@ -108,11 +144,16 @@ def main() -> None:
                         continue
                     start = time.perf_counter()
                     losses = train_arm(placement, schedule, peak_lr, seed, data=data)
-                    arms[key] = {"loss": [round(float(v), 6) for v in losses],
-                                 "seconds": round(time.perf_counter() - start, 1)}
+                    arms[key] = {
+                        "loss": [round(float(v), 6) for v in losses],
+                        "seconds": round(time.perf_counter() - start, 1),
+                    }
                     args.out.write_text(json.dumps(result, indent=1) + "\n")
-                    print(f"{key}: loss at step 100 {losses[75:100].mean():.3f}, "
-                          f"200 {losses[175:200].mean():.3f} ({arms[key]['seconds']} s)", flush=True)
+                    print(
+                        f"{key}: loss at step 100 {losses[75:100].mean():.3f}, "
+                        f"200 {losses[175:200].mean():.3f} ({arms[key]['seconds']} s)",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

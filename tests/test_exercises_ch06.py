@@ -112,7 +112,9 @@ def test_reference_layer_norm_backward_matches_autograd(dtype):
     x = (3 * torch.randn(3, 7, 10, generator=g)).to(dtype).requires_grad_(True)
     grad_out = torch.randn(3, 7, 10, generator=g).to(dtype)
     module(x).backward(grad_out)
-    got = ch06.reference_layer_norm_backward(x.detach(), module.weight.detach(), grad_out, module.eps)
+    got = ch06.reference_layer_norm_backward(
+        x.detach(), module.weight.detach(), grad_out, module.eps
+    )
     torch.testing.assert_close(got, x.grad)
 
 
@@ -121,7 +123,10 @@ def test_reference_layer_norm_backward_removes_the_mean_and_the_x_hat_direction(
     g = torch.Generator().manual_seed(1)
     x = torch.randn(4, 9, generator=g, dtype=torch.float64)
     grad = ch06.reference_layer_norm_backward(
-        x, torch.ones(9, dtype=torch.float64), torch.randn(4, 9, generator=g, dtype=torch.float64), 1e-12
+        x,
+        torch.ones(9, dtype=torch.float64),
+        torch.randn(4, 9, generator=g, dtype=torch.float64),
+        1e-12,
     )
     x_hat, _ = _ln_parts(x, 0.0)
     assert grad.sum(-1).abs().max() < 1e-10
@@ -130,7 +135,9 @@ def test_reference_layer_norm_backward_removes_the_mean_and_the_x_hat_direction(
 
 def test_layer_norm_backward_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="grad_out"):
-        ch06.reference_layer_norm_backward(torch.zeros(2, 4), torch.ones(4), torch.zeros(2, 5), 1e-5)
+        ch06.reference_layer_norm_backward(
+            torch.zeros(2, 4), torch.ones(4), torch.zeros(2, 5), 1e-5
+        )
 
 
 def test_peri_ln_cases_are_deterministic_and_leave_the_global_seed_alone():
@@ -504,8 +511,17 @@ def _last_layer_w1_gradient(num_layers, norm_first, final_norm, seed):
     from companion.model import Encoder, TransformerConfig
 
     torch.manual_seed(seed)
-    encoder = Encoder(TransformerConfig(num_layers=num_layers, d_model=64, num_heads=4, d_ff=256,
-                                        dropout=0.0, norm_first=norm_first, final_norm=final_norm))
+    encoder = Encoder(
+        TransformerConfig(
+            num_layers=num_layers,
+            d_model=64,
+            num_heads=4,
+            d_ff=256,
+            dropout=0.0,
+            norm_first=norm_first,
+            final_norm=final_norm,
+        )
+    )
     for name, parameter in encoder.named_parameters():
         if parameter.dim() > 1:
             nn.init.xavier_normal_(parameter)
@@ -519,12 +535,16 @@ def _last_layer_w1_gradient(num_layers, norm_first, final_norm, seed):
 
 
 @pytest.mark.parametrize(("norm_first", "final_norm"), [(True, True), (True, False), (False, True)])
-def test_w1_and_w2_get_the_same_gradient_so_the_slope_check_need_not_separate_them(norm_first, final_norm):
+def test_w1_and_w2_get_the_same_gradient_so_the_slope_check_need_not_separate_them(
+    norm_first, final_norm
+):
     """A depth_slope that measures W₁ instead of W₂ passes check_depth_slope: in this setup
     (Xavier initialisation, ReLU) the two matrices' gradients have the same size at every
     depth, so their slopes agree. Pinned here, so that a change of setup that separates them
     is noticed (and the check then gets a case for it)."""
     for depth in (3, 12):
         w1 = np.mean([_last_layer_w1_gradient(depth, norm_first, final_norm, s) for s in range(3)])
-        w2 = np.mean([ch06.last_layer_w2_gradient(depth, norm_first, final_norm, s) for s in range(3)])
+        w2 = np.mean(
+            [ch06.last_layer_w2_gradient(depth, norm_first, final_norm, s) for s in range(3)]
+        )
         assert abs(w1 / w2 - 1) < 0.1, (depth, w1, w2)

@@ -99,7 +99,9 @@ def _layer_norm_backward_cases() -> list[Case]:
         d = shape[-1]
         cases.append(
             {
-                "x": (scale * torch.randn(shape, generator=g) + torch.randn(1, generator=g)).to(dtype),
+                "x": (scale * torch.randn(shape, generator=g) + torch.randn(1, generator=g)).to(
+                    dtype
+                ),
                 "gain": (1 + 0.5 * torch.randn(d, generator=g)).to(dtype),
                 "grad_out": torch.randn(shape, generator=g).to(dtype),
                 "eps": eps,
@@ -124,7 +126,9 @@ def check_layer_norm_backward(
     """
     _check_callable("layer_norm_backward", layer_norm_backward)
 
-    @functools.wraps(layer_norm_backward)  # keeps the signature, so a misnamed parameter is reported
+    @functools.wraps(
+        layer_norm_backward
+    )  # keeps the signature, so a misnamed parameter is reported
     def user(**kwargs: object) -> object:
         with torch.no_grad():
             return layer_norm_backward(**kwargs)
