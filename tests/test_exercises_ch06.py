@@ -508,29 +508,7 @@ def test_depth_slope_reference_values():
 
 def _last_layer_w1_gradient(num_layers, norm_first, final_norm, seed):
     """As ``ch06.last_layer_w2_gradient``, but for the first feed-forward matrix W₁."""
-    from companion.model import Encoder, TransformerConfig
-
-    torch.manual_seed(seed)
-    encoder = Encoder(
-        TransformerConfig(
-            num_layers=num_layers,
-            d_model=64,
-            num_heads=4,
-            d_ff=256,
-            dropout=0.0,
-            norm_first=norm_first,
-            final_norm=final_norm,
-        )
-    )
-    for name, parameter in encoder.named_parameters():
-        if parameter.dim() > 1:
-            nn.init.xavier_normal_(parameter)
-        elif name.endswith("bias"):
-            nn.init.zeros_(parameter)
-    gen = torch.Generator().manual_seed(1000 + seed)
-    x = torch.randn(8, 16, 64, generator=gen)
-    readout = torch.randn(8, 16, 64, generator=gen)
-    ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
+    encoder = ch06._encoder_after_backward(num_layers, norm_first, final_norm, seed)
     return encoder.layers[-1].feed_forward.hidden_proj.weight.grad.norm().item()
 
 

@@ -350,14 +350,11 @@ DEPTH_SLOPE_SEEDS: tuple[int, ...] = (0, 1, 2)
 DEPTH_SLOPE_TOLERANCE: float = 0.12
 
 
-def last_layer_w2_gradient(num_layers: int, norm_first: bool, final_norm: bool, seed: int) -> float:
-    """Chapter 6's section 6.3 setup: ``‖∂L/∂W₂‖_F`` of the last layer's second feed-forward
-    matrix, at initialisation.
-
-    An encoder of ``num_layers`` layers (``d_model`` 64, 4 heads, ``d_ff`` 256, no dropout),
-    Xavier-normal matrices and zero biases, inputs ``(8, 16, 64)`` with unit-variance entries
-    and the random read-out loss ``sum(r * y) / sqrt(8 * 16)``.
-    """
+def _encoder_after_backward(
+    num_layers: int, norm_first: bool, final_norm: bool, seed: int
+) -> nn.Module:
+    """Section 6.3's encoder at initialisation, after one backward pass of the read-out loss
+    (its parameters hold their ``.grad``)."""
     from companion.model import Encoder, TransformerConfig  # the model, only when measured
 
     torch.manual_seed(seed)
@@ -375,6 +372,18 @@ def last_layer_w2_gradient(num_layers: int, norm_first: bool, final_norm: bool, 
     x = torch.randn(8, 16, 64, generator=gen)  # (batch, seq_len, d_model)
     readout = torch.randn(8, 16, 64, generator=gen)  # one random direction per token
     ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
+    return encoder
+
+
+def last_layer_w2_gradient(num_layers: int, norm_first: bool, final_norm: bool, seed: int) -> float:
+    """Chapter 6's section 6.3 setup: ``‖∂L/∂W₂‖_F`` of the last layer's second feed-forward
+    matrix, at initialisation.
+
+    An encoder of ``num_layers`` layers (``d_model`` 64, 4 heads, ``d_ff`` 256, no dropout),
+    Xavier-normal matrices and zero biases, inputs ``(8, 16, 64)`` with unit-variance entries
+    and the random read-out loss ``sum(r * y) / sqrt(8 * 16)``.
+    """
+    encoder = _encoder_after_backward(num_layers, norm_first, final_norm, seed)
     return encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item()
 
 
