@@ -193,3 +193,16 @@ def test_a_renamed_parameter_gets_a_message_not_a_bare_type_error():
         return 0.0
 
     assert "is wrong" in ch08.check_noam_lr(flexible, verbose=False).message
+
+
+def test_checks_print_only_through_report():
+    """A check's message goes out in one write (``_checker.report``): a bare ``print`` in a
+    chapter's checks can reach the notebook as two stream messages and show the text twice."""
+    import ast
+
+    offenders = []
+    for path in sorted((ROOT / "companion" / "exercises").glob("ch*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert not offenders, f"print outside _checker.report in: {offenders}"

@@ -25,6 +25,7 @@ __all__ = [
     "Case",
     "CheckResult",
     "compare",
+    "report",
     "run_check",
     "seeded_generator",
     "random_bool_mask",
@@ -157,6 +158,12 @@ def call_reader(
     return None, CheckResult(name, False, count, message)
 
 
+def report(result: CheckResult) -> None:
+    """Print a check's message in one write, so the kernel sends one stream message (two
+    writes can reach a notebook's output as two messages and show the text twice)."""
+    print(result.message + "\n", end="")
+
+
 def run_check(
     name: str,
     user_fn: Callable[..., Any],
@@ -165,11 +172,14 @@ def run_check(
     atol: float = 1e-5,
     rtol: float = 1e-4,
     verbose: bool = True,
+    hint: Callable[[Mapping[str, Any], Any], str] | None = None,
 ) -> CheckResult:
     """Run ``user_fn`` and ``reference_fn`` on each case (keyword arguments) and compare.
 
     Inputs are cloned before each call so a function that modifies its arguments in place
-    cannot corrupt the comparison. Prints a short report unless ``verbose=False``.
+    cannot corrupt the comparison. On a wrong (not raising) answer, ``hint(case, got)`` may
+    append a diagnosis of the classic mistake it matches (an empty string when none does).
+    Prints a short report unless ``verbose=False``.
     """
     check_callable("the function to check", user_fn)
 
@@ -191,7 +201,8 @@ def run_check(
                 name,
                 False,
                 count,
-                f"❌ {name}: case {count} is wrong.\n   {problem}\n   inputs: {_inputs(case)}",
+                f"❌ {name}: case {count} is wrong.\n   {problem}\n   inputs: {_inputs(case)}"
+                + (hint(case, got) if hint is not None else ""),
             )
             break
     if result is None:
@@ -201,7 +212,7 @@ def run_check(
             name, True, count, f"✅ {name}: all {count} cases match the reference."
         )
     if verbose:
-        print(result.message + "\n", end="")  # one write: the kernel sends one stream message
+        report(result)
     return result
 
 
@@ -235,7 +246,7 @@ def run_verdict_check(
             name, True, len(cases), f"✅ {name}: the right verdict on all {len(cases)} {what}."
         )
     if verbose:
-        print(result.message + "\n", end="")  # one write: the kernel sends one stream message
+        report(result)
     return result
 
 

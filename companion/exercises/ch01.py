@@ -31,6 +31,7 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
+    report,
     run_check,
     run_verdict_check,
     seeded_generator,
@@ -834,5 +835,5 @@ def check_offset_head(
             f"{OFFSET_HEAD_MIN_WEIGHT:.0%} of its weight on key i + offset.",
         )
     if verbose:
-        print(result.message)
+        report(result)
     return result

@@ -37,6 +37,7 @@ from companion.exercises._checker import (
     causal_bool_mask,
     lengths_mask,
     random_bool_mask,
+    report,
     run_check,
     seeded_generator,
 )
@@ -473,7 +474,7 @@ def check_scale_test(
             f"{sum(not c for _, _, c, _ in SCALE_TEST_CANDIDATES)} with a slip).",
         )
     if verbose:
-        print(result.message)
+        report(result)
     return result
 
 
@@ -881,7 +882,7 @@ def check_gradient_crossover(
             f"✅ {name}: the right width for all {count} numbers of keys.",
         )
     if verbose:
-        print(result.message)
+        report(result)
     return result
 
 

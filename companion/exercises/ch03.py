@@ -39,6 +39,7 @@ from companion.exercises._checker import (
     CheckResult,
     call_reader,
     compare,
+    report,
     run_check,
     seeded_generator,
 )
@@ -105,15 +106,9 @@ def check_split_fused_qkv(
         split_fused_qkv,
         reference_split_fused_qkv,
         _fused_cases(),
-        verbose=False,
+        verbose=verbose,
+        hint=_fused_hint,
     )
-    if not result and result.message.startswith("❌") and "is wrong" in result.message:
-        case = _fused_cases()[result.cases_run - 1]
-        args = {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
-        got, _ = call_reader("split_fused_qkv", result.cases_run, split_fused_qkv, args)
-        result.message += _fused_hint(case, got)
-    if verbose:
-        print(result.message)
     return result
 
 
@@ -379,17 +374,9 @@ def check_grouped_query_attention(
         grouped_query_attention,
         reference_grouped_query_attention,
         _gqa_cases(),
-        verbose=False,
+        verbose=verbose,
+        hint=_gqa_hint,
     )
-    if not result and result.message.startswith("❌") and "is wrong" in result.message:
-        case = _gqa_cases()[result.cases_run - 1]
-        args = {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
-        got, _ = call_reader(
-            "grouped_query_attention", result.cases_run, grouped_query_attention, args
-        )
-        result.message += _gqa_hint(case, got)
-    if verbose:
-        print(result.message)
     return result
 
 
@@ -517,7 +504,7 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
     if result is None:
         result = CheckResult(name, True, count, f"✅ {name}: all {count} cases keep the layer.")
     if verbose:
-        print(result.message)
+        report(result)
     return result
 
 
@@ -606,13 +593,7 @@ def check_head_score_matrices(
         head_score_matrices,
         reference_head_score_matrices,
         _score_matrix_cases(),
-        verbose=False,
+        verbose=verbose,
+        hint=_score_matrix_hint,
     )
-    if not result and result.message.startswith("❌") and "is wrong" in result.message:
-        case = _score_matrix_cases()[result.cases_run - 1]
-        args = {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
-        got, _ = call_reader("head_score_matrices", result.cases_run, head_score_matrices, args)
-        result.message += _score_matrix_hint(case, got)
-    if verbose:
-        print(result.message)
     return result

@@ -48,6 +48,7 @@ from companion.exercises._checker import (
     CheckResult,
     call_reader,
     compare,
+    report,
     run_check,
     run_verdict_check,
     seeded_generator,
@@ -938,7 +939,7 @@ def check_encode(encode: Callable[..., Tensor], verbose: bool = True) -> CheckRe
             name, True, count, f"✅ {name}: all {count} cases match the reference."
         )
     if verbose:
-        print(result.message + "\n", end="")
+        report(result)
     return result
 
 

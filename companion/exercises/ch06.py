@@ -30,7 +30,13 @@ import torch
 from torch import Tensor, nn
 
 from companion._validation import check_callable as _check_callable
-from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
+from companion.exercises._checker import (
+    Case,
+    CheckResult,
+    report,
+    run_check,
+    seeded_generator,
+)
 
 __all__ = [
     "check_layer_norm_backward",
@@ -451,9 +457,10 @@ def check_depth_slope(
             f"❌ {name}: expected a function depth_slope(depths, norm_first, final_norm), "
             f"got {type(depth_slope).__name__} (the check measures by calling it)"
         )
+        result = CheckResult(name, False, 0, message)
         if verbose:
-            print(message)
-        return CheckResult(name, False, 0, message)
+            report(result)
+        return result
 
     @functools.wraps(depth_slope)  # keeps the signature, so a misnamed parameter is reported
     def user(**kwargs: object) -> object:
@@ -508,6 +515,7 @@ def verify_pre_ln_slope_without_final_norm(slope: float, verbose: bool = True) -
                 else ""
             )
             message = f"❌ {name}: {float(slope):+.3f} is outside [{low}, {high}]{hint}."
+    result = CheckResult(name, passed, 1, message)
     if verbose:
-        print(message)
-    return CheckResult(name, passed, 1, message)
+        report(result)
+    return result

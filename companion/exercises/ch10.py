@@ -35,6 +35,7 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
+    report,
     run_check,
     seeded_generator,
 )
@@ -416,7 +417,7 @@ def check_bert_masking(
             f"✅ {name}: all {count} calls pass; the proportions are BERT's 15% and 80/10/10.",
         )
     if verbose:
-        print(result.message)
+        report(result)
     return result
 
 

@@ -38,6 +38,7 @@ from companion.exercises._checker import (
     call_reader,
     causal_bool_mask,
     lengths_mask,
+    report,
     run_check,
     seeded_generator,
 )
@@ -99,7 +100,7 @@ def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) 
                 "split_heads", False, result.cases_run, f"❌ split_heads: {problem}."
             )
     if verbose:
-        print(result.message)
+        report(result)
     return result
 
 
@@ -202,7 +203,7 @@ def check_positional_table(build_table: Callable[..., Tensor], verbose: bool = T
                 "sinusoidal_table does",
             )  # fmt: skip
     if verbose:
-        print(result.message)
+        report(result)
     return result
 
 
@@ -344,5 +345,5 @@ def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResu
                 result = CheckResult(name, False, count, f"❌ mystery: patient {seed}: {problem}")
                 break
     if verbose:
-        print(result.message + "\n", end="")
+        report(result)
     return result
