@@ -15,9 +15,9 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from companion._validation import shape_str
+from companion._validation import check_divisible, check_positive_int, shape_str
 
-__all__ = ["set_style", "attention_heatmap", "attention_grid", "CMAP"]
+__all__ = ["set_style", "attention_heatmap", "attention_grid", "head_split_diagram", "CMAP"]
 
 #: Colour map used for every attention figure in the book (sequential, 0 = white).
 CMAP = "Blues"
@@ -152,3 +152,151 @@ def attention_grid(
                 ax.set_xticks([])
             ax.title.set_fontsize(9)
     return fig
+
+
+def head_split_diagram(
+    d_model: int = 12, num_heads: int = 3, seq_len: int = 5, ax: Axes | None = None
+) -> Axes:
+    """Draw multi-head attention's reshapes as blocks: split, attend per head, concatenate, W_O.
+
+    Left to right: the projected queries ``(seq_len, d_model)`` with head ``r``'s ``d_k``
+    columns in colour ``r``; after ``view`` + ``transpose(1, 2)`` one ``(seq_len, d_k)`` matrix
+    per head; each head's attention output ``(seq_len, d_v)``; their concatenation
+    ``(seq_len, h·d_v)``, the same colours in the same columns; ``W_O``'s output
+    ``(seq_len, d_model)``, where every column mixes every head (grey). The batch axis is
+    left out. One square is one number.
+
+    Args:
+        d_model: width of a token vector; ``num_heads`` must divide it.
+        num_heads: number of heads ``h``.
+        seq_len: number of tokens ``n`` (rows).
+        ax: axes to draw on; a new figure is created when omitted.
+    """
+    check_positive_int("d_model", d_model)
+    check_positive_int("num_heads", num_heads)
+    check_positive_int("seq_len", seq_len)
+    check_divisible("d_model", d_model, "num_heads", num_heads)
+    head_dim = d_model // num_heads
+    colours = sns.color_palette("Set2", num_heads)
+    gap, arrow_gap = 1.3, 5.6  # between the stacked heads; between two stages
+    stack_height = num_heads * seq_len + (num_heads - 1) * gap
+    middle = stack_height / 2  # every stage is centred on this height
+
+    def grid(x0: float, y0: float, cols: int, colour_of) -> None:  # cols × seq_len squares
+        for c in range(cols):
+            for i in range(seq_len):
+                ax.add_patch(
+                    plt.Rectangle(
+                        (x0 + c, y0 + seq_len - 1 - i),
+                        1,
+                        1,
+                        facecolor=colour_of(c),
+                        edgecolor="white",
+                        linewidth=0.8,
+                    )
+                )
+
+    def head_colour(c: int):
+        return colours[c // head_dim]
+
+    def arrow(x0: float, text: str) -> None:
+        ax.annotate(
+            "",
+            xy=(x0 + arrow_gap - 0.4, middle),
+            xytext=(x0 + 0.4, middle),
+            arrowprops={"arrowstyle": "-|>", "color": "0.3", "linewidth": 1.4},
+        )
+        ax.text(x0 + arrow_gap / 2, middle + 0.5, text, ha="center", va="bottom", fontsize=8.5)
+
+    if ax is None:
+        width = 2 * d_model + 2 * head_dim + d_model + 4 * arrow_gap
+        _, ax = plt.subplots(figsize=(0.32 * width + 1, 0.32 * stack_height + 1.6))
+    ax.set_axis_off()
+    ax.set_aspect("equal")
+    x = 0.0
+    low = middle - seq_len / 2  # bottom of a one-matrix stage
+    # 1. projected queries, head r's columns in colour r
+    grid(x, low, d_model, head_colour)
+    ax.text(
+        x + d_model / 2,
+        low - 0.6,
+        f"Q = X W_Q\n(n, d_model) = ({seq_len}, {d_model})",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    for r in range(num_heads):
+        ax.text(
+            x + (r + 0.5) * head_dim,
+            low + seq_len + 0.3,
+            f"head {r}",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color=colours[r],
+            fontweight="bold",
+        )
+    for i in range(seq_len):
+        ax.text(x - 0.3, low + seq_len - 0.5 - i, f"token {i}", ha="right", va="center", fontsize=7)
+    x += d_model
+    arrow(x, "view (n, h, d_k)\n+ transpose(1, 2)")
+    x += arrow_gap
+    # 2. one (n, d_k) matrix per head, stacked: the new head axis
+    for stage_title, stage_label in (
+        ("head r's Q", "(h, n, d_k)"),
+        ("head r's output", "(h, n, d_v)"),
+    ):
+        for r in range(num_heads):
+            y0 = stack_height - (r + 1) * seq_len - r * gap
+            grid(x, y0, head_dim, lambda c, r=r: colours[r])
+            ax.text(
+                x + head_dim / 2,
+                y0 + seq_len + 0.15,
+                f"head {r}",
+                ha="center",
+                va="bottom",
+                fontsize=7.5,
+                color=colours[r],
+                fontweight="bold",
+            )
+        ax.text(
+            x + head_dim / 2,
+            -0.6,
+            f"{stage_title}\n{stage_label}",
+            ha="center",
+            va="top",
+            fontsize=9,
+        )
+        x += head_dim
+        if stage_title == "Q per head":
+            arrow(x, "attention per head\n(K, V split alike;\nits own softmax)")
+            x += arrow_gap
+    arrow(x, "transpose(1, 2)\n+ reshape")
+    x += arrow_gap
+    # 3. the concatenation: the same colours in the same columns
+    grid(x, low, d_model, head_colour)
+    ax.text(
+        x + d_model / 2,
+        low - 0.6,
+        f"Concat(head_0, …)\n(n, h·d_v) = ({seq_len}, {d_model})",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    x += d_model
+    arrow(x, "· W_O\n(mixes heads)")
+    x += arrow_gap
+    # 4. the output: every column mixes every head
+    grid(x, low, d_model, lambda c: "0.72")
+    ax.text(
+        x + d_model / 2,
+        low - 0.6,
+        f"output\n(n, d_model) = ({seq_len}, {d_model})",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    x += d_model
+    ax.set_xlim(-3.0, x + 0.5)
+    ax.set_ylim(-3.2, stack_height + 1.2)
+    return ax
