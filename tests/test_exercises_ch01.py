@@ -184,42 +184,44 @@ def test_missing_transpose_fails_even_when_shapes_allow_it():
 # --------------------------------------------------------------------------------------------
 
 
-def attention_correct(x, w_q, w_k, w_v):
-    q, k, v = x @ w_q, x @ w_k, x @ w_v
+def attention_correct(x, query_weight, key_weight, value_weight):
+    q, k, v = x @ query_weight, x @ key_weight, x @ value_weight
     weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
     return weights @ v, weights
 
 
-def attention_via_companion(x, w_q, w_k, w_v):
-    return scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, scale=1.0)
+def attention_via_companion(x, query_weight, key_weight, value_weight):
+    return scaled_dot_product_attention(
+        x @ query_weight, x @ key_weight, x @ value_weight, scale=1.0
+    )
 
 
-def attention_wrong_axis(x, w_q, w_k, w_v):
-    q, k, v = x @ w_q, x @ w_k, x @ w_v
+def attention_wrong_axis(x, query_weight, key_weight, value_weight):
+    q, k, v = x @ query_weight, x @ key_weight, x @ value_weight
     weights = torch.softmax(q @ k.transpose(-2, -1), dim=-2)
     return weights @ v, weights
 
 
-def attention_returns_scores(x, w_q, w_k, w_v):
-    q, k, v = x @ w_q, x @ w_k, x @ w_v
+def attention_returns_scores(x, query_weight, key_weight, value_weight):
+    q, k, v = x @ query_weight, x @ key_weight, x @ value_weight
     scores = q @ k.transpose(-2, -1)
     return torch.softmax(scores, dim=-1) @ v, scores
 
 
-def attention_scaled(x, w_q, w_k, w_v):
-    q, k, v = x @ w_q, x @ w_k, x @ w_v
+def attention_scaled(x, query_weight, key_weight, value_weight):
+    q, k, v = x @ query_weight, x @ key_weight, x @ value_weight
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
     return weights @ v, weights
 
 
-def attention_mixes_inputs(x, w_q, w_k, w_v):
-    q, k = x @ w_q, x @ w_k
+def attention_mixes_inputs(x, query_weight, key_weight, value_weight):
+    q, k = x @ query_weight, x @ key_weight
     weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
     return weights @ x, weights  # forgot the value projection
 
 
-def attention_output_only(x, w_q, w_k, w_v):
-    return attention_correct(x, w_q, w_k, w_v)[0]
+def attention_output_only(x, query_weight, key_weight, value_weight):
+    return attention_correct(x, query_weight, key_weight, value_weight)[0]
 
 
 def test_self_attention_accepts_correct():
@@ -244,9 +246,11 @@ def test_self_attention_rejects_wrong(wrong):
 def test_reference_self_attention_matches_companion():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 7, 4, generator=g)
-    w_q, w_k, w_v = (torch.randn(4, 3, generator=g) for _ in range(3))
-    out, weights = ch01.reference_self_attention(x, w_q, w_k, w_v)
-    out_c, weights_c = scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, scale=1.0)
+    query_weight, key_weight, value_weight = (torch.randn(4, 3, generator=g) for _ in range(3))
+    out, weights = ch01.reference_self_attention(x, query_weight, key_weight, value_weight)
+    out_c, weights_c = scaled_dot_product_attention(
+        x @ query_weight, x @ key_weight, x @ value_weight, scale=1.0
+    )
     torch.testing.assert_close(out, out_c)
     torch.testing.assert_close(weights, weights_c)
 

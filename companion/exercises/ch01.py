@@ -215,22 +215,22 @@ def check_relevance_scores(
 
 
 def reference_self_attention(
-    x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor
+    x: Tensor, query_weight: Tensor, key_weight: Tensor, value_weight: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Self-attention of chapter 1: ``softmax(Q Kᵀ) V`` with ``Q, K, V = X W_Q, X W_K, X W_V``.
 
     Args:
         x: input vectors, shape ``(..., seq_len, d_model)``.
-        w_q: query projection, shape ``(d_model, d_k)``.
-        w_k: key projection, shape ``(d_model, d_k)``.
-        w_v: value projection, shape ``(d_model, d_v)``.
+        query_weight: query projection, shape ``(d_model, d_k)``.
+        key_weight: key projection, shape ``(d_model, d_k)``.
+        value_weight: value projection, shape ``(d_model, d_v)``.
 
     Returns:
         ``(output, weights)`` of shapes ``(..., seq_len, d_v)`` and ``(..., seq_len, seq_len)``.
     """
-    q = x @ w_q  # (..., seq_len, d_k)
-    k = x @ w_k  # (..., seq_len, d_k)
-    v = x @ w_v  # (..., seq_len, d_v)
+    q = x @ query_weight  # (..., seq_len, d_k)
+    k = x @ key_weight  # (..., seq_len, d_k)
+    v = x @ value_weight  # (..., seq_len, d_v)
     scores = reference_relevance_scores(q, k)  # (..., seq_len, seq_len)
     weights = reference_row_softmax(scores)  # (..., seq_len, seq_len)
     output = weights @ v  # (..., seq_len, d_v)
@@ -254,9 +254,9 @@ def _self_attention_cases() -> list[Case]:
         cases.append(
             {
                 "x": torch.randn(x_shape, generator=g),
-                "w_q": std * torch.randn(d_model, d_k, generator=g),
-                "w_k": std * torch.randn(d_model, d_k, generator=g),
-                "w_v": std * torch.randn(d_model, d_v, generator=g),
+                "query_weight": std * torch.randn(d_model, d_k, generator=g),
+                "key_weight": std * torch.randn(d_model, d_k, generator=g),
+                "value_weight": std * torch.randn(d_model, d_v, generator=g),
             }
         )
     return cases
@@ -266,7 +266,7 @@ def check_self_attention(
     self_attention: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
     verbose: bool = True,
 ) -> CheckResult:
-    """Check ``self_attention(x, w_q, w_k, w_v) -> (output, weights)`` (unscaled scores)."""
+    """Check ``self_attention(x, query_weight, key_weight, value_weight) -> (output, weights)`` (unscaled scores)."""
     return run_check(
         "self_attention",
         self_attention,
@@ -444,15 +444,17 @@ def reference_is_permutation_equivariant(layer: Callable[[Tensor], Tensor], x: T
     return True
 
 
-def _attention(x: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor, causal: bool = False) -> Tensor:
+def _attention(
+    x: Tensor, query_weight: Tensor, key_weight: Tensor, value_weight: Tensor, causal: bool = False
+) -> Tensor:
     """Unscaled self-attention of one sequence: ``x (seq_len, d)`` → ``(seq_len, d_v)``."""
-    scores = (x @ w_q) @ (x @ w_k).T  # (seq_len, seq_len)
+    scores = (x @ query_weight) @ (x @ key_weight).T  # (seq_len, seq_len)
     if causal:
         seq_len = x.shape[0]
         # (seq_len, seq_len), True for the keys after the query
         blocked = torch.ones(seq_len, seq_len, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(blocked, float("-inf"))  # (seq_len, seq_len)
-    return torch.softmax(scores, dim=-1) @ (x @ w_v)  # (seq_len, d_v)
+    return torch.softmax(scores, dim=-1) @ (x @ value_weight)  # (seq_len, d_v)
 
 
 def _position_codes(positions: Tensor, d: int) -> Tensor:
@@ -476,12 +478,14 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     """
     g = seeded_generator(110)
     std = 1 / math.sqrt(d)
-    w_q, w_k, w_v = (std * torch.randn(d, d, generator=g) for _ in range(3))
+    query_weight, key_weight, value_weight = (
+        std * torch.randn(d, d, generator=g) for _ in range(3)
+    )
     token_layer = std * torch.randn(d, d, generator=g)  # (d, d)
     kernel = std * torch.randn(3, d, d, generator=g)  # (3, d, d): offsets -1, 0, +1
 
     def attention(x: Tensor) -> Tensor:
-        return _attention(x, w_q, w_k, w_v)  # (seq_len, d)
+        return _attention(x, query_weight, key_weight, value_weight)  # (seq_len, d)
 
     def with_positions(
         scale: float, symmetric: bool = False, first_two_alike: bool = False
@@ -529,7 +533,8 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
             "attention with reversal-symmetric codes", with_positions(1.0, symmetric=True)
         ),
         "causal self-attention": NamedLayer(
-            "causal self-attention", lambda x: _attention(x, w_q, w_k, w_v, causal=True)
+            "causal self-attention",
+            lambda x: _attention(x, query_weight, key_weight, value_weight, causal=True),
         ),
         "window layer": NamedLayer("window layer", window),
         "circular convolution": NamedLayer("circular convolution", circular_conv),
