@@ -559,7 +559,7 @@ def check_half_to_interleaved(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: RoFormer's long-term decay bound, measured
+# RoFormer's long-term decay bound, measured (tested, not in the notebook)
 # --------------------------------------------------------------------------------------------
 
 
