@@ -243,8 +243,8 @@ def head_split_diagram(
     x += arrow_gap
     # 2. one (n, d_k) matrix per head, stacked: the new head axis
     for stage_title, stage_label in (
-        ("head r's Q", "(h, n, d_k)"),
-        ("head r's output", "(h, n, d_v)"),
+        ("Q per head", "(h, n, d_k)"),
+        ("per-head outputs", "(h, n, d_v)"),
     ):
         for r in range(num_heads):
             y0 = stack_height - (r + 1) * seq_len - r * gap

@@ -31,6 +31,9 @@ def test_one_square_per_number_and_one_colour_per_head(d_model, num_heads, seq_l
     for shape in ("(h, n, d_k)", "(h, n, d_v)", f"({seq_len}, {d_model})"):
         assert shape in texts
     assert all(f"head {r}" in texts for r in range(num_heads))
+    # the four steps between the five stages are labelled
+    for step in ("transpose(1, 2)", "attention per head", "reshape", "W_O"):
+        assert step in texts, step
     plt.close("all")
 
 
