@@ -2,8 +2,9 @@
 split without a transpose or transposed first, the scale after the softmax or by d_k, a
 discarded masked_fill, a mask filled with 0, an inverted mask, no softmax or one over the queries,
 the doubled positional exponent, a float64 table, the blog's greedy loop, its partial fixes, a
-loop without the source mask or one that keeps <bos>, and wrong names for the mystery
-patients)."""
+loop without the source mask or one that keeps <bos>, wrong names for the mystery
+patients, and batch-independence tests that reverse the batch only, watch one row, compare
+exactly or too loosely)."""
 
 from __future__ import annotations
 
@@ -395,4 +396,90 @@ def test_stubs_are_reported_not_raised(capsys):
 
 def test_only_the_checks_are_exported():
     assert all(name.startswith("check_") for name in ch11.__all__)
-    assert len(ch11.__all__) == 5
+    assert len(ch11.__all__) == 6
+
+
+# --------------------------------------------------------------------------------------------
+# batch_independent (exercise 6): each classic shortcut misses one of the cases
+# --------------------------------------------------------------------------------------------
+
+
+def batch_every_row_alone(logits_fn, ids):  # a correct answer written differently
+    batched = logits_fn(ids)
+    alone = torch.cat([logits_fn(ids[b : b + 1]) for b in range(ids.shape[0])])
+    return bool(torch.allclose(batched, alone, atol=1e-4, rtol=0))
+
+
+def batch_reversed_only(logits_fn, ids):  # blind to a mix that is symmetric in the rows
+    return bool(torch.allclose(logits_fn(ids.flip(0)).flip(0), logits_fn(ids), atol=1e-4, rtol=0))
+
+
+def batch_first_row_alone(logits_fn, ids):  # the first sentence only
+    return bool(torch.allclose(logits_fn(ids[:1])[0], logits_fn(ids)[0], atol=1e-4, rtol=0))
+
+
+def batch_others_replaced(logits_fn, ids):  # each row watched while the others are redrawn
+    batched = logits_fn(ids)
+    for b in range(ids.shape[0]):
+        changed = (ids + 1) % 12
+        changed[b] = ids[b]  # every sentence but b redrawn: blind to a code of the row index
+        if not torch.allclose(logits_fn(changed)[b], batched[b], atol=1e-4, rtol=0):
+            return False
+    return True
+
+
+def batch_exact(logits_fn, ids):  # torch.equal: float rounding taken for a leak
+    batched = logits_fn(ids)
+    return all(torch.equal(logits_fn(ids[b : b + 1])[0], batched[b]) for b in range(ids.shape[0]))
+
+
+def batch_loose(logits_fn, ids):  # a tolerance of 0.1 misses a small leak
+    batched = logits_fn(ids)
+    return all(
+        torch.allclose(logits_fn(ids[b : b + 1])[0], batched[b], atol=0.1, rtol=0)
+        for b in range(ids.shape[0])
+    )
+
+
+def test_batch_independent_accepts_correct(capsys):
+    assert ch11.check_batch_independent(ch11.reference_batch_independent)
+    assert ch11.check_batch_independent(batch_every_row_alone)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        batch_reversed_only,
+        batch_first_row_alone,
+        batch_others_replaced,
+        batch_exact,
+        batch_loose,
+        lambda logits_fn, ids: True,
+        lambda logits_fn, ids: False,
+    ],
+    ids=[
+        "reversed only",
+        "first row alone",
+        "others replaced",
+        "exact",
+        "loose",
+        "always",
+        "never",
+    ],
+)
+def test_batch_independent_rejects_wrong(wrong, capsys):
+    assert not ch11.check_batch_independent(wrong, verbose=False)
+
+
+def test_batch_cases_hold_each_kind_of_mixing():
+    kinds = [case["logits_fn"].how for case in ch11._batch_cases()]
+    assert {
+        "healthy",
+        "rounding",
+        "batch mean",
+        "reads the first row",
+        "batch-axis positions",
+    } <= set(kinds)
+    verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
+    assert verdicts.count(True) == 3 and verdicts.count(False) == 4, verdicts
+    assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind

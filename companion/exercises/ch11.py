@@ -17,6 +17,7 @@ the scale and the mask of attention (7, 11)     :func:`check_attention`
 the positional table (bug 8)                    :func:`check_positional_table`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
 three mystery patients: the bug's name        :func:`check_mystery`
+a batch-independence test of your own          :func:`check_batch_independent`
 ==============================================  ===================================
 
 The reference solutions (``reference_split_heads``, ...) are module-level functions too; they
@@ -49,6 +50,7 @@ __all__ = [
     "check_positional_table",
     "check_greedy_decode",
     "check_mystery",
+    "check_batch_independent",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -347,3 +349,100 @@ def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResu
     if verbose:
         report(result)
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6: a batch-independence test of your own
+# --------------------------------------------------------------------------------------------
+
+#: how far a sentence's logits may move (batched vs alone) and still count as independent: a
+#: batch of one may take other float32 kernels
+BATCH_ATOL = 1e-4
+
+
+def reference_batch_independent(logits_fn: Callable[[Tensor], Tensor], ids: Tensor) -> bool:
+    """Whether each sentence's logits depend on that sentence only (not on its row of the
+    batch, not on the other sentences): every sentence run alone gives its logits in the batch,
+    to :data:`BATCH_ATOL`.
+
+    Args:
+        logits_fn: token ids ``(batch, seq)`` → logits ``(batch, seq, vocab)``.
+        ids: ``(batch, seq)``, batch ≥ 2.
+    """
+    with torch.no_grad():
+        batched = logits_fn(ids)  # (batch, seq, vocab)
+        for row in range(ids.shape[0]):
+            alone = logits_fn(ids[row : row + 1])  # (1, seq, vocab)
+            if (alone[0] - batched[row]).abs().max().item() > BATCH_ATOL:
+                return False
+    return True
+
+
+class _BatchModel:
+    """A tiny sequence model, ids ``(batch, seq)`` → logits ``(batch, seq, vocab)``, that mixes
+    the sentences of a batch in one of several ways (``how``); its repr names the model only by
+    its case number, so a failing report does not hand out the answer."""
+
+    VOCAB, WIDTH = 12, 6
+
+    def __init__(self, number: int, how: str, strength: float = 0.5) -> None:
+        g = seeded_generator(1160 + number)
+        self.number, self.how, self.strength = number, how, strength
+        self.table = torch.randn(self.VOCAB, self.WIDTH, generator=g)  # (vocab, width)
+        self.out = torch.randn(self.WIDTH, self.VOCAB, generator=g)  # (width, vocab)
+        self.rows = torch.randn(16, self.WIDTH, generator=g)  # (16, width): batch-axis codes
+
+    def __call__(self, ids: Tensor) -> Tensor:
+        x = self.table[ids]  # (batch, seq, width)
+        steps = torch.arange(1, ids.shape[1] + 1)[None, :, None]  # (1, seq, 1)
+        h = torch.tanh(x.cumsum(1) / steps)  # (batch, seq, width): each sentence's own prefix mean
+        s, batch = self.strength, ids.shape[0]
+        if self.how == "rounding":  # another kernel for another batch size: 1e-6 per row
+            h = h + 1e-6 * batch
+        elif self.how == "batch mean":  # symmetric in the rows: reversing the batch hides it
+            h = h + s * h.mean(0, keepdim=True)
+        elif self.how == "reads the first row":  # row 0 is clean, the others read it
+            h = torch.cat([h[:1], h[1:] + s * h[:1]], dim=0)
+        elif self.how == "batch-axis positions":  # a position table indexed by the row
+            h = h + s * self.rows[:batch, None, :]
+        return h @ self.out  # (batch, seq, vocab)
+
+    def __repr__(self) -> str:
+        return f"model {self.number} (a function from ids (batch, seq) to logits)"
+
+
+def _batch_cases() -> list[Case]:
+    g = seeded_generator(116)
+    cases: list[Case] = []
+    for number, (how, strength, batch) in enumerate(
+        [
+            ("healthy", 0.5, 3),
+            ("batch mean", 0.5, 4),
+            ("rounding", 0.5, 4),
+            ("reads the first row", 0.5, 3),
+            ("batch-axis positions", 0.5, 3),
+            ("batch mean", 0.01, 3),  # a small leak: a loose tolerance misses it
+            ("healthy", 0.5, 2),
+        ]
+    ):
+        ids = torch.randint(0, _BatchModel.VOCAB, (batch, 5), generator=g)  # (batch, 5)
+        cases.append({"logits_fn": _BatchModel(number, how, strength), "ids": ids})
+    return cases
+
+
+def check_batch_independent(
+    batch_independent: Callable[..., bool], verbose: bool = True
+) -> CheckResult:
+    """Check ``batch_independent(logits_fn, ids)`` → ``True`` when every sentence's logits
+    depend on that sentence only (to ``1e-4``), else ``False``, on small models: healthy ones
+    (one whose batched result rounds differently, by 1e-6 per row), and ones that mix the
+    batch symmetrically (a batch mean, also a small one), read the first row from the
+    others, or add a position code along the batch axis (``batch_first`` confusion)."""
+
+    def as_bool(**kwargs: object) -> object:
+        verdict = batch_independent(**kwargs)
+        return bool(verdict) if isinstance(verdict, (bool, torch.Tensor)) else verdict
+
+    return run_check(
+        "batch_independent", as_bool, reference_batch_independent, _batch_cases(), verbose=verbose
+    )
