@@ -8,11 +8,11 @@ difference. It never raises on a wrong answer; it returns a truthy/falsy
     from companion.exercises import ch02
     ch02.check_scaled_attention(my_scaled_attention)
 
-The chapter's exercises use :func:`check_blockwise_attention`, :func:`check_masked_softmax`,
-:func:`check_scale_test`, :func:`check_gradient_crossover` and
-:func:`check_attention_backward`; the other two checks (:func:`check_scaled_attention`,
-:func:`check_dot_product_variance`) are kept for readers who want to write the plain function
-or the variance experiment themselves.
+The chapter's exercises use :func:`check_blockwise_attention`, :func:`check_scale_test`,
+:func:`check_gradient_crossover` and :func:`check_attention_backward`; the other three checks
+(:func:`check_masked_softmax`, :func:`check_scaled_attention`,
+:func:`check_dot_product_variance`) are kept for readers who want to write a masked softmax,
+the plain function or the variance experiment themselves.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 1 - scaled dot-product attention over any leading dimensions
+# Practice - scaled dot-product attention over any leading dimensions
 # ---------------------------------------------------------------------------------------------
 
 
@@ -121,7 +121,7 @@ def check_scaled_attention(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 2 - a boolean mask applied before the softmax
+# Practice - a boolean mask applied before the softmax (masks: chapter 5)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -193,7 +193,7 @@ def check_masked_softmax(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 3 - a test of your own that catches a wrong scale
+# Exercise 2 - a test of your own that catches a wrong scale
 # ---------------------------------------------------------------------------------------------
 
 
@@ -734,7 +734,7 @@ def check_blockwise_attention(
 
 
 # ---------------------------------------------------------------------------------------------
-# The measurement of exercise 4: how much gradient reaches the queries, with and without √d_k
+# The measurement of exercise 3: how much gradient reaches the queries, with and without √d_k
 # ---------------------------------------------------------------------------------------------
 
 
@@ -782,7 +782,7 @@ def sampled_query_gradient_norms(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 4 - a composition: the width from which the √d_k helps the typical query
+# Exercise 3 - a composition: the width from which the √d_k helps the typical query
 # ---------------------------------------------------------------------------------------------
 
 #: The numbers of keys per query at which :func:`check_gradient_crossover` asks for the
