@@ -12,7 +12,7 @@ exercise                         check
 ===============================  ==================================================
 the gradient through LayerNorm   :func:`check_layer_norm_backward`
 a Peri-LN (sandwich) block       :func:`check_peri_ln_block`
-relative updates (6.6.4)         :func:`check_relative_updates`
+relative updates (6.6.3)         :func:`check_relative_updates`
 a depth slope, measured          :func:`check_log_log_slope`,
                                  :func:`check_depth_slope` (the measuring function),
                                  :func:`verify_pre_ln_slope_without_final_norm`
@@ -243,7 +243,7 @@ def check_peri_ln_block(
 
 
 # --------------------------------------------------------------------------------------------
-# Section 6.6.4's exercise: the relative size of each sub-layer's update
+# Section 6.6.3's exercise: the relative size of each sub-layer's update
 # --------------------------------------------------------------------------------------------
 
 
