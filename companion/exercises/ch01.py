@@ -12,7 +12,6 @@ the stub in the notebook.
   (graded by what the head does, not by comparison with one answer: many matrices are right)
 - exercise 4, a permutation-equivariance test of your own: :func:`check_is_permutation_equivariant`
 - exercise 5, additive relevance scores for every pair: :func:`check_additive_scores`
-- self-attention from scratch: :func:`check_self_attention` (not in the chapter; for practice)
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ from companion.exercises._checker import (
 __all__ = [
     "check_row_softmax",
     "check_relevance_scores",
-    "check_self_attention",
     "check_additive_scores",
     "check_is_permutation_equivariant",
     "check_offset_head",
@@ -205,73 +203,6 @@ def check_relevance_scores(
         relevance_scores,
         reference_relevance_scores,
         _relevance_cases(),
-        verbose=verbose,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Practice: self-attention from scratch (no scaling yet - that is chapter 2)
-# --------------------------------------------------------------------------------------------
-
-
-def reference_self_attention(
-    x: Tensor, query_weight: Tensor, key_weight: Tensor, value_weight: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Self-attention of chapter 1: ``softmax(Q Kᵀ) V`` with ``Q, K, V = X W_Q, X W_K, X W_V``.
-
-    Args:
-        x: input vectors, shape ``(..., seq_len, d_model)``.
-        query_weight: query projection, shape ``(d_model, d_k)``.
-        key_weight: key projection, shape ``(d_model, d_k)``.
-        value_weight: value projection, shape ``(d_model, d_v)``.
-
-    Returns:
-        ``(output, weights)`` of shapes ``(..., seq_len, d_v)`` and ``(..., seq_len, seq_len)``.
-    """
-    q = x @ query_weight  # (..., seq_len, d_k)
-    k = x @ key_weight  # (..., seq_len, d_k)
-    v = x @ value_weight  # (..., seq_len, d_v)
-    scores = reference_relevance_scores(q, k)  # (..., seq_len, seq_len)
-    weights = reference_row_softmax(scores)  # (..., seq_len, seq_len)
-    output = weights @ v  # (..., seq_len, d_v)
-    return output, weights
-
-
-def _self_attention_cases() -> list[Case]:
-    g = seeded_generator(103)
-    shapes = [
-        # (x shape, d_k, d_v)
-        ((7, 4), 3, 3),  # the chapter's worked example
-        ((5, 6), 4, 2),  # d_k != d_v
-        ((1, 4), 3, 5),  # a single token: its only weight is 1
-        ((2, 5, 4), 3, 3),  # a batch of 2 sentences
-        ((3, 6, 8), 8, 8),  # square projections
-    ]
-    cases: list[Case] = []
-    for x_shape, d_k, d_v in shapes:
-        d_model = x_shape[-1]
-        std = 1 / math.sqrt(d_model)
-        cases.append(
-            {
-                "x": torch.randn(x_shape, generator=g),
-                "query_weight": std * torch.randn(d_model, d_k, generator=g),
-                "key_weight": std * torch.randn(d_model, d_k, generator=g),
-                "value_weight": std * torch.randn(d_model, d_v, generator=g),
-            }
-        )
-    return cases
-
-
-def check_self_attention(
-    self_attention: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
-    verbose: bool = True,
-) -> CheckResult:
-    """Check ``self_attention(x, query_weight, key_weight, value_weight) -> (output, weights)`` (unscaled scores)."""
-    return run_check(
-        "self_attention",
-        self_attention,
-        reference_self_attention,
-        _self_attention_cases(),
         verbose=verbose,
     )
 
