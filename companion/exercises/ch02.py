@@ -6,13 +6,10 @@ difference. It never raises on a wrong answer; it returns a truthy/falsy
 :class:`~companion.exercises.CheckResult`::
 
     from companion.exercises import ch02
-    ch02.check_scaled_attention(my_scaled_attention)
+    ch02.check_blockwise_attention(my_blockwise_attention)
 
 The chapter's exercises use :func:`check_blockwise_attention`, :func:`check_scale_test`,
-:func:`check_gradient_crossover` and :func:`check_attention_backward`; the other three checks
-(:func:`check_masked_softmax`, :func:`check_scaled_attention`,
-:func:`check_dot_product_variance`) are kept for readers who want to write a masked softmax,
-the plain function or the variance experiment themselves.
+:func:`check_gradient_crossover` and :func:`check_attention_backward`.
 """
 
 from __future__ import annotations
@@ -34,9 +31,6 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
-    causal_bool_mask,
-    lengths_mask,
-    random_bool_mask,
     report,
     run_check,
     seeded_generator,
@@ -52,16 +46,13 @@ __all__ = [
     "CROSSOVER_N_KEYS",
     "CROSSOVER_D_KS",
     "sampled_query_gradient_norms",
-    "check_scaled_attention",
-    "check_masked_softmax",
     "check_scale_test",
     "reference_is_scaled_attention",
     "SCALE_TEST_CANDIDATES",
-    "check_dot_product_variance",
 ]
 
 # ---------------------------------------------------------------------------------------------
-# Practice - scaled dot-product attention over any leading dimensions
+# The reference of scaled dot-product attention, over any leading dimensions
 # ---------------------------------------------------------------------------------------------
 
 
@@ -80,116 +71,6 @@ def reference_scaled_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (..., q_len, k_len)
     weights = torch.softmax(scores, dim=-1)  # (..., q_len, k_len)
     return weights @ v, weights  # (..., q_len, d_v), (..., q_len, k_len)
-
-
-def _scaled_attention_cases(seed: int = 0) -> Iterator[Case]:
-    gen = seeded_generator(seed)
-    # (leading dims, q_len, k_len, d_k, d_v): 2-D, batched, batch × heads; q_len ≠ k_len, d_v ≠ d_k
-    shapes = [
-        ((), 3, 5, 4, 2),
-        ((2,), 4, 4, 8, 8),
-        ((3,), 2, 6, 16, 5),
-        ((2, 3), 5, 7, 8, 3),
-        ((1, 2, 2), 3, 4, 6, 6),
-        ((4,), 1, 9, 64, 7),
-    ]
-    for lead, q_len, k_len, d_k, d_v in shapes:
-        yield {
-            "q": torch.randn(*lead, q_len, d_k, generator=gen),
-            "k": torch.randn(*lead, k_len, d_k, generator=gen),
-            "v": torch.randn(*lead, k_len, d_v, generator=gen),
-        }
-
-
-def check_scaled_attention(
-    scaled_attention: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
-    verbose: bool = True,
-) -> CheckResult:
-    """Check ``scaled_attention(q, k, v) -> (output, weights)``.
-
-    ``q (..., q_len, d_k)``, ``k (..., k_len, d_k)``, ``v (..., k_len, d_v)`` with any number of
-    leading dimensions (none, batch, batch × heads, ...); ``output (..., q_len, d_v)``,
-    ``weights (..., q_len, k_len)``.
-    """
-    return run_check(
-        "scaled_attention",
-        scaled_attention,
-        reference_scaled_attention,
-        _scaled_attention_cases(),
-        verbose=verbose,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Practice - a boolean mask applied before the softmax (masks: chapter 5)
-# ---------------------------------------------------------------------------------------------
-
-
-def reference_masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
-    """Reference: softmax over the last axis of ``scores`` restricted to the allowed keys.
-
-    Args:
-        scores: ``(..., q_len, k_len)`` (already scaled).
-        mask: boolean, ``True`` where a query **may attend** to a key; broadcasts to
-            ``scores`` (e.g. ``(q_len, k_len)`` causal or ``(batch, 1, k_len)`` padding).
-
-    Returns:
-        weights ``(..., q_len, k_len)``: 0 on blocked keys, each row sums to 1 over its
-        allowed keys; a row with no allowed key at all is all zeros (never NaN).
-    """
-    very_negative = torch.finfo(scores.dtype).min
-    filled = scores.masked_fill(~mask, very_negative)  # (..., q_len, k_len)
-    weights = torch.softmax(filled, dim=-1)  # (..., q_len, k_len)
-    return weights.masked_fill(~mask, 0.0)  # (..., q_len, k_len)
-
-
-def _masked_softmax_cases(seed: int = 0) -> Iterator[Case]:
-    gen = seeded_generator(seed)
-
-    def rand_mask(*shape: int) -> Tensor:
-        return random_bool_mask(shape, 0.6, gen)
-
-    # 1. a full-shape random mask whose first row is entirely blocked
-    scores = 3 * torch.randn(4, 6, generator=gen)
-    mask = rand_mask(4, 6)
-    mask[0] = False
-    mask[1] = True
-    yield {"scores": scores, "mask": mask}
-    # 2. causal mask (q_len, k_len) broadcast over a batch
-    yield {
-        "scores": torch.randn(3, 5, 5, generator=gen),
-        "mask": causal_bool_mask(5),
-    }
-    # 3. padding mask (batch, 1, k_len): the last keys of each sequence are padding
-    padding = lengths_mask([7, 4, 1], 7)[:, None, :]  # (3, 1, 7)
-    yield {"scores": 2 * torch.randn(3, 4, 7, generator=gen), "mask": padding}
-    # 4. batch × heads with a full-shape random mask, some rows fully blocked by chance
-    yield {"scores": torch.randn(2, 3, 4, 5, generator=gen), "mask": rand_mask(2, 3, 4, 5)}
-    # 5. large scores (a saturated softmax) and a mask that allows everything
-    yield {"scores": 20 * torch.randn(2, 3, 8, generator=gen), "mask": torch.ones(3, 8).bool()}
-    # 6. a blocked key with by far the largest score: softmax first, then zeroing the blocked
-    # key and renormalising, leaves exp(-200) ≈ 0 for the allowed keys (0/0, not [0, .27, .73])
-    yield {
-        "scores": torch.tensor([[200.0, 0.0, 1.0], [0.5, 150.0, -1.0]]),
-        "mask": torch.tensor([[False, True, True], [True, False, True]]),
-    }
-
-
-def check_masked_softmax(
-    masked_softmax: Callable[[Tensor, Tensor], Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``masked_softmax(scores, mask) -> weights``.
-
-    ``scores (..., q_len, k_len)``; boolean ``mask`` broadcasting to it, ``True`` = may attend;
-    blocked keys get weight 0 and a row with no allowed key is all zeros, never NaN.
-    """
-    return run_check(
-        "masked_softmax",
-        masked_softmax,
-        reference_masked_softmax,
-        _masked_softmax_cases(),
-        verbose=verbose,
-    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,64 +357,6 @@ def check_scale_test(
     if verbose:
         report(result)
     return result
-
-
-# ---------------------------------------------------------------------------------------------
-# Not in the chapter - the variance experiment, on samples passed in
-# ---------------------------------------------------------------------------------------------
-
-
-def reference_dot_product_variance(q: Tensor, k: Tensor, scaled: bool) -> float:
-    """Reference: unbiased sample variance of the row-wise dot products ``q[i] · k[i]``.
-
-    Args:
-        q: ``(n_samples, d_k)`` sampled queries.
-        k: ``(n_samples, d_k)`` sampled keys (sample ``i`` pairs ``q[i]`` with ``k[i]``).
-        scaled: divide each dot product by ``√d_k`` before taking the variance.
-
-    Returns:
-        the variance (``torch.var``'s default, dividing by ``n_samples - 1``) as a float.
-    """
-    dots = (q * k).sum(dim=-1)  # (n_samples,)
-    if scaled:
-        dots = dots / math.sqrt(q.shape[-1])  # (n_samples,)
-    return float(dots.var())
-
-
-def _dot_product_variance_cases(seed: int = 0) -> Iterator[Case]:
-    gen = seeded_generator(seed)
-    # (n_samples, d_k, sigma, scaled): small n_samples, so a biased variance is visibly off
-    settings = [
-        (20, 4, 1.0, False),
-        (50, 16, 1.5, True),
-        (30, 64, 0.5, False),
-        (100, 8, 2.0, True),
-        (40, 1, 1.5, False),
-        (25, 32, 1.2, True),
-    ]
-    for n_samples, d_k, sigma, scaled in settings:
-        yield {
-            "q": sigma * torch.randn(n_samples, d_k, generator=gen),
-            "k": sigma * torch.randn(n_samples, d_k, generator=gen),
-            "scaled": scaled,
-        }
-
-
-def check_dot_product_variance(
-    dot_product_variance: Callable[[Tensor, Tensor, bool], float], verbose: bool = True
-) -> CheckResult:
-    """Check ``dot_product_variance(q, k, scaled) -> float``.
-
-    ``q, k (n_samples, d_k)``; the unbiased variance of the ``n_samples`` dot products
-    ``q[i] · k[i]`` (divided by ``√d_k`` first when ``scaled``).
-    """
-    return run_check(
-        "dot_product_variance",
-        dot_product_variance,
-        reference_dot_product_variance,
-        _dot_product_variance_cases(),
-        verbose=verbose,
-    )
 
 
 # ---------------------------------------------------------------------------------------------
