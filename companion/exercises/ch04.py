@@ -9,11 +9,9 @@ stub in the notebook.
 ===============================================  ==================================
 exercise                                         check
 ===============================================  ==================================
-the sinusoidal table, by hand                    :func:`check_sinusoidal_table`
 the shift matrix ``T_Δ`` of the sin | cos layout  :func:`check_concat_shift_matrix`
 the two closest codes of a table, measured      :func:`check_closest_codes`
 porting a rotate-half checkpoint (GQA, biases)  :func:`check_half_to_interleaved`
-RoFormer's long-term decay bound, measured       :func:`check_rope_decay_bound`
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
 capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
 capstone: ``encode(tokens, ..., start)``         :func:`check_encode`
@@ -55,11 +53,9 @@ from companion.exercises._checker import (
 )
 
 __all__ = [
-    "check_sinusoidal_table",
     "check_concat_shift_matrix",
     "check_closest_codes",
     "check_half_to_interleaved",
-    "check_rope_decay_bound",
     "check_rope_rotate",
     "check_my_mha",
     "check_encode",
@@ -165,7 +161,7 @@ def _real_pairs_only(fn: Callable[..., object], task: str) -> Callable[..., obje
 
 
 # --------------------------------------------------------------------------------------------
-# The sinusoidal table, by hand (tested, not in the notebook)
+# The sinusoidal table: the codes that reference_encode adds
 # --------------------------------------------------------------------------------------------
 
 
@@ -183,30 +179,6 @@ def reference_sinusoidal_table(max_len: int, d_model: int) -> Tensor:
     angles = positions * _frequencies(d_model)  # (max_len, d_model/2)
     pairs = torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1)  # (max_len, d/2, 2)
     return pairs.flatten(-2).float()  # (max_len, d_model): sin, cos, sin, cos, ...
-
-
-def _table_cases() -> list[Case]:
-    # d_model = 2 alone cannot tell the exponent bugs apart (i = 0 only): larger sizes can.
-    sizes = [(10, 4), (50, 16), (1, 8), (7, 128), (100, 6), (3, 512), (20, 2)]
-    return [{"max_len": max_len, "d_model": d_model} for max_len, d_model in sizes]
-
-
-def check_sinusoidal_table(
-    sinusoidal_table: Callable[[int, int], Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``sinusoidal_table(max_len, d_model) -> (max_len, d_model)``.
-
-    The tolerance (``5e-5``) admits a float32 computation of the angles (up to position 99,
-    their rounding error stays below ``1e-5``); the classic bugs are off by 0.1 to 2.
-    """
-    return run_check(
-        "sinusoidal_table",
-        sinusoidal_table,
-        reference_sinusoidal_table,
-        _table_cases(),
-        atol=5e-5,
-        verbose=verbose,
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -554,57 +526,6 @@ def check_half_to_interleaved(
         _port_cases(),
         atol=1e-8,
         rtol=1e-8,
-        verbose=verbose,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# RoFormer's long-term decay bound, measured (tested, not in the notebook)
-# --------------------------------------------------------------------------------------------
-
-
-def reference_rope_decay_bound(offsets: Tensor, head_dim: int) -> Tensor:
-    """RoFormer's relative upper bound ``(1 / (d_k/2)) Σ_{ν=1}^{d_k/2} |C_ν|`` at each offset.
-
-    ``C_ν = Σ_{m=0}^{ν-1} exp(√-1 · Δ ω_m)`` is a partial sum of unit complex numbers, with
-    ``ω_m = 10000^(-2m/head_dim)`` and ``Δ`` the offset (section 3.4.3 of Su et al., 2021,
-    who write ``S_j``, ``θ_i`` and ``h_i``: the RoPE score at offset ``Δ`` is at most
-    ``max_m |ζ_{m+1} - ζ_m|`` times this sum).
-
-    Args:
-        offsets: integer offsets ``Δ``, shape ``(n,)``.
-        head_dim: width ``d`` of a query or key (even).
-
-    Returns:
-        float64 tensor of shape ``(n,)``; ``(d/2 + 1) / 2`` at offset 0.
-    """
-    angles = offsets.double()[:, None] * _frequencies(head_dim)  # (n, head_dim/2)
-    terms = torch.polar(torch.ones_like(angles), angles)  # (n, head_dim/2): exp(√-1 · Δ ω_m)
-    partial_sums = terms.cumsum(dim=-1)  # (n, head_dim/2): C_1 .. C_{d_k/2}
-    return partial_sums.abs().mean(dim=-1)  # (n,)
-
-
-def _decay_cases() -> list[Case]:
-    g = seeded_generator(408)
-    return [
-        {"offsets": torch.arange(0, 12), "head_dim": 8},
-        {"offsets": torch.tensor([0, 1, -1, 7, -7, 250]), "head_dim": 64},
-        {"offsets": torch.randint(0, 1000, (16,), generator=g), "head_dim": 128},
-        {"offsets": torch.tensor([5]), "head_dim": 2},
-        {"offsets": torch.randint(-300, 300, (10,), generator=g), "head_dim": 32},
-    ]
-
-
-def check_rope_decay_bound(
-    rope_decay_bound: Callable[[Tensor, int], Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``rope_decay_bound(offsets, head_dim) -> (n,)``, RoFormer's long-term decay bound."""
-    return run_check(
-        "rope_decay_bound",
-        rope_decay_bound,
-        reference_rope_decay_bound,
-        _decay_cases(),
-        atol=1e-4,
         verbose=verbose,
     )
 
