@@ -1,10 +1,9 @@
 """Chapter 7 exercise checks: right answers pass, plausible wrong answers (a decoder layer
 without the cross-attention mask, in Post-LN order or normalising the memory, a parameter count
-that forgets biases, counts a tied matrix twice or ignores grouped-query attention, a cache
-grown on the wrong axis, a beam step that multiplies log-probabilities or picks per beam,
-top-k sampling without renormalising, a decoding step at position 0, ...) fail, calling the
-layer or the model itself instead of building from the parts fails, stubs are reported
-without raising."""
+that forgets biases, counts a tied matrix twice or ignores grouped-query attention, a beam step
+that multiplies log-probabilities or picks per beam, a decoding step at position 0, ...) fail,
+calling the layer or the model itself instead of building from the parts fails, stubs are
+reported without raising."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from dataclasses import asdict
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from companion.data import BOS_ID, PAD_ID
 from companion.decode import beam_search
@@ -422,103 +420,6 @@ def test_parameter_count_returns_an_int():
 
 
 # --------------------------------------------------------------------------------------------
-# cached_attention_step
-# --------------------------------------------------------------------------------------------
-
-
-def cache_correct(q_new, k_new, v_new, past_keys, past_values):
-    keys = torch.cat([past_keys, k_new], dim=2)
-    values = torch.cat([past_values, v_new], dim=2)
-    return F.scaled_dot_product_attention(q_new, keys, values), keys, values
-
-
-def _cache_step(q_new, k_new, v_new, past_keys, past_values, dim=-2, scale=True, prepend=False):
-    parts_k, parts_v = [past_keys, k_new], [past_values, v_new]
-    if prepend:
-        parts_k, parts_v = parts_k[::-1], parts_v[::-1]
-    keys, values = torch.cat(parts_k, dim=dim), torch.cat(parts_v, dim=dim)
-    scores = q_new @ keys.transpose(-2, -1)
-    if scale:
-        scores = scores / math.sqrt(q_new.shape[-1])
-    return torch.softmax(scores, dim=-1) @ values, keys, values
-
-
-def cache_on_heads_axis(q_new, k_new, v_new, past_keys, past_values):
-    return _cache_step(q_new, k_new, v_new, past_keys, past_values, dim=1)
-
-
-def cache_on_batch_axis(q_new, k_new, v_new, past_keys, past_values):
-    return _cache_step(q_new, k_new, v_new, past_keys, past_values, dim=0)
-
-
-def cache_on_feature_axis(q_new, k_new, v_new, past_keys, past_values):
-    return _cache_step(q_new, k_new, v_new, past_keys, past_values, dim=-1)
-
-
-def cache_prepended(q_new, k_new, v_new, past_keys, past_values):
-    return _cache_step(q_new, k_new, v_new, past_keys, past_values, prepend=True)
-
-
-def cache_unscaled(q_new, k_new, v_new, past_keys, past_values):
-    return _cache_step(q_new, k_new, v_new, past_keys, past_values, scale=False)
-
-
-def cache_new_key_only(q_new, k_new, v_new, past_keys, past_values):
-    _, keys, values = _cache_step(q_new, k_new, v_new, past_keys, past_values)
-    return v_new, keys, values  # softmax over the single new key is 1: the output is v_new
-
-
-def test_cached_attention_accepts_correct():
-    assert ch07.check_cached_attention_step(cache_correct, verbose=False)
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        cache_on_heads_axis,
-        cache_on_batch_axis,
-        cache_on_feature_axis,
-        cache_prepended,
-        cache_unscaled,
-        cache_new_key_only,
-    ],
-)
-def test_cached_attention_rejects_wrong(wrong):
-    assert not ch07.check_cached_attention_step(wrong, verbose=False)
-
-
-@pytest.mark.parametrize("wrong", [cache_on_heads_axis, cache_on_batch_axis])
-def test_cache_on_a_wrong_axis_runs_somewhere_and_is_caught_by_shape(wrong):
-    """Where batch = heads = t = 1 the wrong concatenation runs: the shape gives it away."""
-    cases = [c for c in ch07._cache_cases() if tuple(c["past_keys"].shape[:3]) == (1, 1, 1)]
-    assert cases
-    result = ch07.run_check("t", wrong, ch07.reference_cached_attention_step, cases, verbose=False)
-    assert not result and "wrong shape" in result.message
-
-
-def test_cache_cases_cover_the_edges():
-    shapes = [tuple(c["past_keys"].shape) for c in ch07._cache_cases()]
-    assert any(t == 0 for _, _, t, _ in shapes)
-    assert any(b != h and h != t and b != t and 1 not in (b, h, t) for b, h, t, _ in shapes)
-    assert all(d > 1 for *_, d in shapes)
-
-
-def test_cached_step_is_the_last_row_of_full_causal_attention():
-    g = torch.Generator().manual_seed(0)
-    batch, heads, length, d_head = 2, 3, 6, 4
-    q, k, v = (torch.randn(batch, heads, length, d_head, generator=g) for _ in range(3))
-    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, heads, len, d)
-    past_k, past_v = k[:, :, :0], v[:, :, :0]
-    for t in range(length):
-        out, past_k, past_v = ch07.reference_cached_attention_step(
-            q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], past_k, past_v
-        )
-        torch.testing.assert_close(out, full[:, :, t : t + 1])
-    torch.testing.assert_close(past_k, k)
-    torch.testing.assert_close(past_v, v)
-
-
-# --------------------------------------------------------------------------------------------
 # beam_step
 # --------------------------------------------------------------------------------------------
 
@@ -634,120 +535,6 @@ def test_beam_reference_matches_companion_beam_search_first_step():
 
 
 # --------------------------------------------------------------------------------------------
-# sampling_distribution
-# --------------------------------------------------------------------------------------------
-
-
-def sampling_correct(logits, temperature, top_k):
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_k is not None:
-        top, index = probs.topk(top_k, dim=-1)
-        probs = torch.zeros_like(probs).scatter(-1, index, top)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
-    return probs
-
-
-def _top_k(logits, k, dim=-1):
-    kth = logits.topk(k, dim=dim).values.narrow(dim, k - 1, 1)
-    return logits.masked_fill(logits < kth, -math.inf)
-
-
-def sampling_multiplied(logits, temperature, top_k):
-    scaled = logits * temperature
-    return torch.softmax(scaled if top_k is None else _top_k(scaled, top_k), dim=-1)
-
-
-def sampling_power_not_renormalised(logits, temperature, top_k):
-    kept = logits if top_k is None else _top_k(logits, top_k)
-    return torch.softmax(kept, dim=-1) ** (1 / temperature)
-
-
-def sampling_softmax_twice(logits, temperature, top_k):
-    kept = logits if top_k is None else _top_k(logits, top_k)
-    probs = torch.softmax(torch.softmax(kept, dim=-1) / temperature, dim=-1)
-    return probs if top_k is None else probs.masked_fill(kept == -math.inf, 0.0)
-
-
-def sampling_not_renormalised(logits, temperature, top_k):
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_k is not None:
-        probs = probs.masked_fill(_top_k(logits, top_k) == -math.inf, 0.0)
-    return probs
-
-
-def sampling_k_plus_one(logits, temperature, top_k):
-    k = None if top_k is None else min(top_k + 1, logits.shape[-1])
-    return ch07.reference_sampling_distribution(logits, temperature, k)
-
-
-def sampling_k_minus_one(logits, temperature, top_k):
-    k = None if top_k is None else top_k - 1  # top_k = 1 keeps nothing (and crashes)
-    return ch07.reference_sampling_distribution(logits, temperature, k)
-
-
-def sampling_top_k_over_batch(logits, temperature, top_k):
-    scaled = logits / temperature
-    return torch.softmax(scaled if top_k is None else _top_k(scaled, top_k, dim=0), dim=-1)
-
-
-def test_sampling_accepts_correct():
-    assert ch07.check_sampling_distribution(sampling_correct, verbose=False)
-    assert ch07.check_sampling_distribution(
-        lambda logits, temperature, top_k: (
-            sampling_correct(logits, 1.0, top_k) ** (1 / temperature)
-        ).div_((sampling_correct(logits, 1.0, top_k) ** (1 / temperature)).sum(-1, keepdim=True)),
-        verbose=False,
-    )
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        sampling_multiplied,
-        sampling_power_not_renormalised,
-        sampling_softmax_twice,
-        sampling_not_renormalised,
-        sampling_k_plus_one,
-        sampling_k_minus_one,
-        sampling_top_k_over_batch,
-    ],
-)
-def test_sampling_rejects_wrong(wrong):
-    assert not ch07.check_sampling_distribution(wrong, verbose=False)
-
-
-def test_sampling_top_k_over_batch_runs_and_fails_on_values():
-    cases = [
-        c
-        for c in ch07._sampling_cases()
-        if c["top_k"] is not None and c["logits"].shape[0] >= c["top_k"]
-    ]
-    assert cases
-    result = ch07.run_check(
-        "t", sampling_top_k_over_batch, ch07.reference_sampling_distribution, cases, verbose=False
-    )
-    assert not result and "entries differ" in result.message
-
-
-def test_sampling_reference_is_what_sample_decode_draws_from():
-    # sample_decode masks the logits below the k-th best, then takes softmax(logits / T)
-    g = torch.Generator().manual_seed(1)
-    logits = torch.randn(3, 11, generator=g)
-    kth = logits.topk(4, dim=-1).values[:, -1:]
-    expected = torch.softmax(logits.masked_fill(logits < kth, -math.inf) / 0.6, dim=-1)
-    probs = ch07.reference_sampling_distribution(logits, 0.6, 4)
-    torch.testing.assert_close(probs, expected)
-    assert bool(((probs > 0).sum(-1) == 4).all())
-    torch.testing.assert_close(probs.sum(-1), torch.ones(3))
-
-
-def test_sampling_cases_have_no_ties():
-    for case in ch07._sampling_cases():
-        logits = case["logits"].sort(dim=-1).values
-        assert bool((logits[:, 1:] - logits[:, :-1] > 1e-4).all())
-
-
-# --------------------------------------------------------------------------------------------
 # reproducibility (stubs, crashes and references: the generic tests in test_exercises.py)
 # --------------------------------------------------------------------------------------------
 
@@ -758,9 +545,8 @@ def test_cases_are_reproducible():
         assert torch.equal(a["x"], b["x"])
         for p, q in zip(a["layer"].parameters(), b["layer"].parameters()):
             assert torch.equal(p, q)
-    for make in (ch07._cache_cases, ch07._beam_cases, ch07._sampling_cases):
-        for a, b in zip(make(), make()):
-            assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    for a, b in zip(ch07._beam_cases(), ch07._beam_cases()):
+        assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
 
 
 def test_decoder_layer_cases_use_decoder_layers_with_a_one_line_report():
@@ -914,7 +700,7 @@ def test_decode_stub_is_not_attempted_and_cases_leave_the_seed_alone():
 
 
 # --------------------------------------------------------------------------------------------
-# round 3: float beam indices, and the package's sampling_distribution, are refused
+# round 3: float beam indices are refused
 # --------------------------------------------------------------------------------------------
 
 
@@ -938,27 +724,3 @@ def test_beam_step_rejects_float_tokens():
 
     result = ch07.check_beam_step(float_tokens, verbose=False)
     assert not result and "tokens must be a torch.long tensor" in result.message
-
-
-def test_sampling_refuses_the_package_function_and_restores_it():
-    from companion import decode as package_decode
-    from companion.decode import sampling_distribution as imported_early
-
-    def wraps_the_package(logits, temperature, top_k):
-        return imported_early(logits, temperature, top_k)
-
-    result = ch07.check_sampling_distribution(wraps_the_package, verbose=False)
-    assert not result and "refuses to run in this check" in result.message
-    # restored afterwards, under both names
-    logits = torch.tensor([[1.0, 2.0, 3.0]])
-    for fn in (imported_early, package_decode.sampling_distribution):
-        torch.testing.assert_close(fn(logits, 1.0, None), torch.softmax(logits, -1))
-
-
-def test_sampling_reference_equals_the_package_function():
-    from companion.decode import sampling_distribution
-
-    for case in ch07._sampling_cases():
-        torch.testing.assert_close(
-            ch07.reference_sampling_distribution(**case), sampling_distribution(**case)
-        )

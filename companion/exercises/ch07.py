@@ -12,9 +12,7 @@ exercise                                        check
 ==============================================  =====================================
 the forward pass of a Pre-LN decoder layer      :func:`check_decoder_layer_forward`
 the parameters of a whole Transformer           :func:`check_parameter_count`
-one decoding step with a key/value cache        :func:`check_cached_attention_step`
 one step of beam search                         :func:`check_beam_step`
-the distribution of temperature + top-k         :func:`check_sampling_distribution`
 one incremental decoding step, from the parts  :func:`check_decode_step`
 ==============================================  =====================================
 """
@@ -33,7 +31,6 @@ from torch import Tensor
 from companion._validation import check_callable as _check_callable
 from companion.cache import DecoderCache
 from companion.data import PAD_ID
-from companion.decode import sampling_distribution
 from companion.exercises._checker import (
     Case,
     CheckResult,
@@ -49,9 +46,7 @@ from companion.utils import count_parameters
 __all__ = [
     "check_decoder_layer_forward",
     "check_parameter_count",
-    "check_cached_attention_step",
     "check_beam_step",
-    "check_sampling_distribution",
     "check_decode_step",
 ]
 
@@ -326,77 +321,7 @@ def check_parameter_count(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: one decoding step with a key/value cache
-# --------------------------------------------------------------------------------------------
-
-
-def reference_cached_attention_step(
-    q_new: Tensor, k_new: Tensor, v_new: Tensor, past_keys: Tensor, past_values: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Append the newest key/value to the cache and attend the newest query over all of them.
-
-    The newest token is the last one, so it may see every key: no mask is needed.
-
-    Args:
-        q_new, k_new, v_new: the newest position's query, key and value, each
-            ``(batch, heads, 1, head_dim)``.
-        past_keys, past_values: the cache, each ``(batch, heads, t, head_dim)`` (``t`` may be 0).
-
-    Returns:
-        ``(output, keys, values)``: ``output (batch, heads, 1, head_dim)`` is
-        ``softmax(q_new keysᵀ / √head_dim) values``; ``keys, values (batch, heads, t + 1,
-        head_dim)`` are the updated cache, the new position last.
-    """
-    keys = torch.cat([past_keys, k_new], dim=-2)  # (batch, heads, t + 1, head_dim)
-    values = torch.cat([past_values, v_new], dim=-2)  # (batch, heads, t + 1, head_dim)
-    d_head = q_new.shape[-1]
-    scores = q_new @ keys.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, 1, t + 1)
-    weights = torch.softmax(scores, dim=-1)  # (batch, heads, 1, t + 1)
-    output = weights @ values  # (batch, heads, 1, head_dim)
-    return output, keys, values
-
-
-def _cache_cases() -> list[Case]:
-    g = seeded_generator(713)
-    shapes = [
-        # (batch, heads, t, head_dim)
-        (2, 3, 5, 4),  # all sizes different: a concatenation on the wrong axis cannot run
-        (3, 2, 0, 8),  # empty cache: the first decoding step
-        (1, 1, 1, 6),  # batch = heads = t = 1: cat on dim 0 or 1 runs, with a plausible shape
-        (2, 4, 1, 3),  # t = 1: cat on the heads axis runs
-        (4, 2, 9, 16),
-        (1, 3, 2, 2),
-    ]
-    cases: list[Case] = []
-    for batch, heads, t, d_head in shapes:
-        cases.append(
-            {
-                "q_new": 1.5 * torch.randn(batch, heads, 1, d_head, generator=g),
-                "k_new": torch.randn(batch, heads, 1, d_head, generator=g),
-                "v_new": torch.randn(batch, heads, 1, d_head, generator=g),
-                "past_keys": torch.randn(batch, heads, t, d_head, generator=g),
-                "past_values": torch.randn(batch, heads, t, d_head, generator=g),
-            }
-        )
-    return cases
-
-
-def check_cached_attention_step(
-    cached_attention_step: Callable[..., tuple[Tensor, Tensor, Tensor]], verbose: bool = True
-) -> CheckResult:
-    """Check ``cached_attention_step(q_new, k_new, v_new, past_keys, past_values)`` →
-    ``(output (batch, heads, 1, head_dim), keys, values (batch, heads, t + 1, head_dim))``."""
-    return run_check(
-        "cached_attention_step",
-        cached_attention_step,
-        reference_cached_attention_step,
-        _cache_cases(),
-        verbose=verbose,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 4: one step of beam search
+# Exercise 3: one step of beam search
 # --------------------------------------------------------------------------------------------
 
 
@@ -506,96 +431,7 @@ def check_beam_step(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: the distribution that temperature + top-k sampling draws from
-# --------------------------------------------------------------------------------------------
-
-
-def reference_sampling_distribution(
-    logits: Tensor, temperature: float, top_k: int | None
-) -> Tensor:
-    """``softmax(logits / temperature)`` restricted to the ``top_k`` largest logits.
-
-    Args:
-        logits: ``(batch, vocab)`` next-token logits.
-        temperature: ``> 0``; below 1 sharpens the distribution, above 1 flattens it.
-        top_k: keep only the ``top_k`` most likely tokens of each row (``1 <= top_k <=
-            vocab``), or ``None`` to keep all.
-
-    Returns:
-        ``(batch, vocab)`` probabilities: zero outside the top ``top_k`` tokens, the rest
-        renormalised so that every row sums to 1.
-    """
-    scaled = logits / temperature  # (batch, vocab)
-    if top_k is not None:
-        kth_largest = scaled.topk(top_k, dim=-1).values[:, -1:]  # (batch, 1)
-        scaled = scaled.masked_fill(scaled < kth_largest, -math.inf)  # (batch, vocab)
-    return torch.softmax(scaled, dim=-1)  # (batch, vocab): what sample_decode draws from
-
-
-def _refused_sampling_distribution(*args: Any, **kwargs: Any) -> Any:
-    raise RuntimeError(
-        "companion.decode.sampling_distribution refuses to run in this check: "
-        "write the distribution yourself (temperature, top-k, softmax)"
-    )
-
-
-def _without_package_distribution(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` run while ``companion.decode.sampling_distribution`` raises, under every name
-    it was imported as (its code object is swapped for the call, then restored)."""
-
-    @functools.wraps(fn)
-    def wrapper(**kwargs: Any) -> Any:
-        original = sampling_distribution.__code__
-        sampling_distribution.__code__ = _refused_sampling_distribution.__code__
-        try:
-            return fn(**kwargs)
-        finally:
-            sampling_distribution.__code__ = original
-
-    return wrapper
-
-
-def _sampling_cases() -> list[Case]:
-    g = seeded_generator(715)
-    settings = [
-        # (batch, vocab, temperature, top_k)
-        (2, 10, 1.0, None),  # plain softmax
-        (3, 8, 0.5, 3),
-        (2, 12, 2.0, 5),
-        (1, 6, 0.7, 1),  # top_k = 1: greedy, a one-hot distribution
-        (4, 5, 1.5, 5),  # top_k = vocab: nothing removed
-        (2, 20, 0.8, None),
-        (5, 7, 3.0, 2),  # a high temperature; batch > top_k
-        (3, 9, 0.25, 4),  # a low temperature
-    ]
-    return [
-        {
-            "logits": 2.0 * torch.randn(batch, vocab, generator=g),  # (batch, vocab)
-            "temperature": temperature,
-            "top_k": top_k,
-        }
-        for batch, vocab, temperature, top_k in settings
-    ]
-
-
-def check_sampling_distribution(
-    sampling_distribution: Callable[..., Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``sampling_distribution(logits, temperature, top_k)`` → ``(batch, vocab)``
-    probabilities. While it runs, the package's ``companion.decode.sampling_distribution``
-    raises: the exercise asks for the distribution written out."""
-    _check_callable("the function to check", sampling_distribution)
-    return run_check(
-        "sampling_distribution",
-        _without_package_distribution(sampling_distribution),
-        reference_sampling_distribution,
-        _sampling_cases(),
-        verbose=verbose,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 6: one incremental decoding step, from the model's parts
+# Exercise 4: one incremental decoding step, from the model's parts
 # --------------------------------------------------------------------------------------------
 
 
