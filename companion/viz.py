@@ -160,7 +160,8 @@ def head_split_diagram(
     """Draw multi-head attention's reshapes as blocks: split, attend per head, concatenate, W_O.
 
     Left to right: the projected queries ``(seq_len, d_model)`` with head ``r``'s ``d_k``
-    columns in colour ``r``; after ``view`` + ``transpose(1, 2)`` one ``(seq_len, d_k)`` matrix
+    columns in colour ``r``; after ``view`` and a swap of the token and head axes
+    (``transpose(1, 2)`` when the batch axis is in front) one ``(seq_len, d_k)`` matrix
     per head; each head's attention output ``(seq_len, d_v)``; their concatenation
     ``(seq_len, h·d_v)``, the same colours in the same columns; ``W_O``'s output
     ``(seq_len, d_model)``, where every column mixes every head (grey). The batch axis is
@@ -239,7 +240,7 @@ def head_split_diagram(
     for i in range(seq_len):
         ax.text(x - 0.3, low + seq_len - 0.5 - i, f"token {i}", ha="right", va="center", fontsize=7)
     x += d_model
-    arrow(x, "view (n, h, d_k)\n+ transpose(1, 2)")
+    arrow(x, "view (n, h, d_k)\n+ swap n and h\n(transpose(1, 2)\nwith a batch axis)")
     x += arrow_gap
     # 2. one (n, d_k) matrix per head, stacked: the new head axis
     for stage_title, stage_label in (
@@ -271,7 +272,7 @@ def head_split_diagram(
         if stage_title == "Q per head":
             arrow(x, "attention per head\n(K, V split alike;\nits own softmax)")
             x += arrow_gap
-    arrow(x, "transpose(1, 2)\n+ reshape")
+    arrow(x, "swap h and n back\n+ reshape")
     x += arrow_gap
     # 3. the concatenation: the same colours in the same columns
     grid(x, low, d_model, head_colour)

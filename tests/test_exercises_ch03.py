@@ -656,3 +656,95 @@ def fused_q_k_v_swapped(qkv, num_heads):
 
 def test_split_fused_qkv_rejects_swapped_blocks():
     assert not ch03.check_split_fused_qkv(fused_q_k_v_swapped, verbose=False)
+
+
+# --------------------------------------------------------------------------------------------
+# exercise 1 (multi-head attention with d_k != d_v): more slips, and the messages
+# --------------------------------------------------------------------------------------------
+
+
+def mha_merge_without_transpose(query, key, value, w_q, w_k, w_v, w_o, num_heads):
+    # splits right, but glues the heads back with a reshape that skips transpose(1, 2)
+    q, k, v = (
+        _split(query @ w_q, num_heads),
+        _split(key @ w_k, num_heads),
+        _split(value @ w_v, num_heads),
+    )
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    per_head = weights @ v  # (batch, h, q_len, d_v)
+    batch, _, q_len, d_v = per_head.shape
+    return per_head.reshape(batch, q_len, num_heads * d_v) @ w_o, weights
+
+
+def mha_scaled_by_d_v(query, key, value, w_q, w_k, w_v, w_o, num_heads):
+    # the width of the values, not of the queries and keys that the dot product multiplies
+    q, k, v = (
+        _split(query @ w_q, num_heads),
+        _split(key @ w_k, num_heads),
+        _split(value @ w_v, num_heads),
+    )
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(v.shape[-1]), dim=-1)
+    return _merge(weights @ v) @ w_o, weights
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (mha_merge_without_transpose, "without transpose(1, 2)"),
+        (mha_scaled_by_d_v, "1/√d_v"),
+        (mha_scaled_by_d_model, "1/√d_model"),
+        (mha_unscaled, "no scale"),
+    ],
+)
+def test_multi_head_attention_rejects_and_names_the_slip(wrong, hint):
+    result = ch03.check_multi_head_attention(wrong, verbose=False)
+    assert not result
+    assert hint in result.message, result.message
+
+
+def test_multi_head_attention_names_no_slip_for_the_wrong_split():
+    result = ch03.check_multi_head_attention(mha_split_without_transpose, verbose=False)
+    assert not result
+    assert "this looks like" not in result.message, result.message
+
+
+def test_multi_head_attention_cases_have_d_k_different_from_d_v():
+    cases = ch03._mha_cases()
+    assert any(
+        c["w_q"].shape[1] // c["num_heads"] != c["w_v"].shape[1] // c["num_heads"] for c in cases
+    )
+
+
+def test_a_stub_is_reported_not_raised():
+    def stub(query, key, value, w_q, w_k, w_v, w_o, num_heads):
+        raise NotImplementedError
+
+    result = ch03.check_multi_head_attention(stub, verbose=False)
+    assert not result and "not attempted yet" in result.message, result.message
+
+
+# --------------------------------------------------------------------------------------------
+# messages report the largest difference, not the first one
+# --------------------------------------------------------------------------------------------
+
+
+def test_gqa_message_reports_the_largest_difference():
+    case = ch03._gqa_cases()[0]
+    expected = ch03.reference_grouped_query_attention(**case)
+    got = gqa_repeat(**case)
+    largest = (got - expected).abs().max().item()
+    message = ch03.check_grouped_query_attention(gqa_repeat, verbose=False).message
+    assert "the largest difference" in message, message
+    assert f"off by {largest:.3g}" in message, message
+    assert largest > 1.0, largest  # the first differing entry is off by about 1e-4
+
+
+def test_compare_largest_picks_the_largest_entry_and_nan():
+    expected = torch.zeros(2, 3)
+    got = expected.clone()
+    got[0, 0], got[1, 2] = 1e-3, 5.0
+    assert "index (1, 2)" in ch03._compare_largest(expected, got)
+    got[0, 1] = float("nan")
+    assert "index (0, 1)" in ch03._compare_largest(expected, got)
+    assert ch03._compare_largest((expected,), (expected.clone(),)) is None
+    assert "wrong shape" in ch03._compare_largest(expected, torch.zeros(3, 2))

@@ -32,7 +32,10 @@ def test_one_square_per_number_and_one_colour_per_head(d_model, num_heads, seq_l
         assert shape in texts
     assert all(f"head {r}" in texts for r in range(num_heads))
     # the four steps between the five stages are labelled
-    for step in ("transpose(1, 2)", "attention per head", "reshape", "W_O"):
+    # without a batch axis the split swaps axes 0 and 1: the labels say "swap", and name
+    # transpose(1, 2) only together with the batch axis it assumes
+    assert "(transpose(1, 2)\nwith a batch axis)" in texts
+    for step in ("swap n and h", "attention per head", "swap h and n back", "W_O"):
         assert step in texts, step
     plt.close("all")
 

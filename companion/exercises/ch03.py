@@ -10,16 +10,16 @@ in the notebook.
 =====================================  ============================================
 exercise                               check
 =====================================  ============================================
-1. split a per-head fused projection   :func:`check_split_fused_qkv`
-2. grouped-query attention             :func:`check_grouped_query_attention`
-3. reorder the heads, same layer       :func:`check_permute_heads`
+1. multi-head attention, d_k != d_v    :func:`check_multi_head_attention`
+2. reorder the heads, same layer       :func:`check_permute_heads`
+3. split a per-head fused projection   :func:`check_split_fused_qkv`
 4. what each head compares             :func:`check_head_score_matrices`
-(extra) multi-head attention, weights  :func:`check_multi_head_attention`
+5. grouped-query attention             :func:`check_grouped_query_attention`
 =====================================  ============================================
 
-The extra check is practice outside the page: the chapter prints the core it asks for
-(``TinyMHA``), so it is not one of the chapter's exercises; exercise 3's check runs its
-reference.
+Exercises 1 and 2 use only the main path (sections 3.1 to 3.6); exercise 2's check runs
+exercise 1's reference. When a tensor differs, the message of exercises 1 and 5 shows the
+entry with the *largest* difference (the first differing entry can look like rounding).
 
 Weight matrices follow the *math* convention of the chapter, ``y = x W`` with ``W`` of shape
 ``(in, out)`` - the transpose of what ``nn.Linear`` stores in ``.weight``.
@@ -43,6 +43,7 @@ from companion.exercises._checker import (
     run_check,
     seeded_generator,
 )
+from companion.exercises._checker import _inputs as _describe_inputs
 
 __all__ = [
     "check_split_fused_qkv",
@@ -53,7 +54,88 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: split a fused projection laid out head by head
+# A comparison that reports the largest difference (exercises 1 and 5)
+# --------------------------------------------------------------------------------------------
+
+
+def _compare_largest(expected: object, got: object, path: str = "result") -> str | None:
+    """Like :func:`~companion.exercises._checker.compare` (atol 1e-5, rtol 1e-4), but a tensor
+    that differs is reported at its entry with the **largest** difference: the first differing
+    entry of a wrong answer can be off by 1e-4 and look like rounding while another is off by 2.
+    """
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
+            return compare(expected, got, path=path)
+        for i, (e, g) in enumerate(zip(expected, got)):
+            problem = _compare_largest(e, g, f"{path}[{i}]")
+            if problem:
+                return problem
+        return None
+    if (
+        isinstance(expected, Tensor)
+        and isinstance(got, Tensor)
+        and got.shape == expected.shape
+        and got.dtype.is_floating_point
+        and expected.dtype.is_floating_point
+    ):
+        e64, g64 = expected.detach().double(), got.detach().double()
+        bad = ~torch.isclose(g64, e64, atol=1e-5, rtol=1e-4)  # NaN never matches
+        if not bool(bad.any()):
+            return None
+        gap = (g64 - e64).abs().nan_to_num(nan=math.inf).masked_fill(~bad, -1.0)
+        index = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
+        return (
+            f"{path}: {int(bad.sum())} of {bad.numel()} entries differ; the largest difference "
+            f"is at index {index}: expected {e64[index].item():.6g}, got {g64[index].item():.6g} "
+            f"(off by {gap[index].item():.3g})"
+        )
+    return compare(expected, got, path=path)
+
+
+def _run_check_largest(
+    name: str,
+    user_fn: Callable[..., object],
+    reference_fn: Callable[..., object],
+    cases: list[Case],
+    verbose: bool,
+    hint: Callable[[Case, object], str] | None = None,
+) -> CheckResult:
+    """:func:`~companion.exercises._checker.run_check` with :func:`_compare_largest`."""
+    _require_callable("the function to check", user_fn)
+
+    def clone(case: Case) -> Case:
+        return {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
+
+    result: CheckResult | None = None
+    count = 0
+    for count, case in enumerate(cases, start=1):
+        expected = reference_fn(**clone(case))
+        got, result = call_reader(name, count, user_fn, clone(case))
+        if result is not None:
+            if result.message.startswith("❌"):  # raised: show the inputs that made it raise
+                result.message += f"\n   inputs: {_describe_inputs(case)}"
+            break
+        problem = _compare_largest(expected, got)
+        if problem:
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: case {count} is wrong.\n   {problem}\n   inputs: "
+                f"{_describe_inputs(case)}" + (hint(case, got) if hint is not None else ""),
+            )
+            break
+    if result is None:
+        result = CheckResult(
+            name, True, count, f"✅ {name}: all {count} cases match the reference."
+        )
+    if verbose:
+        report(result)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: split a fused projection laid out head by head
 # --------------------------------------------------------------------------------------------
 
 
@@ -144,7 +226,7 @@ def _fused_hint(case: Case, got: object) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Extra practice: multi-head attention from weight matrices (exercise 3's check runs it)
+# Exercise 1: multi-head attention from weight matrices, d_k != d_v (exercise 2's check runs it)
 # --------------------------------------------------------------------------------------------
 
 
@@ -218,22 +300,76 @@ def _mha_cases() -> list[Case]:
     return cases
 
 
+def _mha_variant(case: Case, scale_width: str = "d_k", merge_transposed: bool = True) -> Tensor:
+    """The output of a classic slip: the scale 1/√width with another width, or the heads
+    merged by a reshape without the transpose."""
+    query, key, value, heads = case["query"], case["key"], case["value"], case["num_heads"]
+    batch, q_len, d_model = query.shape
+    d_k, d_v = case["w_q"].shape[1] // heads, case["w_v"].shape[1] // heads
+    width = {"d_k": d_k, "d_v": d_v, "d_model": d_model, "h·d_k": heads * d_k, "1": 1}[scale_width]
+    q = (query @ case["w_q"]).unflatten(-1, (heads, d_k)).transpose(1, 2)  # (batch, h, q_len, d_k)
+    k = (key @ case["w_k"]).unflatten(-1, (heads, d_k)).transpose(1, 2)  # (batch, h, k_len, d_k)
+    v = (value @ case["w_v"]).unflatten(-1, (heads, d_v)).transpose(1, 2)  # (batch, h, k_len, d_v)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(width), dim=-1)  # (batch, h, q, k)
+    per_head = weights @ v  # (batch, h, q_len, d_v)
+    if merge_transposed:
+        merged = per_head.transpose(1, 2).reshape(batch, q_len, heads * d_v)
+    else:
+        merged = per_head.reshape(batch, q_len, heads * d_v)  # right shape, tokens mixed
+    return merged @ case["w_o"]  # (batch, q_len, d_model)
+
+
+def _mha_hint(case: Case, got: object) -> str:
+    """Name the classic slip that ``got``'s output reproduces, if any (empty string otherwise)."""
+    if not isinstance(got, (tuple, list)) or len(got) != 2 or not isinstance(got[0], Tensor):
+        return ""
+    heads = case["num_heads"]
+    d_k, d_v = case["w_q"].shape[1] // heads, case["w_v"].shape[1] // heads
+    d_model = case["query"].shape[-1]
+    slips = {
+        "the heads merged by a reshape without transpose(1, 2): right shape, but it glues "
+        "the outputs of different tokens together": {"merge_transposed": False},
+        "the scale 1/√d_v: the scores are dot products of d_k-wide queries and keys, so the "
+        "scale is 1/√d_k": {"scale_width": "d_v"},
+        "the scale 1/√d_model: the scale uses the width of one head, d_k": {
+            "scale_width": "d_model"
+        },
+        "the scale 1/√(h·d_k), the width of all heads together: use one head's d_k": {
+            "scale_width": "h·d_k"
+        },
+        "no scale: chapter 2's 1/√d_k is missing": {"scale_width": "1"},
+    }
+    widths = {"d_k": d_k, "d_v": d_v, "d_model": d_model, "h·d_k": heads * d_k, "1": 1}
+    for slip, change in slips.items():
+        if widths[change.get("scale_width", "d_k")] == d_k and change.get("merge_transposed", True):
+            continue  # this case cannot tell the slip from the right answer
+        if change.get("merge_transposed") is False and (heads == 1 or case["query"].shape[1] == 1):
+            continue
+        value = _mha_variant(case, **change)
+        if got[0].shape == value.shape and torch.allclose(got[0], value, atol=1e-5, rtol=1e-4):
+            return f"\n   this looks like {slip}."
+    return ""
+
+
 def check_multi_head_attention(
     multi_head_attention: Callable[..., tuple[Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
     """Check ``multi_head_attention(query, key, value, w_q, w_k, w_v, w_o, num_heads)`` →
-    ``(output (batch, q_len, d_model), weights (batch, heads, q_len, k_len))``."""
-    return run_check(
+    ``(output (batch, q_len, d_model), weights (batch, heads, q_len, k_len))``, with ``d_k`` and
+    ``d_v`` read off the weights (cases with ``d_k != d_v`` and ``h·d_v != d_model``); names a
+    merge without the transpose and a wrong scale when the output is one of them."""
+    return _run_check_largest(
         "multi_head_attention",
         multi_head_attention,
         reference_multi_head_attention,
         _mha_cases(),
-        verbose=verbose,
+        verbose,
+        hint=_mha_hint,
     )
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: grouped-query attention
+# Exercise 5: grouped-query attention
 # --------------------------------------------------------------------------------------------
 
 
@@ -369,19 +505,18 @@ def check_grouped_query_attention(
     num_kv_heads)`` → ``(batch, q_len, d_model)``; when the answer pairs query heads with the
     wrong key/value heads (``repeat`` for ``repeat_interleave``, ...) the message says which
     key/value head a query head used and which it should have used."""
-    result = run_check(
+    return _run_check_largest(
         "grouped_query_attention",
         grouped_query_attention,
         reference_grouped_query_attention,
         _gqa_cases(),
-        verbose=verbose,
+        verbose,
         hint=_gqa_hint,
     )
-    return result
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: reorder the heads without changing the layer
+# Exercise 2: reorder the heads without changing the layer
 # --------------------------------------------------------------------------------------------
 
 
