@@ -748,3 +748,21 @@ def test_compare_largest_picks_the_largest_entry_and_nan():
     assert "index (0, 1)" in ch03._compare_largest(expected, got)
     assert ch03._compare_largest((expected,), (expected.clone(),)) is None
     assert "wrong shape" in ch03._compare_largest(expected, torch.zeros(3, 2))
+
+
+def fused_no_transpose_at_all(qkv, num_heads):
+    # view into heads, then chunk: (batch, len, heads, d_k), the right shape only where len = heads
+    batch, length, width = qkv.shape
+    return tuple(qkv.view(batch, length, num_heads, width // num_heads).chunk(3, dim=-1))
+
+
+def test_split_fused_qkv_rejects_a_split_with_no_transpose_at_all():
+    assert not ch03.check_split_fused_qkv(fused_no_transpose_at_all, verbose=False)
+    # and it is rejected on values, not only on shapes, in the cases where len = heads
+    square = [c for c in ch03._fused_cases() if c["qkv"].shape[1] == c["num_heads"]]
+    assert square
+    for case in square:
+        got = fused_no_transpose_at_all(**case)
+        right = ch03.reference_split_fused_qkv(**case)
+        assert got[0].shape == right[0].shape
+        assert not torch.allclose(got[0], right[0])

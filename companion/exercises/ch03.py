@@ -167,7 +167,7 @@ def _fused_cases() -> list[Case]:
         # (batch, len, num_heads, head_dim)
         (2, 5, 3, 4),  # the chapter's walk-through sizes
         (1, 3, 2, 4),
-        (3, 4, 4, 4),  # len = heads = head_dim = 4: a reshape without transpose fits
+        (3, 4, 4, 4),  # len = heads: even a split with no transpose at all has the right shape
         (2, 2, 2, 2),  # likewise
         (2, 6, 1, 6),  # one head: the two layouts coincide
         (2, 1, 6, 1),  # head_dim = 1
