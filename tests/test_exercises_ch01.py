@@ -259,7 +259,18 @@ def additive_loop_over_queries(q, k, w_q, w_k, w_a):  # right numbers, one query
     return torch.stack(rows, dim=-2)  # (..., q_len, k_len)
 
 
-@pytest.mark.parametrize("loop", [additive_loop_over_pairs, additive_loop_over_queries])
+def additive_loop_over_hidden_units(q, k, w_q, w_k, w_a):  # right numbers, one unit at a time
+    hq, hk = q @ w_q, k @ w_k  # (..., q_len, d_a), (..., k_len, d_a)
+    total = 0.0
+    for c in range(w_a.shape[0]):
+        total = total + torch.tanh(hq[..., :, None, c] + hk[..., None, :, c]) * w_a[c]
+    return total  # (..., q_len, k_len)
+
+
+@pytest.mark.parametrize(
+    "loop",
+    [additive_loop_over_pairs, additive_loop_over_queries, additive_loop_over_hidden_units],
+)
 def test_additive_scores_rejects_a_python_loop_and_says_so(loop):
     """The prompt says 'without a Python loop': the check enforces it on the 12 x 10 case,
     although the loop's numbers are right."""
@@ -380,6 +391,28 @@ def equivariance_test_reversal_and_shift(layer, x):  # the two "structured" reor
 def equivariance_test_loose(layer, x):  # a tolerance of 0.1 hides small position codes
     perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))
     return torch.allclose(layer(x[perm]), layer(x)[perm], atol=0.1)
+
+
+def equivariance_test_one_random_draw(layer, x):  # one unseeded permutation: may be the identity
+    perm = torch.randperm(x.shape[0])
+    return torch.allclose(layer(x[perm]), layer(x)[perm], atol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_equivariance_test_with_one_random_draw_is_rejected(seed):
+    """Short sequences (two tokens, three) make a single random permutation the identity
+    often: the check has five of them, so the draw sees nothing on all five only with
+    probability 1/96; under each of these fixed global seeds the test is rejected."""
+    torch.manual_seed(seed)
+    result = ch01.check_is_permutation_equivariant(equivariance_test_one_random_draw, verbose=False)
+    assert not result, f"seed {seed}: {result.message}"
+
+
+def test_equivariance_cases_include_short_sequences():
+    short = [case for case in ch01._equivariance_cases() if case["x"].shape[0] <= 3]
+    assert len(short) == 5, [case["x"].shape for case in short]
+    for case in short:  # each short case is a layer that is NOT equivariant at its length
+        assert not ch01.reference_is_permutation_equivariant(case["layer"], case["x"]), case
 
 
 def equivariance_test_features(layer, x):  # shuffles the features, not the tokens

@@ -221,10 +221,11 @@ def reference_additive_scores(
     vector that is scored): the inputs themselves, not projected queries and keys.
 
     Args:
-        q: the query-side vectors, shape ``(..., q_len, d_q)``.
-        k: the key-side vectors, shape ``(..., k_len, d_k)``, same leading dimensions as ``q``.
-        w_q: shape ``(d_q, d_hidden)``.
-        w_k: shape ``(d_k, d_hidden)``.
+        q: the query-side vectors, shape ``(..., q_len, d_query)``.
+        k: the key-side vectors, shape ``(..., k_len, d_key)``, same leading dimensions as
+            ``q`` (input widths, not the projected width ``d_k``).
+        w_q: shape ``(d_query, d_hidden)``.
+        w_k: shape ``(d_key, d_hidden)``.
         w_a: shape ``(d_hidden,)``.
 
     Returns:
@@ -241,7 +242,7 @@ def _additive_cases() -> list[Case]:
         # (q shape, k shape, d_hidden)
         ((3, 4), (5, 4), 6),
         ((4, 3), (4, 3), 5),  # q_len == k_len: pairing q_i with k_i only gives no error
-        ((3, 2), (5, 4), 3),  # d_q != d_k
+        ((3, 2), (5, 4), 3),  # d_query != d_key
         ((1, 3), (1, 3), 4),  # one query, one key
         ((2, 3, 4), (2, 6, 4), 3),  # a batch of 2
         ((12, 4), (10, 4), 3),  # 120 pairs: a Python loop over queries or pairs shows here
@@ -286,8 +287,8 @@ def check_additive_scores(
     additive_scores: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor],
     verbose: bool = True,
 ) -> CheckResult:
-    """Check ``additive_scores(q, k, w_q, w_k, w_a)``: ``(..., q_len, d_q)``,
-    ``(..., k_len, d_k)`` → ``(..., q_len, k_len)``.
+    """Check ``additive_scores(q, k, w_q, w_k, w_a)``: ``(..., q_len, d_query)``,
+    ``(..., k_len, d_key)`` → ``(..., q_len, k_len)``.
 
     The exercise asks for every pair at once, without a Python loop: the check counts the
     PyTorch calls the reader's function makes on each case and reports a count above
@@ -303,7 +304,8 @@ def check_additive_scores(
             raise PythonLoopSuspected(
                 f"your function made {counter.calls} PyTorch calls for {q_len} queries and "
                 f"{k_len} keys (a broadcast answer makes about 8, whatever the sizes): it "
-                "loops in Python. Give every projected query a new axis for the keys, and "
+                "loops in Python, and each iteration (over queries, keys, pairs or hidden "
+                "units) adds calls. Give every projected query a new axis for the keys, and "
                 "every projected key one for the queries, and add them once"
             )
         return result
@@ -488,10 +490,17 @@ def _equivariance_cases() -> list[Case]:
     for name in layers:
         if name != "self-attention":
             cases.append({"layer": layers[name], "x": torch.randn(6, 4, generator=g)})
-    # two tokens: the only reordering is the swap
-    cases.append(
-        {"layer": layers["attention with position codes"], "x": torch.randn(2, 4, generator=g)}
-    )
+    # two tokens: the only reordering is the swap; three tokens: six reorderings, three of
+    # them cyclic. A test that draws one random permutation draws the identity (and sees
+    # nothing) with probability 1/2 or 1/6 on each of these short cases
+    for name, seq_len in (
+        ("attention with position codes", 2),
+        ("causal self-attention", 2),
+        ("window layer", 2),
+        ("circular convolution", 3),  # only the three reflections change its outputs
+        ("attention with position codes", 3),
+    ):
+        cases.append({"layer": layers[name], "x": torch.randn(seq_len, 4, generator=g)})
     cases.append({"layer": layers["self-attention"], "x": 3 * torch.randn(9, 4, generator=g)})
     return cases
 
