@@ -43,7 +43,6 @@ from companion.exercises._checker import (
     run_check,
     seeded_generator,
 )
-from companion.exercises._checker import _inputs as _describe_inputs
 
 __all__ = [
     "check_split_fused_qkv",
@@ -90,6 +89,17 @@ def _compare_largest(expected: object, got: object, path: str = "result") -> str
             f"(off by {gap[index].item():.3g})"
         )
     return compare(expected, got, path=path)
+
+
+def _describe_inputs(case: Case) -> str:
+    """The inputs of a case as the checks print them: names, shapes and dtypes, or values."""
+
+    def describe(value: object) -> str:
+        if isinstance(value, Tensor):
+            return f"tensor of shape {tuple(value.shape)}, dtype {value.dtype}"
+        return f"{type(value).__name__} {value!r}"[:200]
+
+    return ", ".join(f"{name}: {describe(value)}" for name, value in case.items())
 
 
 def _run_check_largest(
