@@ -417,6 +417,13 @@ def _blockwise_cases(seed: int = 20) -> Iterator[Case]:
     k = torch.randn(12, 4, generator=gen)  # (12, 4)
     k = k[(q[0] @ k.T).argsort()] * 4  # (12, 4)
     yield {"q": q, "k": k, "v": torch.randn(12, 3, generator=gen), "block_size": 4}
+    # one query whose scaled scores all lie below about -200: a running maximum started at 0
+    # instead of -inf turns every exp(score - max) into 0 and the output into 0/0
+    direction = torch.tensor([1.0, 0.0, 0.0, 0.0])  # (4,)
+    k = 20 * direction + 0.5 * torch.randn(10, 4, generator=gen)  # (10, 4), all along +x
+    q = torch.randn(2, 4, generator=gen)  # (2, 4)
+    q[0] = -25 * direction + 0.5 * torch.randn(4, generator=gen)  # scores near -250
+    yield {"q": q, "k": k, "v": torch.randn(10, 3, generator=gen), "block_size": 3}
     # many blocks (12 of 5 keys, 5 ∉ {d_k, d_v}): keeping every block's scores until the end
     # holds 12 blocks' worth, over the 6 that _BlockRule allows at once
     yield {
@@ -611,10 +618,11 @@ def sampled_query_gradient_norms(
 #: The numbers of keys per query at which :func:`check_gradient_crossover` asks for the
 #: crossover: three few and three many, every one of them at each run. Chapter 2 measures 16
 #: keys only, and the right width differs from setting to setting, so neither the chapter's
-#: 128, nor a table of a few remembered answers, nor a rule of thumb that fits most settings
-#: passes; at each setting the crossover is clear-cut (the gap at least 10 % away from 1 on
-#: both sides).
-CROSSOVER_N_KEYS = (3, 4, 8, 32, 64, 96)
+#: 128, nor a table of a few remembered answers, nor a rule of thumb passes ("the largest
+#: power of two up to 8 n_keys" fails at 6, 12 and 128 keys; "8 n_keys rounded up" at 3
+#: and 128); at each setting the crossover is clear-cut (the gap at least 10 % away from 1
+#: on both sides).
+CROSSOVER_N_KEYS = (3, 6, 12, 32, 64, 128)
 
 #: The widths the crossover is looked for among: 2, 4, ..., 2048.
 CROSSOVER_D_KS = tuple(2**e for e in range(1, 12))
