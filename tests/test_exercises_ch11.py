@@ -3,8 +3,8 @@ split without a transpose or transposed first, the scale after the softmax or by
 discarded masked_fill, a mask filled with 0, an inverted mask, no softmax or one over the queries,
 the doubled positional exponent, a float64 table, the blog's greedy loop, its partial fixes, a
 loop without the source mask or one that keeps <bos>, wrong names for the mystery
-patients, and batch-independence tests that reverse the batch only, watch one row, compare
-exactly or too loosely)."""
+patients, and batch-independence tests that reverse the batch only, watch one row, the first
+two rows or the last position, compare exactly or too loosely)."""
 
 from __future__ import annotations
 
@@ -58,6 +58,13 @@ def test_split_heads_accepts_correct():
 )
 def test_split_heads_rejects_wrong(wrong):
     assert not ch11.check_split_heads(wrong, verbose=False)
+
+
+def test_split_heads_report_says_whether_equivariance_survives(capsys):
+    assert not ch11.check_split_heads(split_view_only)  # bug 4: tokens mixed
+    assert "is not permutation-equivariant" in capsys.readouterr().out
+    assert not ch11.check_split_heads(split_transpose_wrong_axes)  # one token per head, wrong cut
+    assert "is still permutation-equivariant" in capsys.readouterr().out
 
 
 def test_split_heads_reference_is_the_clinic_split():
@@ -358,6 +365,14 @@ def test_mystery_rejects_a_missing_seed(capsys):
     assert "no answer" in capsys.readouterr().out
 
 
+def test_mystery_rejects_string_keys_with_a_type_hint(capsys):
+    answers = {str(seed): name for seed, name in RIGHT.items()}  # {"0": ...}: the right names
+    assert not ch11.check_mystery(answers)
+    out = capsys.readouterr().out
+    assert "keys must be the seeds as int" in out and "'0' (str)" in out
+    assert "not attempted" not in out
+
+
 def test_mystery_stub_and_bad_input(capsys):
     assert not ch11.check_mystery({seed: "" for seed in ch11.MYSTERY_SEEDS})
     assert "not attempted yet" in capsys.readouterr().out
@@ -441,6 +456,51 @@ def batch_loose(logits_fn, ids):  # a tolerance of 0.1 misses a small leak
     )
 
 
+def batch_last_alone(logits_fn, ids):  # the last sentence only
+    return bool(torch.allclose(logits_fn(ids[-1:])[0], logits_fn(ids)[-1], atol=1e-4, rtol=0))
+
+
+def batch_first_two_alone(logits_fn, ids):  # the first two sentences only
+    batched = logits_fn(ids)
+    return all(
+        torch.allclose(logits_fn(ids[b : b + 1])[0], batched[b], atol=1e-4, rtol=0)
+        for b in range(min(2, ids.shape[0]))
+    )
+
+
+def batch_first_alone_and_reversed(logits_fn, ids):  # blind to rows that read each other
+    batched = logits_fn(ids)
+    return batch_first_row_alone(logits_fn, ids) and bool(
+        torch.allclose(logits_fn(ids.flip(0)).flip(0), batched, atol=1e-4, rtol=0)
+    )
+
+
+def batch_last_position(logits_fn, ids):  # every sentence alone, the last position only
+    batched = logits_fn(ids)
+    return all(
+        torch.allclose(logits_fn(ids[b : b + 1])[0, -1], batched[b, -1], atol=1e-4, rtol=0)
+        for b in range(ids.shape[0])
+    )
+
+
+#: each incomplete test, and the mixing of the case made to defeat it
+INCOMPLETE = {
+    "last alone": (batch_last_alone, "row 0 reads row 1"),
+    "first two alone": (batch_first_two_alone, "row 2 reads row 3"),
+    "first alone and reversed": (batch_first_alone_and_reversed, "rows 1 and 3 read each other"),
+    "last position": (batch_last_position, "batch mean at position 0"),
+}
+
+
+@pytest.mark.parametrize("name", list(INCOMPLETE))
+def test_batch_independent_rejects_incomplete_tests(name, capsys):
+    incomplete, how = INCOMPLETE[name]
+    assert not ch11.check_batch_independent(incomplete, verbose=False)
+    (case,) = [case for case in ch11._batch_cases() if case["logits_fn"].how == how]
+    assert not ch11.reference_batch_independent(**case)  # the case mixes the batch ...
+    assert incomplete(**case)  # ... and this test, on its own, misses it
+
+
 def test_batch_independent_accepts_correct(capsys):
     assert ch11.check_batch_independent(ch11.reference_batch_independent)
     assert ch11.check_batch_independent(batch_every_row_alone)
@@ -480,6 +540,7 @@ def test_batch_cases_hold_each_kind_of_mixing():
         "reads the first row",
         "batch-axis positions",
     } <= set(kinds)
+    assert set(ch11._BatchModel.READS) | {"batch mean at position 0"} <= set(kinds)
     verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
-    assert verdicts.count(True) == 3 and verdicts.count(False) == 4, verdicts
+    assert verdicts.count(True) == 3 and verdicts.count(False) == 8, verdicts
     assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind

@@ -54,8 +54,8 @@ SEQ_LEN = 12
 
 
 class PositionalEncoding(nn.Module):
-    """Adds the sinusoidal table of the paper: ``PE[p, 2i] = sin(p / 10000^(2i/d))``,
-    ``PE[p, 2i+1] = cos(p / 10000^(2i/d))``.
+    """Adds the sinusoidal table of the paper: ``PE[p, 2m] = sin(p / 10000^(2m/d_model))``,
+    ``PE[p, 2m+1] = cos(p / 10000^(2m/d_model))`` for pair ``m``.
 
     The table is a non-persistent buffer: it is not in ``state_dict``, as in
     :class:`companion.positional.SinusoidalPositionalEncoding`.
@@ -74,11 +74,11 @@ class PositionalEncoding(nn.Module):
     def build_table(max_len: int, d_model: int) -> Tensor:
         """The ``(max_len, d_model)`` table, sine on even and cosine on odd dimensions."""
         position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-        two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,): 0, 2, 4, ...
-        angle = position / 10000 ** (two_i / d_model)  # (max_len, d_model/2)
+        two_m = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,): 2m = 0, 2, 4, ...
+        angle = position / 10000 ** (two_m / d_model)  # (max_len, d_model/2)
         table = torch.zeros(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
-        table[:, 0::2] = torch.sin(angle)  # even dimensions 2i
-        table[:, 1::2] = torch.cos(angle)  # odd dimensions 2i + 1, the same frequency
+        table[:, 0::2] = torch.sin(angle)  # even dimensions 2m
+        table[:, 1::2] = torch.cos(angle)  # odd dimensions 2m + 1, the same frequency
         return table.float()  # (max_len, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -93,14 +93,14 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention: project, split into heads, attend, merge, project.
 
     Args:
-        d_model: size of the vectors; ``d_head = d_model / num_heads``.
+        d_model: size of the vectors; ``head_dim = d_model / num_heads``.
         num_heads: number of heads.
         dropout: dropout on the attention weights.
     """
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__()
-        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
         self.query_proj = nn.Linear(d_model, d_model)
         self.key_proj = nn.Linear(d_model, d_model)
         self.value_proj = nn.Linear(d_model, d_model)
@@ -113,40 +113,40 @@ class MultiHeadAttention(nn.Module):
         """``query (batch, q_len, d_model)``, ``key``/``value (batch, k_len, d_model)``, ``mask``
         boolean broadcastable to ``(batch, heads, q_len, k_len)`` (``True`` = may attend) →
         ``(batch, q_len, d_model)``."""
-        q, k, v = self.project(query, key, value)  # (batch, heads, len, d_head) each
-        out, _ = self.attend(q, k, v, mask)  # (batch, heads, q_len, d_head)
+        q, k, v = self.project(query, key, value)  # (batch, heads, len, head_dim) each
+        out, _ = self.attend(q, k, v, mask)  # (batch, heads, q_len, head_dim)
         return self.out_proj(self.merge_heads(out))  # (batch, q_len, d_model)
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The three ``d_model × d_model`` projections, then the split into heads."""
-        q = self.split_heads(self.query_proj(query))  # (batch, heads, q_len, d_head)
-        k = self.split_heads(self.key_proj(key))  # (batch, heads, k_len, d_head)
-        v = self.split_heads(self.value_proj(value))  # (batch, heads, k_len, d_head)
+        q = self.split_heads(self.query_proj(query))  # (batch, heads, q_len, head_dim)
+        k = self.split_heads(self.key_proj(key))  # (batch, heads, k_len, head_dim)
+        v = self.split_heads(self.value_proj(value))  # (batch, heads, k_len, head_dim)
         return q, k, v
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → ``(batch, heads, seq, d_head)``: head ``h`` gets
-        features ``h·d_head … (h+1)·d_head − 1`` of every token."""
+        """``(batch, seq, d_model)`` → ``(batch, heads, seq, head_dim)``: head ``r`` gets
+        features ``r·head_dim … (r+1)·head_dim − 1`` of every token."""
         batch, seq, _ = x.shape
-        x = x.view(batch, seq, self.num_heads, self.d_head)  # (batch, seq, heads, d_head)
-        return x.transpose(1, 2)  # (batch, heads, seq, d_head)
+        x = x.view(batch, seq, self.num_heads, self.head_dim)  # (batch, seq, heads, head_dim)
+        return x.transpose(1, 2)  # (batch, heads, seq, head_dim)
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        """``(batch, heads, seq, d_head)`` → ``(batch, seq, d_model)``."""
+        """``(batch, heads, seq, head_dim)`` → ``(batch, seq, d_model)``."""
         batch, _, seq, _ = x.shape
-        x = x.transpose(1, 2)  # (batch, seq, heads, d_head)
-        return x.reshape(batch, seq, self.num_heads * self.d_head)  # (batch, seq, d_model)
+        x = x.transpose(1, 2)  # (batch, seq, heads, head_dim)
+        return x.reshape(batch, seq, self.num_heads * self.head_dim)  # (batch, seq, d_model)
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Scaled dot-product attention in every head: ``(output, weights)``, shapes
-        ``(batch, heads, q_len, d_head)`` and ``(batch, heads, q_len, k_len)``."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (batch, heads, q_len, k_len)
+        ``(batch, heads, q_len, head_dim)`` and ``(batch, heads, q_len, k_len)``."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (batch, heads, q_len, k_len)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))  # blocked keys get no weight
         weights = torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len), rows sum to 1
-        return self.dropout(weights) @ v, weights  # (batch, heads, q_len, d_head)
+        return self.dropout(weights) @ v, weights  # (batch, heads, q_len, head_dim)
 
 
 class FeedForward(nn.Module):
@@ -466,14 +466,14 @@ class ReaderAttention(MultiHeadAttention):
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
-        """``q (batch, heads, q_len, d_head)``, ``k``/``v (batch, heads, k_len, d_head)`` →
-        ``(output, weights)``, ``(batch, heads, q_len, d_head)`` and ``(batch, heads, q_len,
+        """``q (batch, heads, q_len, head_dim)``, ``k``/``v (batch, heads, k_len, head_dim)`` →
+        ``(output, weights)``, ``(batch, heads, q_len, head_dim)`` and ``(batch, heads, q_len,
         k_len)``."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (batch, heads, q_len, k_len)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (batch, heads, q_len, k_len)
         if mask is not None:
             scores = scores.masked_fill(~mask, -1e9)  # blocked keys: weight exp(-1e9) = 0
         weights = self.normalise(scores)  # (batch, heads, q_len, k_len)
-        return self.dropout(weights) @ v, weights  # (batch, heads, q_len, d_head)
+        return self.dropout(weights) @ v, weights  # (batch, heads, q_len, head_dim)
 
     def normalise(self, scores: Tensor) -> Tensor:
         """Softmax over the keys (the last axis): each query's weights sum to 1."""

@@ -120,7 +120,7 @@ BUGS: dict[str, Bug] = {
             "causal leak test", SwappedDecoderCall, Decoder),
         Bug(2, "residual adds the value input", "outputs differ from the reference; a shape error when lengths differ",
             "parity after copying weights", ValueResidual, DecoderLayer),
-        Bug(3, "one d_head × d_head projection shared by the heads", "fewer parameters; weights do not load",
+        Bug(3, "one head_dim × head_dim projection shared by the heads", "fewer parameters; weights do not load",
             "parameter count", SharedHeadProjection, MultiHeadAttention),
         Bug(4, "heads split by view without transpose", "tokens mixed across positions",
             "permutation equivariance", ViewWithoutTranspose, MultiHeadAttention),

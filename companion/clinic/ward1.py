@@ -80,30 +80,30 @@ class ValueResidual(DecoderLayer):
 
 
 class SharedHeadProjection(MultiHeadAttention):
-    """Bug 3: one small ``Linear(d_head, d_head)`` per projection, shared by all heads and
+    """Bug 3: one small ``Linear(head_dim, head_dim)`` per projection, shared by all heads and
     applied after the split, instead of a full ``d_model × d_model`` projection."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__(d_model, num_heads, dropout)
-        self.query_proj = nn.Linear(self.d_head, self.d_head)  # BUG: d_head × d_head
-        self.key_proj = nn.Linear(self.d_head, self.d_head)
-        self.value_proj = nn.Linear(self.d_head, self.d_head)
+        self.query_proj = nn.Linear(self.head_dim, self.head_dim)  # BUG: head_dim × head_dim
+        self.key_proj = nn.Linear(self.head_dim, self.head_dim)
+        self.value_proj = nn.Linear(self.head_dim, self.head_dim)
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Split first, then the same small projection in every head: no mixing across heads."""
-        q = self.query_proj(self.split_heads(query))  # (batch, heads, q_len, d_head)
-        k = self.key_proj(self.split_heads(key))  # (batch, heads, k_len, d_head)
-        v = self.value_proj(self.split_heads(value))  # (batch, heads, k_len, d_head)
+        q = self.query_proj(self.split_heads(query))  # (batch, heads, q_len, head_dim)
+        k = self.key_proj(self.split_heads(key))  # (batch, heads, k_len, head_dim)
+        v = self.value_proj(self.split_heads(value))  # (batch, heads, k_len, head_dim)
         return q, k, v
 
 
 class ViewWithoutTranspose(MultiHeadAttention):
-    """Bug 4: the heads are split with a ``view`` straight to ``(batch, heads, seq, d_head)``."""
+    """Bug 4: the heads are split with a ``view`` straight to ``(batch, heads, seq, head_dim)``."""
 
     def split_heads(self, x: Tensor) -> Tensor:
         """Right shape, wrong contents: memory order puts pieces of several tokens in a head."""
         batch, seq, _ = x.shape
-        return x.view(batch, self.num_heads, seq, self.d_head)  # BUG: no transpose
+        return x.view(batch, self.num_heads, seq, self.head_dim)  # BUG: no transpose
 
 
 class SoftmaxGenerator(Transformer):
@@ -121,7 +121,7 @@ class TruthinessMask(MultiHeadAttention):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """As :meth:`MultiHeadAttention.attend` with ``if mask:``."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (batch, heads, q_len, k_len)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (batch, heads, q_len, k_len)
         if mask:  # BUG: should be `if mask is not None:`
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len)
@@ -155,7 +155,7 @@ class ScaleAfterSoftmax(MultiHeadAttention):
         scores = q @ k.transpose(-2, -1)  # (batch, heads, q_len, k_len)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
-        weights = torch.softmax(scores, dim=-1) / math.sqrt(self.d_head)  # BUG: after softmax
+        weights = torch.softmax(scores, dim=-1) / math.sqrt(self.head_dim)  # BUG: after softmax
         return self.dropout(weights) @ v, weights
 
 
@@ -166,7 +166,7 @@ class ScaleByDk(MultiHeadAttention):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor]:
         """Weights too flat: a softmax at temperature ``√d_k``."""
-        scores = q @ k.transpose(-2, -1) / self.d_head  # BUG: should be math.sqrt(self.d_head)
+        scores = q @ k.transpose(-2, -1) / self.head_dim  # BUG: should be math.sqrt(self.head_dim)
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         weights = torch.softmax(scores, dim=-1)  # (batch, heads, q_len, k_len)

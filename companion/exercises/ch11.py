@@ -3,8 +3,8 @@
 Each exercise hands the reader a buggy piece of the clinic's Transformer
 (:mod:`companion.clinic`); the reader writes the fixed one. Each ``check_*`` function runs it on
 cases drawn from a seeded generator next to the reference solution kept in this module; the
-split into heads then goes into an attention module that must be permutation-equivariant
-(the chapter's test for bug 4). Exercise 2 is a diagnosis: three mystery patients of
+report of a wrong split into heads says whether an attention module with it is still
+permutation-equivariant (the chapter's test for bug 4). Exercise 2 is a diagnosis: three mystery patients of
 :mod:`companion.clinic`, examined and named from a menu (:data:`MYSTERY_MENU`). The checks
 call your function with keyword arguments, so keep the parameter names of the stub in the
 notebook.
@@ -74,36 +74,50 @@ def _split_cases() -> list[Case]:
     ]  # seq == heads in two cases: a wrong split keeps the shape there
 
 
-def _equivariance_problem(split_heads: Callable[..., Tensor]) -> str | None:
-    """The reader's split inside a clinic attention module: it must stay equivariant."""
+def _equivariance_hint(split_heads: Callable[..., Tensor]) -> Callable[[Case, object], str]:
+    """A hint for a wrong split: whether the reader's split, inside a clinic attention module,
+    still leaves it permutation-equivariant (bug 4 does not: it mixes tokens across positions;
+    features cut in the wrong order do)."""
 
     class ReaderAttention(clinic.MultiHeadAttention):
         def split_heads(self, x: Tensor) -> Tensor:
             return split_heads(x=x, num_heads=self.num_heads)
 
-    torch.manual_seed(0)
-    attention = ReaderAttention(16, 4)
-    x = torch.randn(2, 7, 16, generator=seeded_generator(111))  # (batch, seq, d_model)
-    if not clinic.is_permutation_equivariant(lambda t: attention(t, t, t), x):
-        return "an attention module with your split is not permutation-equivariant"
-    return None
+    def hint(case: Case, got: object) -> str:
+        torch.manual_seed(0)
+        attention = ReaderAttention(16, 4)
+        x = torch.randn(2, 7, 16, generator=seeded_generator(111))  # (batch, seq, d_model)
+        try:
+            equivariant = clinic.is_permutation_equivariant(lambda t: attention(t, t, t), x)
+        except Exception:  # the reader's split cannot run inside the module: no hint
+            return ""
+        if not equivariant:
+            return (
+                "\n   An attention module with your split is not permutation-equivariant: "
+                "a head mixes features of different tokens."
+            )
+        return (
+            "\n   An attention module with your split is still permutation-equivariant, so "
+            "each head holds features of one token at a time, but not features r·head_dim … "
+            "(r+1)·head_dim − 1."
+        )
+
+    return hint
 
 
 def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``split_heads(x, num_heads)`` → ``(batch, heads, seq, head_dim)``, then use it in an
-    attention module that must be permutation-equivariant."""
-    result = run_check(
-        "split_heads", split_heads, reference_split_heads, _split_cases(), verbose=False
+    """Check ``split_heads(x, num_heads)`` → ``(batch, heads, seq, head_dim)`` against the
+    reference on six shapes (two with ``seq == num_heads``, where a wrong split keeps the
+    shape); a wrong answer's report says whether an attention module with it is still
+    permutation-equivariant (the chapter's test for bug 4)."""
+    return run_check(
+        "split_heads",
+        split_heads,
+        reference_split_heads,
+        _split_cases(),
+        verbose=verbose,
+        hint=_equivariance_hint(split_heads),
     )
-    if result:
-        problem = _equivariance_problem(split_heads)
-        if problem:
-            result = CheckResult(
-                "split_heads", False, result.cases_run, f"❌ split_heads: {problem}."
-            )
-    if verbose:
-        report(result)
-    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,11 +184,11 @@ def check_attention(attention: Callable[..., Tensor], verbose: bool = True) -> C
 
 
 def reference_positional_table(max_len: int, d_model: int) -> Tensor:
-    """``(max_len, d_model)`` float32: ``PE[p, 2i] = sin(p / 10000^(2i/d))``,
-    ``PE[p, 2i+1] = cos(p / 10000^(2i/d))``."""
+    """``(max_len, d_model)`` float32: ``PE[p, 2m] = sin(p / 10000^(2m/d_model))``,
+    ``PE[p, 2m+1] = cos(p / 10000^(2m/d_model))`` for pair ``m``."""
     position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
-    angle = position / 10000 ** (two_i / d_model)  # (max_len, d_model/2)
+    two_m = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
+    angle = position / 10000 ** (two_m / d_model)  # (max_len, d_model/2)
     table = torch.zeros(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle)
@@ -329,6 +343,16 @@ def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResu
             f"got {type(answers).__name__}"
         )
     name, total = "mystery", len(MYSTERY_SEEDS)
+    wrong_keys = [key for key in answers if not isinstance(key, int) or isinstance(key, bool)]
+    if wrong_keys:
+        result = CheckResult(
+            name, False, 0,
+            f"❌ mystery: the keys must be the seeds as int, {MYSTERY_SEEDS}, got "
+            f"{wrong_keys[0]!r} ({type(wrong_keys[0]).__name__}); write {{0: ..., 5: ..., 7: ...}}",
+        )  # fmt: skip
+        if verbose:
+            report(result)
+        return result
 
     def empty(answer: object) -> bool:
         return answer is None or (isinstance(answer, str) and not answer.strip())
@@ -384,6 +408,12 @@ class _BatchModel:
     its case number, so a failing report does not hand out the answer."""
 
     VOCAB, WIDTH = 12, 6
+    #: (reader row, row it reads) pairs: each defeats a test that watches only some rows
+    READS = {
+        "row 0 reads row 1": ((0, 1),),  # the last row is clean
+        "row 2 reads row 3": ((2, 3),),  # the first two rows are clean
+        "rows 1 and 3 read each other": ((1, 3), (3, 1)),  # symmetric under reversal of 5 rows
+    }
 
     def __init__(self, number: int, how: str, strength: float = 0.5) -> None:
         g = seeded_generator(1160 + number)
@@ -405,6 +435,14 @@ class _BatchModel:
             h = torch.cat([h[:1], h[1:] + s * h[:1]], dim=0)
         elif self.how == "batch-axis positions":  # a position table indexed by the row
             h = h + s * self.rows[:batch, None, :]
+        elif self.how == "batch mean at position 0":  # only the first position mixes the batch
+            h = torch.cat([h[:, :1] + s * h[:, :1].mean(0, keepdim=True), h[:, 1:]], dim=1)
+        elif self.how in self.READS:  # some rows read others; the rest are clean
+            mixed = h.clone()  # (batch, seq, width)
+            for reader, source in self.READS[self.how]:
+                if max(reader, source) < batch:  # a smaller batch (a sentence alone) is clean
+                    mixed[reader] = h[reader] + s * h[source]
+            h = mixed
         return h @ self.out  # (batch, seq, vocab)
 
     def __repr__(self) -> str:
@@ -423,6 +461,10 @@ def _batch_cases() -> list[Case]:
             ("batch-axis positions", 0.5, 3),
             ("batch mean", 0.01, 3),  # a small leak: a loose tolerance misses it
             ("healthy", 0.5, 2),
+            ("row 0 reads row 1", 0.5, 2),  # misses: the last sentence alone
+            ("row 2 reads row 3", 0.5, 4),  # misses: the first two sentences alone
+            ("rows 1 and 3 read each other", 0.5, 5),  # misses: first alone + reversed batch
+            ("batch mean at position 0", 0.5, 3),  # misses: the last position only
         ]
     ):
         ids = torch.randint(0, _BatchModel.VOCAB, (batch, 5), generator=g)  # (batch, 5)
@@ -436,8 +478,11 @@ def check_batch_independent(
     """Check ``batch_independent(logits_fn, ids)`` → ``True`` when every sentence's logits
     depend on that sentence only (to ``1e-4``), else ``False``, on small models: healthy ones
     (one whose batched result rounds differently, by 1e-6 per row), and ones that mix the
-    batch symmetrically (a batch mean, also a small one), read the first row from the
-    others, or add a position code along the batch axis (``batch_first`` confusion)."""
+    batch symmetrically (a batch mean, also a small one, or one at the first position only),
+    make some rows read others (the first row read by the rest, row 0 reading row 1, row 2
+    reading row 3 of four, rows 1 and 3 of five reading each other), or add a position code
+    along the batch axis (``batch_first`` confusion): a test that watches only some rows or
+    positions, or only reverses the batch, misses one of them."""
 
     def as_bool(**kwargs: object) -> object:
         verdict = batch_independent(**kwargs)
