@@ -206,3 +206,18 @@ def test_checks_print_only_through_report():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print":
                 offenders.append(f"{path.name}:{node.lineno}")
     assert not offenders, f"print outside _checker.report in: {offenders}"
+
+
+@pytest.mark.parametrize("number", [f"{n:02d}" for n in range(1, 12)])
+def test_every_public_check_is_an_exercise_of_its_chapter(number):
+    """A ``check_*`` in ``companion.exercises.chNN`` that the chapter no longer calls is dead
+    code that still has to be maintained: drop it with its tests when its exercise goes."""
+    module = importlib.import_module(f"companion.exercises.ch{number}")
+    (notebook,) = (ROOT / "book").glob(f"{number}_*.ipynb")
+    text = notebook.read_text(encoding="utf-8")
+    unused = [
+        name
+        for name in module.__all__
+        if name.startswith("check_") and not re.search(rf"\b{name}\(", text)
+    ]
+    assert not unused, f"{notebook.name} calls none of {unused}"
