@@ -739,6 +739,28 @@ def test_gqa_message_reports_the_largest_difference():
     assert largest > 1.0, largest  # the first differing entry is off by about 1e-4
 
 
+def test_permute_message_reports_the_largest_difference():
+    case = ch03._permute_cases()[0]
+    layer = {k: case[k] for k in ("w_q", "w_k", "w_v", "w_o", "num_heads")}
+    before_out, before_w = ch03.reference_multi_head_attention(
+        case["query"], case["key"], case["key"], **layer
+    )
+    w_q, w_k, w_v, w_o = permute_only_queries_and_keys(**layer, order=case["order"])
+    _, weights = ch03.reference_multi_head_attention(
+        case["query"], case["key"], case["key"], w_q, w_k, w_v, w_o, case["num_heads"]
+    )
+    expected_w = before_w[:, case["order"]]
+    assert torch.allclose(weights, expected_w, atol=1e-5)  # the maps move: the output is wrong
+    out, _ = ch03.reference_multi_head_attention(
+        case["query"], case["key"], case["key"], w_q, w_k, w_v, w_o, case["num_heads"]
+    )
+    largest = (out - before_out).abs().max().item()
+    message = ch03.check_permute_heads(permute_only_queries_and_keys, verbose=False).message
+    assert "case 1 is wrong" in message, message
+    assert "the largest difference" in message, message
+    assert f"off by {largest:.3g}" in message, message
+
+
 def test_compare_largest_picks_the_largest_entry_and_nan():
     expected = torch.zeros(2, 3)
     got = expected.clone()

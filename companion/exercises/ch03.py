@@ -18,7 +18,7 @@ exercise                               check
 =====================================  ============================================
 
 Exercises 1 and 2 use only the main path (sections 3.1 to 3.6); exercise 2's check runs
-exercise 1's reference. When a tensor differs, the message of exercises 1 and 5 shows the
+exercise 1's reference. When a tensor differs, the message of exercises 1, 2 and 5 shows the
 entry with the *largest* difference (the first differing entry can look like rounding).
 
 Weight matrices follow the *math* convention of the chapter, ``y = x W`` with ``W`` of shape
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
-# A comparison that reports the largest difference (exercises 1 and 5)
+# A comparison that reports the largest difference (exercises 1, 2 and 5)
 # --------------------------------------------------------------------------------------------
 
 
@@ -621,11 +621,13 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
                 out, weights = reference_multi_head_attention(
                     query, key, key, w_q, w_k, w_v, w_o, case["num_heads"]
                 )
-                problem = compare(
+                problem = _compare_largest(
                     before_w[:, order],
                     weights,
                     path="the weights of new head r (old head order[r])",
-                ) or compare(before_out, out, path="the layer's output (it must not change)")
+                ) or _compare_largest(
+                    before_out, out, path="the layer's output (it must not change)"
+                )
                 inverse = torch.argsort(torch.as_tensor(order)).tolist()
                 if (
                     problem

@@ -1,0 +1,85 @@
+"""Chapter 3, section 3.6: the head-count sweep's test accuracy for three seeds (CPU, 1 thread).
+
+The chapter trains the counting task once per number of heads, ``h = 1, 2, 4, 8, 16`` at
+``d_model = 32``, with seed 0; the build cannot afford more seeds. This script runs the
+**chapter's own code** (the training cell of ``book/03_multi_head_attention.ipynb``, cell id
+``b88fb933``, up to the sweep) for seeds 0, 1 and 2 and writes every run's test-accuracy curve
+(every ``EVAL_EVERY`` steps) to ``companion/results/ch03_head_counts.json``. The chapter
+reads it, checks that its own seed-0 run agrees with the recorded one, and states what holds
+in all three seeds.
+
+Usage: ``python benchmarks/ch03_head_counts.py [--seeds 0 1 2]`` (about 4 CPU-minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "book" / "03_multi_head_attention.ipynb"
+CELL_ID = "b88fb933"
+OUT = ROOT / "companion" / "results" / "ch03_head_counts.json"
+HEAD_COUNTS = (1, 2, 4, 8, 16)
+PRELUDE = """
+import math, statistics
+import numpy as np
+import torch
+from torch import nn
+from companion.attention import MultiHeadAttention
+from companion.utils import count_parameters, set_seed
+"""
+
+
+def chapter_code() -> dict:
+    """Execute the chapter's task, model and training function; return their namespace."""
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    (cell,) = [c for c in cells if c.get("id") == CELL_ID]
+    source = "".join(cell["source"])
+    marker = "HEAD_COUNTS = (1, 2, 4, 8, 16)"
+    if marker not in source:
+        raise ValueError(f"cell {CELL_ID} no longer contains {marker!r}: update this script")
+    namespace: dict = {}
+    exec(PRELUDE, namespace)  # noqa: S102 - the course's own notebook code
+    exec(source.split(marker)[0], namespace)  # noqa: S102
+    return namespace
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    code = chapter_code()
+    runs: dict[str, dict[str, list[float]]] = {}
+    steps: list[int] = []
+    start = time.process_time()
+    for seed in args.seeds:
+        runs[str(seed)] = {}
+        for h in HEAD_COUNTS:
+            _, curve = code["train_counter"](h, seed)
+            runs[str(seed)][str(h)] = [round(a, 4) for a in curve["test accuracy"]]
+            steps = curve["step"]
+            print(f"seed {seed}, h = {h:2d}: final test accuracy {curve['test accuracy'][-1]:.3f}")
+    record = {
+        "task": "chapter 3's counting task (section 3.6), d_model 32, 1,200 steps, cosine decay",
+        "head_counts": list(HEAD_COUNTS),
+        "steps": steps,
+        "test_accuracy": runs,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "threads": 1,
+        "cpu_seconds": round(time.process_time() - start, 1),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    OUT.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {OUT}")
+
+
+if __name__ == "__main__":
+    main()
