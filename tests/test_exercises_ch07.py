@@ -381,6 +381,27 @@ def test_parameter_count_rejects_wrong(wrong):
     assert not ch07.check_parameter_count(wrong, verbose=False)
 
 
+def test_parameter_count_reference_matches_a_built_model():
+    """The arithmetic reference equals count_parameters of the model built on meta, every case."""
+    for case in ch07._parameter_cases():
+        config = case["config"]
+        assert ch07.reference_parameter_count(config) == ch07._built_parameter_count(config), config
+
+
+def count_on_meta(config):  # section 7.6's shortcut: build the model, count its parameters
+    with torch.device("meta"):
+        return count_parameters(Transformer(config))
+
+
+def test_parameter_count_refuses_building_a_model():
+    """'Arithmetic only': counting a model built on meta is rejected, with a message saying why."""
+    result = ch07.check_parameter_count(count_on_meta, verbose=False)
+    assert not result
+    assert "arithmetic only" in result.message + " ".join(result.details), result.message
+    # the refusal ends with the call: modules can be built again afterwards
+    assert count_parameters(torch.nn.Linear(3, 2)) == 8
+
+
 def test_parameter_count_is_exact():
     assert not ch07.check_parameter_count(lambda config: count_correct(config) + 1, verbose=False)
     assert not ch07.check_parameter_count(

@@ -237,8 +237,8 @@ def check_decoder_layer_forward(
 def reference_parameter_count(config: TransformerConfig) -> int:
     """Trainable parameters of ``Transformer(config)``, shared matrices once.
 
-    Counted on an actual model built on the ``meta`` device (shapes only, no memory), so even
-    the paper's big model costs nothing. Written out, with ``d = d_model``, ``f = d_ff``:
+    Arithmetic only (the check compares with a model built on the ``meta`` device, shapes
+    only, no memory). Written out, with ``d = d_model``, ``f = d_ff``:
 
     * attention block ``4d² + 4d``, feed-forward ``2df + f + d``, LayerNorm ``2d``; with
       ``num_kv_heads = g`` of ``h`` heads (grouped-query attention) the key and value
@@ -251,6 +251,26 @@ def reference_parameter_count(config: TransformerConfig) -> int:
       ``tie_embeddings`` shares the generator's matrix with the target embedding,
       ``tie_source_embedding`` the source embedding's; sinusoidal positions have none.
     """
+    d, d_ff = config.d_model, config.d_ff
+    d_kv = (config.num_kv_heads or config.num_heads) * d // config.num_heads  # key/value width
+    attention = 2 * (d * d + d) + 2 * (d * d_kv + d_kv)  # query, output; key, value
+    ffn, norm = 2 * d * d_ff + d_ff + d, 2 * d
+    total = config.num_layers * (attention + ffn + 2 * norm)  # encoder layers
+    total += config.decoder_layers * (2 * attention + ffn + 3 * norm)  # decoder layers
+    final_norm = config.norm_first if config.final_norm is None else config.final_norm
+    if final_norm:
+        total += 2 * norm  # the final LayerNorm of each stack
+    total += config.tgt_vocab * d + config.tgt_vocab  # target embedding, generator bias
+    if not config.tie_embeddings:
+        total += config.tgt_vocab * d  # the generator's own matrix
+    if not config.tie_source_embedding:
+        total += config.src_vocab * d  # the source's own matrix
+    return total
+
+
+def _built_parameter_count(config: TransformerConfig) -> int:
+    """``count_parameters`` of ``Transformer(config)`` built on ``meta``: what the check
+    compares with (the arithmetic of :func:`reference_parameter_count` is tested against it)."""
     with torch.device("meta"):
         model = Transformer(config)
     return count_parameters(model)
@@ -304,15 +324,40 @@ def _parameter_cases() -> list[Case]:
     return [{"config": _ReportedConfig(**setting)} for setting in settings]
 
 
+def _arithmetic_only(parameter_count: Callable[..., Any]) -> Callable[..., Any]:
+    """``parameter_count`` run with every ``torch.nn.Module`` refusing to be built: the
+    exercise asks for the count from the config's sizes, not ``count_parameters`` of a model
+    (on ``meta`` or not), which is how the check's own reference counts."""
+
+    def wrapper(**kwargs: Any) -> Any:
+        original = torch.nn.Module.__init__
+
+        def refused(*args: Any, **kw: Any) -> None:
+            raise RuntimeError(
+                "parameter_count built a module (Transformer, a layer, nn.Linear, ...): this "
+                "exercise asks for arithmetic only, the count from the config's sizes"
+            )
+
+        torch.nn.Module.__init__ = refused  # type: ignore[method-assign]
+        try:
+            return parameter_count(**kwargs)
+        finally:
+            torch.nn.Module.__init__ = original  # type: ignore[method-assign]
+
+    return wrapper
+
+
 def check_parameter_count(
     parameter_count: Callable[[TransformerConfig], int], verbose: bool = True
 ) -> CheckResult:
     """Check ``parameter_count(config)`` (exact), the trainable parameters of
-    ``Transformer(config)``."""
+    ``Transformer(config)``, by arithmetic: while ``parameter_count`` runs, building any
+    ``torch.nn.Module`` (a model to hand to ``count_parameters``) raises."""
+    _check_callable("the function to check", parameter_count)
     return run_check(
         "parameter_count",
-        parameter_count,
-        reference_parameter_count,
+        _arithmetic_only(parameter_count),
+        _built_parameter_count,
         _parameter_cases(),
         atol=0.0,
         rtol=0.0,
