@@ -635,3 +635,97 @@ def test_offset_head_weights_match_the_chapter_layout():
     assert torch.equal(weights[1:].argmax(dim=-1), torch.arange(6))  # the previous token
     positions = ch01.angle_positions(7, step_angle)
     assert torch.allclose(positions[3], torch.tensor([0.0, 1.0], dtype=torch.float64), atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# additive_scores: loops the first call budget let through, and scores built in Python
+# --------------------------------------------------------------------------------------------
+
+
+def additive_loop_over_keys_unbind(q, k, w_q, w_k, w_a):  # one key at a time, few calls each
+    hq = q @ w_q  # (..., q_len, d_a)
+    columns = [torch.tanh(hq + hk_j[..., None, :]) @ w_a for hk_j in (k @ w_k).unbind(-2)]
+    return torch.stack(columns, dim=-1)  # (..., q_len, k_len)
+
+
+def additive_loop_over_hidden_units_unbind(q, k, w_q, w_k, w_a):  # Python floats for w_a
+    hq, hk = (q @ w_q).unsqueeze(-2), (k @ w_k).unsqueeze(-3)  # (..., q_len, 1, d_a), (..., 1, k_len, d_a)
+    total = 0.0
+    for hq_c, hk_c, w_c in zip(hq.unbind(-1), hk.unbind(-1), w_a.tolist()):
+        total = total + torch.tanh(hq_c + hk_c) * w_c
+    return total  # (..., q_len, k_len)
+
+
+def additive_python_floats(q, k, w_q, w_k, w_a):  # every pair in pure Python, after .tolist()
+    import math as _math
+
+    hq, hk, wa = (q @ w_q).tolist(), (k @ w_k).tolist(), w_a.tolist()
+
+    def table(rows_q, rows_k):
+        if isinstance(rows_q[0][0], list):  # a leading batch dimension
+            return [table(a, b) for a, b in zip(rows_q, rows_k)]
+        return [
+            [sum(_math.tanh(x + y) * w for x, y, w in zip(row_q, row_k, wa)) for row_k in rows_k]
+            for row_q in rows_q
+        ]
+
+    return torch.tensor(table(hq, hk))
+
+
+@pytest.mark.parametrize(
+    "loop", [additive_loop_over_keys_unbind, additive_loop_over_hidden_units_unbind]
+)
+def test_additive_scores_rejects_unbind_loops_on_the_wide_case(loop):
+    """A loop over keys or hidden units with unbind makes about three calls a turn: under the
+    budget on 10 keys and 3 hidden units, over it on the case with 64 keys and 32 units."""
+    cases = ch01._additive_cases()
+    wide = cases[-1]
+    assert wide["k"].shape[-2] == 64 and wide["w_a"].shape[0] == 32, wide["k"].shape
+    for case in cases:  # the numbers are right
+        torch.testing.assert_close(loop(**case), ch01.reference_additive_scores(**case))
+    result = ch01.check_additive_scores(loop, verbose=False)
+    assert not result
+    # w_a.tolist() also cuts w_a out of autograd: that is reported first, on the first case
+    assert "PythonLoopSuspected" in result.message or "ComputedOutsidePyTorch" in result.message
+    with ch01._TorchCallCounter() as counter:  # on the wide case alone: far over the budget
+        loop(**wide)
+    assert counter.calls >= 96 > ch01.ADDITIVE_MAX_TORCH_CALLS, counter.calls
+
+
+def test_additive_scores_rejects_scores_computed_from_python_floats():
+    case = ch01._additive_cases()[0]
+    torch.testing.assert_close(
+        additive_python_floats(**case), ch01.reference_additive_scores(**case)
+    )
+    result = ch01.check_additive_scores(additive_python_floats, verbose=False)
+    assert not result
+    assert "ComputedOutsidePyTorch" in result.message and ".tolist()" in result.message
+
+    def detached(q, k, w_q, w_k, w_a):
+        return additive_correct(q, k, w_q, w_k, w_a).detach()
+
+    assert not ch01.check_additive_scores(detached, verbose=False)
+
+
+def test_additive_scores_allows_in_place_operations_on_its_inputs():
+    def in_place(q, k, w_q, w_k, w_a):
+        q.mul_(1.0)
+        return additive_correct(q, k, w_q, w_k, w_a)
+
+    assert ch01.check_additive_scores(in_place, verbose=False)
+
+
+def test_equivariance_unshuffled_comparison_is_told_to_compare_with_the_shuffled_output():
+    """Comparing layer(x[perm]) with layer(x) (or with the inverse reordering) rejects
+    self-attention: the message must point at the comparison, not at the tolerance."""
+    for wrong in (equivariance_test_output_not_permuted, equivariance_test_inverse):
+        result = ch01.check_is_permutation_equivariant(wrong, verbose=False)
+        assert not result
+        message = result.message
+        assert "IS permutation-equivariant" in message, message
+        assert "even rejects the identity layer" in message, message
+        assert "layer(x)[perm]" in message and "the comparison is" in message, message
+        assert "atol=1e-5" not in message, message
+    # a test that compares correctly but too strictly still gets the tolerance hint
+    result = ch01.check_is_permutation_equivariant(equivariance_test_exact, verbose=False)
+    assert "identity" not in result.message and "atol=1e-5" in result.message, result.message

@@ -602,6 +602,9 @@ def test_scale_test_explains_a_too_strict_comparison(strict):
     assert "IS correct" in result.message and "float32 rounding" in result.message
     assert "atol=1e-5" in result.message
     assert "shrinks to nothing near zero" in result.message, result.message
+    # default allclose passes on inputs without an output entry near 0
+    # (scale_test_default_allclose_small): the message must not call it wrong on every input
+    assert "passes or fails with the inputs it happens to draw" in result.message, result.message
     # the message states the size of the rounding it saw: a small number, not the formula's gap
     size = float(result.message.split("by at most ")[1].split(" ")[0])
     assert 0 < size < 1e-5, result.message

@@ -246,6 +246,7 @@ def _additive_cases() -> list[Case]:
         ((1, 3), (1, 3), 4),  # one query, one key
         ((2, 3, 4), (2, 6, 4), 3),  # a batch of 2
         ((12, 4), (10, 4), 3),  # 120 pairs: a Python loop over queries or pairs shows here
+        ((6, 4), (64, 4), 32),  # 64 keys, 32 hidden units: a loop over either shows here
     ]
     cases: list[Case] = []
     for q_shape, k_shape, d_hidden in shapes:
@@ -262,13 +263,19 @@ def _additive_cases() -> list[Case]:
 
 
 #: The most PyTorch calls (functions, tensor methods and operators) exercise 5's answer may
-#: make on one case. A broadcast answer makes about 8 whatever the sizes; a Python loop over
-#: the 12 queries (or the 120 pairs) of the largest case makes several per iteration.
+#: make on one case. A broadcast answer makes about 8 whatever the sizes; a Python loop makes
+#: at least one per iteration and usually three or more: over the 12 queries (or 120 pairs) of
+#: one case, over the 64 keys or the 32 hidden units of another, it passes 40.
 ADDITIVE_MAX_TORCH_CALLS = 40
 
 
 class PythonLoopSuspected(RuntimeError):
     """Raised when the reader's ``additive_scores`` makes too many PyTorch calls for one case."""
+
+
+class ComputedOutsidePyTorch(RuntimeError):
+    """Raised when the reader's scores carry no autograd history back to every input: they
+    were computed from Python numbers (``.tolist()``, ``.item()``) or detached."""
 
 
 class _TorchCallCounter(TorchFunctionMode):
@@ -292,22 +299,45 @@ def check_additive_scores(
 
     The exercise asks for every pair at once, without a Python loop: the check counts the
     PyTorch calls the reader's function makes on each case and reports a count above
-    :data:`ADDITIVE_MAX_TORCH_CALLS` (the largest case has 12 queries and 10 keys).
+    :data:`ADDITIVE_MAX_TORCH_CALLS` (one case has 12 queries and 10 keys, another 64 keys
+    and 32 hidden units). The inputs require gradients, and scores that do not depend on
+    every input through autograd (a loop over Python floats after ``.tolist()``, which makes
+    few PyTorch calls) are reported too.
     """
 
     @functools.wraps(additive_scores)
     def counted(**kwargs: Tensor) -> Tensor:
+        leaves = {name: value.detach().requires_grad_(True) for name, value in kwargs.items()}
+        inputs = {name: leaf.clone() for name, leaf in leaves.items()}  # in-place ops allowed
         with _TorchCallCounter() as counter:
-            result = additive_scores(**kwargs)
+            result = additive_scores(**inputs)
         if counter.calls > ADDITIVE_MAX_TORCH_CALLS:
             q_len, k_len = kwargs["q"].shape[-2], kwargs["k"].shape[-2]
+            d_hidden = kwargs["w_a"].shape[-1]
             raise PythonLoopSuspected(
-                f"your function made {counter.calls} PyTorch calls for {q_len} queries and "
-                f"{k_len} keys (a broadcast answer makes about 8, whatever the sizes): it "
-                "loops in Python, and each iteration (over queries, keys, pairs or hidden "
-                "units) adds calls. Give every projected query a new axis for the keys, and "
+                f"your function made {counter.calls} PyTorch calls for {q_len} queries, "
+                f"{k_len} keys and {d_hidden} hidden units (a broadcast answer makes about 8, "
+                "whatever the sizes): it loops in Python, and each iteration (over queries, "
+                "keys, pairs or hidden units) adds calls. Give every projected query a new axis for the keys, and "
                 "every projected key one for the queries, and add them once"
             )
+        if isinstance(result, Tensor) and result.is_floating_point():
+            if result.grad_fn is None:
+                missing = list(leaves)
+            else:
+                grads = torch.autograd.grad(
+                    result.sum(), list(leaves.values()), allow_unused=True
+                )
+                missing = [name for name, grad in zip(leaves, grads) if grad is None]
+            if missing:
+                raise ComputedOutsidePyTorch(
+                    f"your scores do not depend on {', '.join(missing)} through PyTorch "
+                    "operations (autograd finds no path back): either the formula leaves "
+                    "it out, or the scores were built from Python numbers (.tolist() or "
+                    ".item() and a loop) or detached. Compute them with tensor operations "
+                    "on q, k, w_q, w_k and w_a"
+                )
+            result = result.detach()
         return result
 
     return run_check(
@@ -522,8 +552,31 @@ def equivariance_gap(layer: Callable[[Tensor], Tensor], x: Tensor) -> float:
     return max((layer(x[perm]) - output[perm]).abs().max().item() for perm in perms)
 
 
-def _equivariance_verdict_problem(got: object, expected: bool, case: Case) -> str | None:
-    """Why the reader's verdict ``got`` on ``case`` is wrong, or ``None`` when it is right."""
+def _rejects_the_identity(test: Callable[[Callable[[Tensor], Tensor], Tensor], object]) -> bool:
+    """Does the reader's test reject the identity layer, whose outputs reorder exactly?
+
+    Only a test that compares ``layer(x[perm])`` with something other than ``layer(x)[perm]``
+    (the unshuffled ``layer(x)``, or the output reordered by the inverse permutation) does:
+    exact equality and any tolerance accept it.
+    """
+    identity = NamedLayer("identity", lambda x: x.clone())
+    x = torch.arange(24, dtype=torch.float32).reshape(6, 4)  # six different tokens
+    try:
+        verdict = test(identity, x)
+    except Exception:  # noqa: BLE001 - the reader's code: any failure means "not accepted"
+        return False
+    if isinstance(verdict, Tensor) and verdict.numel() == 1:
+        verdict = bool(verdict)
+    return verdict is False
+
+
+def _equivariance_verdict_problem(
+    got: object, expected: bool, case: Case, test: Callable[..., object] | None = None
+) -> str | None:
+    """Why the reader's verdict ``got`` on ``case`` is wrong, or ``None`` when it is right.
+
+    ``test`` (the reader's function) is probed on the identity layer when it rejects an
+    equivariant layer, to tell a wrong comparison from a too strict tolerance."""
     layer, x = case["layer"], case["x"]
     if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
         got = bool(got)
@@ -534,6 +587,14 @@ def _equivariance_verdict_problem(got: object, expected: bool, case: Case) -> st
     gap = equivariance_gap(layer, x)
     size = layer(x).abs().max().item()
     tokens = f"{x.shape[0]} tokens"
+    if expected and test is not None and _rejects_the_identity(test):
+        return (
+            f"your test rejected {layer!r} ({tokens}), a layer that IS permutation-equivariant, "
+            "and it even rejects the identity layer, whose outputs reorder exactly: the "
+            "tolerance is not the problem, the comparison is. Compare layer(x[perm]) with "
+            "layer(x)[perm], the original output reordered by the same perm (not with "
+            "layer(x) itself, nor with the output reordered by the inverse permutation)"
+        )
     if expected:
         return (
             f"your test rejected {layer!r} ({tokens}), a layer that IS permutation-equivariant; "
@@ -578,7 +639,10 @@ def check_is_permutation_equivariant(
         cases,
         lambda case: {"layer": case["layer"], "x": case["x"].clone()},
         lambda got, case: _equivariance_verdict_problem(
-            got, reference_is_permutation_equivariant(case["layer"], case["x"].clone()), case
+            got,
+            reference_is_permutation_equivariant(case["layer"], case["x"].clone()),
+            case,
+            is_permutation_equivariant,
         ),
         what="layers",
         verbose=verbose,

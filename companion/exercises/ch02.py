@@ -284,10 +284,10 @@ def _scale_verdict_problem(
             f"your test rejected {recorded!r}, {what}, an attention that IS correct; on the"
             f" inputs your test used ({shapes}) its outputs differ from the exact values by at"
             f" most {error:.1e} (on outputs up to {size:.1e}), float32 rounding. Exact equality"
-            " is too strict, and so is any tolerance that shrinks to nothing near zero"
-            " (torch.allclose's default atol=1e-8, or rtol alone: an output entry close to 0"
-            " then gets less room than the rounding): compare with an absolute tolerance"
-            " such as atol=1e-5"
+            " always rejects rounding; a tolerance that shrinks to nothing near zero"
+            " (torch.allclose's default atol=1e-8, or rtol alone) rejects it whenever an output"
+            " entry lands close to 0, so such a test passes or fails with the inputs it happens"
+            " to draw: compare with an absolute tolerance such as atol=1e-5"
         )
     return (
         f"your test accepted {recorded!r}, which is wrong: {what}. On the inputs your test used"
