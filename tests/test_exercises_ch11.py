@@ -544,3 +544,29 @@ def test_batch_cases_hold_each_kind_of_mixing():
     verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
     assert verdicts.count(True) == 3 and verdicts.count(False) == 8, verdicts
     assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind
+
+
+# --------------------------------------------------------------------------------------------
+# the chapter's own toolkit: clinic.batch_independence answers exercise 6
+# --------------------------------------------------------------------------------------------
+
+
+def batch_with_the_toolkit(logits_fn, ids):  # the diagnostic of section 11.2, wrapped
+    return bool(clinic.batch_independence(logits_fn, ids))
+
+
+def test_the_toolkit_passes_the_batch_independence_check(capsys):
+    assert ch11.check_batch_independent(batch_with_the_toolkit)
+
+
+@pytest.mark.parametrize("case", ch11._batch_cases(), ids=lambda case: case["logits_fn"].how)
+def test_the_toolkit_agrees_with_the_reference_on_every_case(case):
+    finding = clinic.batch_independence(**{"fn": case["logits_fn"], "inputs": case["ids"]})
+    assert bool(finding) == ch11.reference_batch_independent(**case), finding
+
+
+@pytest.mark.parametrize("how", sorted(ch11._BatchModel.READS))
+def test_the_toolkit_catches_the_rows_that_read_others(how):
+    (case,) = [case for case in ch11._batch_cases() if case["logits_fn"].how == how]
+    finding = clinic.batch_independence(case["logits_fn"], case["ids"])
+    assert not finding and finding.details["largest"] > 1e-4, finding

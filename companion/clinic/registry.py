@@ -150,7 +150,7 @@ BUGS: dict[str, Bug] = {
             "parity after copying weights", interleaved_stacks, stacked),
         Bug(17, "dropout after the LayerNorm", "the residual stream itself is dropped",
             "train/eval comparison with a zero sub-layer", DropoutAfterNorm, DropoutBeforeAdd),
-        Bug(18, "ids 1 … V in nn.Embedding(V, d)", "IndexError on the last word; row 0 unused",
+        Bug(18, "ids 1 … vocab_size in nn.Embedding(vocab_size, d)", "IndexError on the last word; row 0 unused",
             "embedding the last id", OneBasedEmbedding, ZeroBasedEmbedding),
     ]
 }  # fmt: skip

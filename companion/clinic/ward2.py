@@ -157,8 +157,8 @@ class MaskedPaddingEncoder(PaddingIdxEncoder):
 
 def interleaved_stacks(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
     """Bug 16a: encoder and decoder layers run as ``(encoder layer, decoder layer)`` pairs, so
-    decoder layer ``l`` reads encoder layer ``l``. ``src (batch, src_len)``, ``tgt (batch,
-    tgt_len)`` → logits ``(batch, tgt_len, vocab)``."""
+    each decoder layer reads the encoder layer of the same index. ``src (batch, src_len)``,
+    ``tgt (batch, tgt_len)`` → logits ``(batch, tgt_len, vocab)``."""
     src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len)
     tgt_mask = model.causal_mask(tgt.shape[1])  # (tgt_len, tgt_len)
     x = model.src_positions(model.src_embedding(src))  # (batch, src_len, d_model)
@@ -227,20 +227,20 @@ class DropoutBeforeAdd(DropoutAfterNorm):
 
 
 class OneBasedEmbedding(nn.Module):
-    """Bug 18: words numbered ``1 … V`` looked up in ``nn.Embedding(V, d)``."""
+    """Bug 18: words numbered ``1 … vocab_size`` looked up in ``nn.Embedding(vocab_size, d)``."""
 
     def __init__(self, num_words: int, d_model: int) -> None:
         super().__init__()
-        self.embedding = nn.Embedding(num_words, d_model)  # BUG: rows 0 … V-1 for ids 1 … V
+        self.embedding = nn.Embedding(num_words, d_model)  # BUG: ids 1 … vocab_size
 
     def forward(self, word_ids: Tensor) -> Tensor:
-        """``(batch, len)`` ids in ``1 … V`` → ``(batch, len, d_model)``."""
-        return self.embedding(word_ids)  # IndexError on id V; row 0 is never used
+        """``(batch, len)`` ids in ``1 … vocab_size`` → ``(batch, len, d_model)``."""
+        return self.embedding(word_ids)  # IndexError on id vocab_size; row 0 is never used
 
 
 class ZeroBasedEmbedding(OneBasedEmbedding):
-    """The fix of bug 18: shift the ids to ``0 … V-1`` (or number them from 0)."""
+    """The fix of bug 18: shift the ids to ``0 … vocab_size - 1`` (or number them from 0)."""
 
     def forward(self, word_ids: Tensor) -> Tensor:
-        """``(batch, len)`` ids in ``1 … V`` → ``(batch, len, d_model)``."""
+        """``(batch, len)`` ids in ``1 … vocab_size`` → ``(batch, len, d_model)``."""
         return self.embedding(word_ids - 1)  # (batch, len, d_model)
