@@ -239,6 +239,15 @@ def prefix_transposed(tokens, prefix_lens, pad_id):  # queries and keys swapped
     return prefix_correct(tokens, prefix_lens, pad_id).transpose(-2, -1)
 
 
+def prefix_pads_queries(
+    tokens, prefix_lens, pad_id
+):  # padding applied to the queries, not the keys
+    n = tokens.shape[1]
+    in_prefix = torch.arange(n)[None, :] < prefix_lens[:, None]  # (batch, n)
+    real_query = (tokens != pad_id)[:, None, :, None]  # (batch, 1, n, 1)
+    return (masking.causal_mask(n) | in_prefix[:, None, None, :]) & real_query
+
+
 def test_prefix_lm_mask_accepts_correct():
     assert ch05.check_prefix_lm_mask(prefix_correct, verbose=False)
 
@@ -255,6 +264,7 @@ def test_prefix_lm_mask_accepts_correct():
         prefix_no_head_axis,
         prefix_inverted,
         prefix_transposed,
+        prefix_pads_queries,
     ],
 )
 def test_prefix_lm_mask_rejects_wrong(wrong):
@@ -299,9 +309,17 @@ def test_prefix_cases_cover_the_edges():
     assert any(c["pad_id"] != 0 for c in cases)
     # a row of padding only, whose queries see nothing
     assert any(bool((c["tokens"] == c["pad_id"]).all(-1).any()) for c in cases)
-    for case in cases:  # a prefix never runs into the padding
-        real = (case["tokens"] != case["pad_id"]).sum(-1)
-        assert bool((case["prefix_lens"] <= real).all())
+    # a prefix that runs into the padding: the only case where padding the queries instead of
+    # the keys shows (a real query's prefix then reaches padded keys)
+    assert any(
+        bool(
+            (
+                (c["prefix_lens"] > (c["tokens"] != c["pad_id"]).sum(-1))
+                & (c["tokens"] != c["pad_id"]).any(-1)
+            ).any()
+        )
+        for c in cases
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -244,6 +244,13 @@ def _prefix_lm_cases() -> list[Case]:
             "prefix_lens": torch.tensor([4, 1, 2, 3]),
             "pad_id": 2,
         },
+        # prefixes longer than the real tokens: a real query's prefix reaches padded keys, so
+        # only a mask on the keys (not on the queries) hides them
+        {
+            "tokens": _padded_batch(g, [3, 5, 2], 6, 0),
+            "prefix_lens": torch.tensor([5, 2, 6]),
+            "pad_id": 0,
+        },
         # a row that is only padding: its queries see nothing at all
         {
             "tokens": _padded_batch(g, [3, 0], 5, 0),
