@@ -645,13 +645,13 @@ def batch_independence(fn: LogitsFn, inputs: Inputs, *, atol: float = 1e-4) -> F
     largest = max(gaps.values())
     if failed:
         summary = (
-            f"a sentence's logits depend on the batch: sentences {failed} of {batch} differ "
-            f"alone (largest gap {largest:.2g})"
+            f"the logits of sentences {failed} of {batch} depend on the batch "
+            f"(largest gap {largest:.2g})"
         )
     else:
         summary = (
-            f"each sentence's logits depend on that sentence only: all {batch} alone match "
-            f"the batch (largest gap {largest:.2g})"
+            f"each of the {batch} sentences' logits depends on that sentence only "
+            f"(largest gap {largest:.2g})"
         )
     return Finding("batch independence", not failed, summary, {"gaps": gaps, "largest": largest})
 
