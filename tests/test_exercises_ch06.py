@@ -37,6 +37,13 @@ def ln_backward_autograd(x, gain, grad_out, eps):  # deliberately switches autog
         return torch.autograd.grad(y, x, grad_out)[0]
 
 
+def ln_backward_tensor_backward(x, gain, grad_out, eps):  # enable_grad and Tensor.backward
+    with torch.enable_grad():
+        x = x.detach().clone().requires_grad_(True)
+        F.layer_norm(x, x.shape[-1:], gain, None, eps).backward(grad_out)
+        return x.grad
+
+
 def ln_backward_plain_autograd(x, gain, grad_out, eps):  # autograd without enable_grad
     x = x.clone().requires_grad_(True)
     return torch.autograd.grad(F.layer_norm(x, x.shape[-1:], gain, None, eps), x, grad_out)[0]
@@ -80,9 +87,20 @@ def ln_backward_x_hat_without_eps(x, gain, grad_out, eps):  # x̂ = (x - μ)/σ,
     return (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)) / s
 
 
-def test_layer_norm_backward_accepts_the_formula_and_deliberate_autograd():
+def test_layer_norm_backward_accepts_the_formula():
     assert ch06.check_layer_norm_backward(ln_backward_correct, verbose=False)
-    assert ch06.check_layer_norm_backward(ln_backward_autograd, verbose=False)
+
+
+@pytest.mark.parametrize("autograd", [ln_backward_autograd, ln_backward_tensor_backward])
+def test_layer_norm_backward_refuses_autograd_even_under_enable_grad(autograd):
+    """Autograd gives the right numbers, but the exercise is the formula: the check switches
+    autograd off and says so, and leaves it working afterwards."""
+    result = ch06.check_layer_norm_backward(autograd, verbose=False)
+    assert not result
+    assert "by the formula" in result.message and "switched off" in result.message
+    x = torch.randn(3, 4, requires_grad=True)
+    x.pow(2).sum().backward()  # autograd is back on
+    torch.testing.assert_close(x.grad, 2 * x.detach())
 
 
 @pytest.mark.parametrize(
@@ -96,6 +114,7 @@ def test_layer_norm_backward_accepts_the_formula_and_deliberate_autograd():
         ln_backward_eps_dropped,
         ln_backward_x_hat_without_eps,
         ln_backward_plain_autograd,  # the check runs under no_grad: the exercise is the formula
+        ln_backward_autograd,  # enable_grad does not get round it
     ],
 )
 def test_layer_norm_backward_rejects_wrong(wrong):
@@ -419,20 +438,44 @@ def test_peri_ln_output_norm_bounds_the_branch():
 # --------------------------------------------------------------------------------------------
 
 
+def _last_layer_gradient(num_layers, norm_first, final_norm, seed, which="W2"):
+    """The last layer's ‖∂L/∂W₂‖ (or W₁'s, or the whole layer's) in section 6.3's setup."""
+    encoder = ch06._encoder_after_backward(num_layers, norm_first, final_norm, seed)
+    layer = encoder.layers[-1]
+    if which == "W2":
+        return layer.feed_forward.output_proj.weight.grad.norm().item()
+    if which == "W1":
+        return layer.feed_forward.hidden_proj.weight.grad.norm().item()
+    return torch.stack([p.grad.norm() for p in layer.parameters()]).norm().item()  # "layer"
+
+
+def _measure(depths, norm_first, final_norm, seeds=(0, 1, 2), which="W2"):
+    gradients = [
+        float(np.mean([_last_layer_gradient(d, norm_first, final_norm, s, which) for s in seeds]))
+        for d in depths
+    ]
+    return float(np.polyfit(np.log(depths), np.log(gradients), 1)[0]), gradients
+
+
 def depth_slope_correct(depths, norm_first, final_norm):
-    gradients = [
-        np.mean([ch06.last_layer_w2_gradient(d, norm_first, final_norm, s) for s in (0, 1, 2)])
-        for d in depths
-    ]
-    return float(np.polyfit(np.log(depths), np.log(gradients), 1)[0])
+    return _measure(depths, norm_first, final_norm)
 
 
-def depth_slope_other_seeds(depths, norm_first, final_norm):  # any three seeds measure it
-    gradients = [
-        np.mean([ch06.last_layer_w2_gradient(d, norm_first, final_norm, s) for s in (7, 8, 9)])
-        for d in depths
-    ]
-    return np.polyfit(np.log(depths), np.log(gradients), 1)[0]  # a NumPy float is fine
+def depth_slope_numpy_types(depths, norm_first, final_norm):  # NumPy results are fine
+    slope, gradients = _measure(depths, norm_first, final_norm)
+    return np.float64(slope), np.array(gradients)
+
+
+def depth_slope_other_seeds(depths, norm_first, final_norm):  # not the seeds asked for
+    return _measure(depths, norm_first, final_norm, seeds=(7, 8, 9))
+
+
+def depth_slope_w1(depths, norm_first, final_norm):  # the first feed-forward matrix
+    return _measure(depths, norm_first, final_norm, which="W1")
+
+
+def depth_slope_whole_layer(depths, norm_first, final_norm):  # every parameter of the layer
+    return _measure(depths, norm_first, final_norm, which="layer")
 
 
 def depth_slope_typed_zero(depths, norm_first, final_norm):  # the measured number, typed in
@@ -441,6 +484,10 @@ def depth_slope_typed_zero(depths, norm_first, final_norm):  # the measured numb
 
 def depth_slope_typed_post_ln(depths, norm_first, final_norm):  # the chapter's Post-LN slope
     return -0.02
+
+
+def depth_slope_slope_only(depths, norm_first, final_norm):  # the slope without the gradients
+    return _measure(depths, norm_first, final_norm)[0]
 
 
 def depth_slope_ignores_final_norm(depths, norm_first, final_norm):
@@ -452,16 +499,13 @@ def depth_slope_always_pre_ln(depths, norm_first, final_norm):
 
 
 def depth_slope_swapped_axes(depths, norm_first, final_norm):
-    gradients = [
-        np.mean([ch06.last_layer_w2_gradient(d, norm_first, final_norm, s) for s in (0, 1, 2)])
-        for d in depths
-    ]
-    return float(np.polyfit(np.log(gradients), np.log(depths), 1)[0])
+    _, gradients = _measure(depths, norm_first, final_norm)
+    return float(np.polyfit(np.log(gradients), np.log(depths), 1)[0]), gradients
 
 
-def test_depth_slope_accepts_correct_with_any_seeds():
+def test_depth_slope_accepts_correct():
     assert ch06.check_depth_slope(depth_slope_correct, verbose=False)
-    assert ch06.check_depth_slope(depth_slope_other_seeds, verbose=False)
+    assert ch06.check_depth_slope(depth_slope_numpy_types, verbose=False)
 
 
 @pytest.mark.parametrize(
@@ -469,9 +513,13 @@ def test_depth_slope_accepts_correct_with_any_seeds():
     [
         depth_slope_typed_zero,
         depth_slope_typed_post_ln,
+        depth_slope_slope_only,
         depth_slope_ignores_final_norm,
         depth_slope_always_pre_ln,
         depth_slope_swapped_axes,
+        depth_slope_other_seeds,
+        depth_slope_w1,
+        depth_slope_whole_layer,
     ],
 )
 def test_depth_slope_rejects_wrong(wrong):
@@ -501,28 +549,27 @@ def test_depth_slope_stub_and_misnamed_parameter_are_reported(capsys):
 def test_depth_slope_reference_values():
     """What the hidden cases expect: Pre-LN about 0 without its final norm, about -1/2 with it,
     Post-LN about 0."""
-    assert abs(ch06.reference_depth_slope([2, 4, 8, 16], True, False)) < 0.15
-    assert -0.7 < ch06.reference_depth_slope([2, 4, 8, 16], True, True) < -0.3
-    assert abs(ch06.reference_depth_slope([3, 6, 12], False, True)) < 0.15
+    assert abs(ch06.reference_depth_slope([2, 4, 8, 16], True, False)[0]) < 0.15
+    assert -0.7 < ch06.reference_depth_slope([2, 4, 8, 16], True, True)[0] < -0.3
+    assert abs(ch06.reference_depth_slope([3, 6, 12], False, True)[0]) < 0.15
+    slope, gradients = ch06.reference_depth_slope([3, 6, 12], True, True)
+    assert len(gradients) == 3 and math.isclose(
+        slope, ch06.reference_log_log_slope([3, 6, 12], gradients)
+    )
 
 
-def _last_layer_w1_gradient(num_layers, norm_first, final_norm, seed):
-    """As ``ch06.last_layer_w2_gradient``, but for the first feed-forward matrix W₁."""
-    encoder = ch06._encoder_after_backward(num_layers, norm_first, final_norm, seed)
-    return encoder.layers[-1].feed_forward.hidden_proj.weight.grad.norm().item()
+def test_w1_and_w2_are_close_so_the_check_compares_gradients_at_fixed_seeds():
+    """W₁ and W₂ of the last layer get gradients of about the same size (within 10 %), so a
+    slope alone could not tell them apart; at the same seeds the averaged gradients differ by
+    more than the check's tolerance at some depth of every case it runs."""
+    for case in ch06._depth_slope_cases():
+        _, w2 = depth_slope_correct(**case)
+        _, w1 = depth_slope_w1(**case)
+        gaps = [abs(a / b - 1) for a, b in zip(w1, w2)]
+        assert max(gaps) < 0.1, (case, gaps)
+        assert max(gaps) > 5 * ch06.DEPTH_GRADIENT_RTOL, (case, gaps)
 
 
-@pytest.mark.parametrize(("norm_first", "final_norm"), [(True, True), (True, False), (False, True)])
-def test_w1_and_w2_get_the_same_gradient_so_the_slope_check_need_not_separate_them(
-    norm_first, final_norm
-):
-    """A depth_slope that measures W₁ instead of W₂ passes check_depth_slope: in this setup
-    (Xavier initialisation, ReLU) the two matrices' gradients have the same size at every
-    depth, so their slopes agree. Pinned here, so that a change of setup that separates them
-    is noticed (and the check then gets a case for it)."""
-    for depth in (3, 12):
-        w1 = np.mean([_last_layer_w1_gradient(depth, norm_first, final_norm, s) for s in range(3)])
-        w2 = np.mean(
-            [ch06.last_layer_w2_gradient(depth, norm_first, final_norm, s) for s in range(3)]
-        )
-        assert abs(w1 / w2 - 1) < 0.1, (depth, w1, w2)
+def test_depth_slope_hints_at_w1_and_at_the_seeds():
+    result = ch06.check_depth_slope(depth_slope_w1, verbose=False)
+    assert "hint" in result.message and "output_proj" in result.message
