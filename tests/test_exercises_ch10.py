@@ -703,8 +703,16 @@ def patchify_channels_not_moved(images, patch_size):  # right for one channel on
 
 
 def test_patchify_accepts_correct():
-    for fn in [ch10.reference_patchify, patchify_unfold, patchify_tensor_unfold]:
+    for fn in [ch10.reference_patchify, patchify_tensor_unfold]:
         assert ch10.check_patchify(fn, verbose=False), fn.__name__
+
+
+def test_patchify_refuses_f_unfold():
+    # the chapter shows F.unfold's one-liner; the exercise asks for what is behind it
+    result = ch10.check_patchify(patchify_unfold, verbose=False)
+    assert not result
+    assert "F.unfold" in result.message, result.message
+    assert F.unfold(torch.ones(1, 1, 2, 2), 1).shape == (1, 1, 4), "the check puts F.unfold back"
 
 
 @pytest.mark.parametrize(

@@ -30,10 +30,10 @@ def repeated_segments(
     """``batch`` rows of ``seq_len`` tokens: a random segment, the same segment again, then
     random tokens up to ``seq_len``.
 
-    Each row's segment length ``L`` is drawn uniformly from ``[min_segment, seq_len // 2]``, so
-    the distance between a token and its repeat changes from row to row: a model cannot
-    predict the repeat by looking a fixed number of positions back, it must find the earlier
-    occurrence by its content. Tokens are drawn uniformly and independently from
+    Each row's segment length ``n_rep`` is drawn uniformly from
+    ``[min_segment, seq_len // 2]``, so the distance between a token and its repeat changes
+    from row to row: a model cannot predict the repeat by looking a fixed number of positions
+    back, it must find the earlier occurrence by its content. Tokens are drawn uniformly and independently from
     ``[first_id, vocab_size)`` (ids below ``first_id``, e.g. ``<pad>`` = 0, never occur);
     every random number comes from ``generator``.
 
@@ -46,8 +46,8 @@ def repeated_segments(
         first_id: the smallest id drawn, ``>= 0``.
 
     Returns:
-        ``rows`` ``(batch, seq_len)`` long, with ``rows[b, L:2L] == rows[b, :L]`` for the row's
-        ``L``; and ``lengths`` ``(batch,)`` long, each row's ``L``.
+        ``rows`` ``(batch, seq_len)`` long, with ``rows[b, n_rep:2 * n_rep] == rows[b, :n_rep]``
+        for the row's ``n_rep``; and ``lengths`` ``(batch,)`` long, each row's ``n_rep``.
     """
     check_positive_int("batch", batch)
     check_positive_int("min_segment", min_segment)

@@ -614,5 +614,25 @@ def _patch_cases() -> list[Case]:
 def check_patchify(patchify: Callable[[Tensor, int], Tensor], verbose: bool = True) -> CheckResult:
     """Check ``patchify(images, patch_size)``: ``(batch, channels, height, width)`` →
     ``(batch, num_patches, channels · p · p)``, patches in reading order, each flattened
-    channel by channel, row by row."""
-    return run_check("patchify", patchify, reference_patchify, _patch_cases(), verbose=verbose)
+    channel by channel, row by row. ``F.unfold`` (the answer section 10.4 shows) is refused:
+    the exercise asks for the reshapes and permutations behind it."""
+    _check_callable("patchify", patchify)
+
+    def without_f_unfold(images: Tensor, patch_size: int) -> Tensor:
+        real = torch.nn.functional.unfold
+        torch.nn.functional.unfold = _refuse_f_unfold
+        try:
+            return patchify(images, patch_size)
+        finally:
+            torch.nn.functional.unfold = real
+
+    return run_check(
+        "patchify", without_f_unfold, reference_patchify, _patch_cases(), verbose=verbose
+    )
+
+
+def _refuse_f_unfold(*args: object, **kwargs: object) -> Tensor:
+    raise RuntimeError(
+        "patchify called F.unfold: write it with reshape and permute (or Tensor.unfold), "
+        "the point of the exercise is the patch order F.unfold hides"
+    )
