@@ -622,107 +622,117 @@ def test_undilated_window_is_the_band_and_rows_hold_at_most_two_windows():
 
 
 # --------------------------------------------------------------------------------------------
-# interpolated_positions
+# interpolated_rope
 # --------------------------------------------------------------------------------------------
 
 
-def interpolated_float32(window_len, train_len):
-    scale = min(1.0, train_len / window_len)
-    return torch.arange(window_len, dtype=torch.float32) * scale
+def rotate_pairs(x, positions):
+    """RoPE's interleaved rotation of x (..., seq_len, head_dim) at float positions (seq_len,)."""
+    angles = positions[:, None].to(torch.float64) * sinusoidal_frequencies(x.shape[-1])
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
 
 
-def interpolated_via_linspace(window_len, train_len):
+def factor(window_len, train_len):
+    return min(1.0, train_len / window_len)
+
+
+def rope_linspace(x, window_len, train_len):
+    seq_len = x.shape[-2]
     if window_len <= train_len:
-        return torch.arange(window_len, dtype=torch.float64)
+        return RotaryEmbedding(x.shape[-1]).double().rotate(x)  # plain RoPE, float64 tables
     step = train_len / window_len
-    return torch.linspace(0, train_len - step, window_len, dtype=torch.float64)
+    last = train_len - step
+    positions = torch.linspace(0, last, window_len, dtype=torch.float64)[:seq_len]
+    return rotate_pairs(x, positions)
 
 
-def interpolated_int_positions_when_short(window_len, train_len):
-    if window_len <= train_len:
-        return torch.arange(window_len)  # int64: the right numbers, not float64
-    return torch.arange(window_len, dtype=torch.float64) * train_len / window_len
+def rope_minus_one(x, window_len, train_len):
+    scale = (train_len - 1) / (window_len - 1) if window_len > train_len else 1.0
+    return rotate_pairs(x, torch.arange(x.shape[-2], dtype=torch.float64) * scale)
 
 
-def interpolated_wrong_way(window_len, train_len):
-    positions = torch.arange(window_len, dtype=torch.float64)
-    return positions * window_len / train_len if window_len > train_len else positions
+def rope_wrong_way(x, window_len, train_len):
+    scale = window_len / train_len if window_len > train_len else 1.0
+    return rotate_pairs(x, torch.arange(x.shape[-2], dtype=torch.float64) * scale)
 
 
-def interpolated_short_too(window_len, train_len):
-    return torch.arange(window_len, dtype=torch.float64) * train_len / window_len
+def rope_own_length(x, window_len, train_len):
+    seq_len = x.shape[-2]  # the sequence's length, not the window's
+    return rotate_pairs(x, torch.arange(seq_len, dtype=torch.float64) * factor(seq_len, train_len))
 
 
-def interpolated_rounded(window_len, train_len):
-    positions = torch.arange(window_len)
-    return positions * train_len // window_len if window_len > train_len else positions
+def rope_always_squeezed(x, window_len, train_len):
+    return rotate_pairs(x, torch.arange(x.shape[-2], dtype=torch.float64) * train_len / window_len)
 
 
-def interpolated_last_at_train_len_minus_one(window_len, train_len):
-    if window_len <= train_len:
-        return torch.arange(window_len, dtype=torch.float64)
-    return torch.linspace(0, train_len - 1, window_len, dtype=torch.float64)
+def rope_float32_positions(x, window_len, train_len):
+    positions = torch.arange(x.shape[-2], dtype=torch.float32) * factor(window_len, train_len)
+    return rotate_pairs(x, positions.double())
 
 
-def interpolated_last_at_train_len(window_len, train_len):
-    if window_len <= train_len:
-        return torch.arange(window_len, dtype=torch.float64)
-    return torch.linspace(0, train_len, window_len, dtype=torch.float64)
+def rope_integer_positions(x, window_len, train_len):
+    positions = (
+        torch.arange(x.shape[-2], dtype=torch.float64) * factor(window_len, train_len)
+    ).long()
+    return RotaryEmbedding(x.shape[-1]).double().rotate(x, positions=positions)
 
 
-def interpolated_from_one(window_len, train_len):
-    positions = torch.arange(window_len, dtype=torch.float64)
-    return (positions + 1) * train_len / window_len if window_len > train_len else positions
+def rope_not_interpolated(x, window_len, train_len):
+    return RotaryEmbedding(x.shape[-1]).double().rotate(x)
 
 
-def interpolated_float32_then_double(window_len, train_len):
-    """The right formula in float32, converted afterwards: the dtype is right, the values
-    carry float32's rounding (of the order of 1e-4 near 4,096)."""
-    scale = min(1.0, train_len / window_len)
-    return (torch.arange(window_len, dtype=torch.float32) * scale).double()
+def rope_rotate_half(x, window_len, train_len):
+    positions = torch.arange(x.shape[-2], dtype=torch.float64) * factor(window_len, train_len)
+    angles = positions[:, None] * sinusoidal_frequencies(x.shape[-1])
+    first, second = x.chunk(2, dim=-1)  # pair m with m + head_dim/2
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], -1)
 
 
-def test_interpolated_positions_accepts_correct():
-    for fn in [ch09.reference_interpolated_positions, interpolated_via_linspace]:
-        assert ch09.check_interpolated_positions(fn, verbose=False), fn.__name__
+def rope_in_float32(x, window_len, train_len):
+    positions = torch.arange(x.shape[-2], dtype=torch.float64) * factor(window_len, train_len)
+    return rotate_pairs(x.float(), positions)
+
+
+def test_interpolated_rope_accepts_correct():
+    for fn in [ch09.reference_interpolated_rope, rope_linspace]:
+        assert ch09.check_interpolated_rope(fn, verbose=False), fn.__name__
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        interpolated_wrong_way,
-        interpolated_short_too,
-        interpolated_rounded,
-        interpolated_last_at_train_len_minus_one,
-        interpolated_last_at_train_len,
-        interpolated_from_one,
-        interpolated_float32,
-        interpolated_float32_then_double,
-        interpolated_int_positions_when_short,
+        rope_minus_one,
+        rope_wrong_way,
+        rope_own_length,
+        rope_always_squeezed,
+        rope_float32_positions,
+        rope_integer_positions,
+        rope_not_interpolated,
+        rope_rotate_half,
+        rope_in_float32,
     ],
 )
-def test_interpolated_positions_rejects_wrong(wrong):
-    assert not ch09.check_interpolated_positions(wrong, verbose=False)
+def test_interpolated_rope_rejects_wrong(wrong):
+    assert not ch09.check_interpolated_rope(wrong, verbose=False)
 
 
-def test_float32_positions_are_rejected_with_a_message_naming_the_dtype(capsys):
-    assert not ch09.check_interpolated_positions(interpolated_float32)
+def test_a_float32_result_is_rejected_with_a_message_naming_the_dtype(capsys):
+    assert not ch09.check_interpolated_rope(rope_in_float32)
     out = capsys.readouterr().out
     assert "torch.float64" in out and "torch.float32" in out, out
 
 
-def test_interpolated_positions_stay_in_the_trained_range_and_rotate_like_rope():
-    positions = ch09.reference_interpolated_positions(4096, 2048)
-    assert float(positions.min()) == 0.0 and float(positions.max()) < 2048
-    assert torch.allclose(positions.diff(), torch.full((4095,), 0.5, dtype=torch.float64))
-    # twice the trained length: position 2p is rotated exactly as position p was in training
+def test_interpolation_at_twice_the_length_rotates_position_2p_as_p_was_in_training():
     x = torch.randn(1, 16, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    angles = ch09.reference_interpolated_positions(16, 8)[:, None] * sinusoidal_frequencies(8)
-    cos, sin = torch.cos(angles), torch.sin(angles)  # (16, 4) each
-    even, odd = x[..., 0::2], x[..., 1::2]
-    rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
+    rotated = ch09.reference_interpolated_rope(x, window_len=16, train_len=8)
     at_half = RotaryEmbedding(8).double().rotate(x[:, 0::2], torch.arange(8))
     torch.testing.assert_close(rotated[:, 0::2], at_half)
+    # a window that fits is plain RoPE
+    plain = ch09.reference_interpolated_rope(x, window_len=16, train_len=16)
+    torch.testing.assert_close(plain, RotaryEmbedding(8).double().rotate(x))
 
 
 # --------------------------------------------------------------------------------------------
@@ -734,7 +744,7 @@ CHECKS = [
     (ch09.check_merge_partial_attention, ch09.reference_merge_partial_attention),
     (ch09.check_is_relative, ch09.reference_is_relative),
     (ch09.check_dilated_window_mask, ch09.reference_dilated_window_mask),
-    (ch09.check_interpolated_positions, ch09.reference_interpolated_positions),
+    (ch09.check_interpolated_rope, ch09.reference_interpolated_rope),
 ]
 
 

@@ -13,7 +13,7 @@ MHA → GQA: mean-pool the key/value heads        :func:`check_mean_pool_kv_head
 merge two partial attentions by their lse       :func:`check_merge_partial_attention`
 a test: does a score depend only on ``i − j``?  :func:`check_is_relative`
 Longformer's dilated sliding window             :func:`check_dilated_window_mask`
-RoPE position interpolation                     :func:`check_interpolated_positions`
+RoPE with position interpolation                :func:`check_interpolated_rope`
 ==============================================  ===================================
 
 The reference solutions (``reference_mean_pool_kv_heads``, ...) are module-level functions
@@ -30,14 +30,14 @@ import torch
 from torch import Tensor
 
 from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
-from companion.positional import RotaryEmbedding, sinusoidal_table
+from companion.positional import RotaryEmbedding, sinusoidal_frequencies, sinusoidal_table
 
 __all__ = [
     "check_mean_pool_kv_heads",
     "check_merge_partial_attention",
     "check_is_relative",
     "check_dilated_window_mask",
-    "check_interpolated_positions",
+    "check_interpolated_rope",
 ]
 
 
@@ -567,62 +567,76 @@ def check_dilated_window_mask(
 # --------------------------------------------------------------------------------------------
 
 
-def reference_interpolated_positions(window_len: int, train_len: int) -> Tensor:
-    """The positions that position interpolation (Chen et al. 2023) gives RoPE.
+def reference_interpolated_rope(x: Tensor, window_len: int, train_len: int) -> Tensor:
+    """RoPE with position interpolation (Chen et al. 2023), in float64.
 
-    A model trained on positions ``0 .. train_len - 1`` is extended to a longer context window
-    of ``window_len`` tokens: instead of rotating by positions it never saw, position ``p`` is
-    squeezed to ``p · train_len / window_len``, so the ``window_len`` positions fill
-    ``[0, train_len)`` with a step ``train_len / window_len < 1`` (the last one is
-    ``train_len - train_len / window_len``). A window that fits (``window_len <= train_len``)
-    keeps its positions ``0, 1, 2, ...``.
+    A model trained on positions ``0 .. train_len - 1`` is extended to a context window of
+    ``window_len`` tokens: position ``p`` is rotated as if it were at ``p · train_len /
+    window_len``, one fixed factor for every sequence in the window, so every angle stays within
+    the range met in training. A window that fits (``window_len <= train_len``) keeps the
+    integer positions, i.e. plain RoPE. Pair ``(2m, 2m+1)`` turns by ``position · ω_m`` with
+    ``ω_m = 10000^(-2m/head_dim)`` (:func:`companion.positional.sinusoidal_frequencies`).
 
     Args:
-        window_len: length of the new context window (number of positions), ``>= 1``.
+        x: float64 queries or keys ``(..., seq_len, head_dim)``, the first ``seq_len <=
+            window_len`` positions of the window.
+        window_len: length of the extended context window, ``>= seq_len``.
         train_len: context length used in training, ``>= 1``.
 
     Returns:
-        float64 tensor of shape ``(window_len,)``.
+        float64 tensor of the shape of ``x``.
     """
-    positions = torch.arange(window_len, dtype=torch.float64)  # (window_len,)
-    if window_len <= train_len:
-        return positions  # (window_len,)
-    return positions * train_len / window_len  # (window_len,) in [0, train_len)
+    seq_len, head_dim = x.shape[-2], x.shape[-1]
+    positions = torch.arange(seq_len, dtype=torch.float64)  # (seq_len,)
+    if window_len > train_len:
+        positions = positions * train_len / window_len  # (seq_len,) in [0, train_len)
+    angles = positions[:, None] * sinusoidal_frequencies(head_dim)  # (seq_len, head_dim/2)
+    cos, sin = torch.cos(angles), torch.sin(angles)  # (seq_len, head_dim/2) each
+    even, odd = x[..., 0::2], x[..., 1::2]  # (..., seq_len, head_dim/2) each
+    pairs = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
+    return pairs.flatten(-2)  # (..., seq_len, head_dim)
 
 
 def _interpolation_cases() -> list[Case]:
+    generator = seeded_generator(9)
     settings = [
-        # (window_len, train_len)
-        (8, 4),  # twice as long: steps of one half
-        (12, 8),  # steps of two thirds
-        (4096, 2048),
-        (3000, 1024),
-        (10, 10),  # exactly the trained length: unchanged
-        (5, 8),  # shorter: unchanged
-        (1, 4),
-        (7, 3),
-        (12288, 4096),  # steps of one third: float32 rounds positions near 4,096 by ~1e-4
+        # (shape of x, window_len, train_len)
+        ((8, 8), 8, 4),  # twice the trained length: steps of one half
+        ((12, 16), 12, 8),  # steps of two thirds
+        ((5, 8), 16, 8),  # a short sequence in a long window: the window's factor, not its own
+        ((10, 8), 10, 10),  # exactly the trained length: plain RoPE
+        ((5, 8), 5, 8),  # shorter than trained: plain RoPE, nothing squeezed
+        ((2, 3, 7, 8), 21, 6),  # (batch, heads, seq_len, head_dim), steps of two sevenths
+        ((1, 4), 4, 8),
+        ((12288, 4), 12288, 4096),  # steps of one third: float32 is off by ~1e-4 near 4,096
     ]
-    return [{"window_len": n, "train_len": t} for n, t in settings]
+    return [
+        {
+            "x": torch.randn(shape, dtype=torch.float64, generator=generator),
+            "window_len": window_len,
+            "train_len": train_len,
+        }
+        for shape, window_len, train_len in settings
+    ]
 
 
-def check_interpolated_positions(
-    interpolated_positions: Callable[[int, int], Tensor], verbose: bool = True
+def check_interpolated_rope(
+    interpolated_rope: Callable[[Tensor, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``interpolated_positions(window_len, train_len)`` → ``(window_len,)`` float positions.
+    """Check ``interpolated_rope(x, window_len, train_len)`` → rotated ``x``, float64.
 
-    The result must be float64, and it is compared with the exact fractions to ``1e-9``.
-    A position such as ``4095 · 4096 / 12288 = 1365`` is exact, but ``12287 / 3 ≈ 4095.67`` is
-    not: float32 keeps 24 significant bits, so near 4,096 it is off by the order of ``1e-4``,
-    and RoPE's fastest pair (frequency 1) turns that into an angle error of the same size.
-    Positions computed in float32 and converted with ``.double()`` afterwards carry that
-    rounding and fail on the values.
+    Compared with the reference to ``1e-9``, on cases that separate the classic slips: a factor
+    ``(train_len - 1) / (window_len - 1)`` or ``window_len / train_len``, a factor taken from
+    the sequence's own length instead of the window's, squeezing a window that already fits,
+    integer positions (``RotaryEmbedding.rotate`` takes only those), positions in float32
+    (near 4,096 they are off by the order of ``1e-4``, and so is the fastest pair's angle), and
+    the rotate-half pairing of ``m`` with ``m + head_dim/2`` instead of ``(2m, 2m+1)``.
     """
     why = "float32 rounds a fractional position near 4,096 by the order of 1e-4"
     return run_check(
-        "interpolated_positions",
-        _returning(torch.float64, "interpolated_positions", why, interpolated_positions),
-        reference_interpolated_positions,
+        "interpolated_rope",
+        _returning(torch.float64, "interpolated_rope", why, interpolated_rope),
+        reference_interpolated_rope,
         _interpolation_cases(),
         atol=1e-9,
         rtol=0.0,
