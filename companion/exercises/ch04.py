@@ -187,8 +187,10 @@ def reference_sinusoidal_table(max_len: int, d_model: int) -> Tensor:
 
 
 def reference_concat_table(max_len: int, d_model: int) -> Tensor:
-    """The sinusoidal table in the concatenated layout of tensor2tensor: all sines, then all
-    cosines, ``[sin(i ω_0) … sin(i ω_{d/2-1}) | cos(i ω_0) … cos(i ω_{d/2-1})]``.
+    """The paper's sinusoidal table in the concatenated layout: all sines, then all cosines,
+    ``[sin(i ω_0) … sin(i ω_{d/2-1}) | cos(i ω_0) … cos(i ω_{d/2-1})]`` with
+    ``ω_m = 10000^(-2m/d)``. (tensor2tensor's ``get_timing_signal_1d`` also concatenates, but
+    spaces its frequencies as ``10000^(-m/(d/2 - 1))``, so its table is not this one.)
 
     Returns:
         float32 tensor of shape ``(max_len, d_model)``.
