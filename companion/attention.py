@@ -475,8 +475,8 @@ class MultiHeadAttention(nn.Module):
             layout = f"(batch, len, {width})"  # checks that raise a clear error
             check_ndim("x", check_tensor("x", x), 3, layout)
             check_size("x", x, 2, width, layout)
-        batch, length, _ = x.shape
-        split = x.view(batch, length, heads, self.head_dim)  # (batch, len, heads, head_dim)
+        batch, seq_len, _ = x.shape
+        split = x.view(batch, seq_len, heads, self.head_dim)  # (batch, len, heads, head_dim)
         return split.transpose(1, 2)  # (batch, heads, len, head_dim)
 
     def merge_heads(self, x: Tensor) -> Tensor:
@@ -497,9 +497,9 @@ class MultiHeadAttention(nn.Module):
             check_ndim("x", check_tensor("x", x), 4, layout)
             check_size("x", x, 1, self.num_heads, layout)
             check_size("x", x, 3, self.head_dim, layout)
-        batch, _, length, _ = x.shape
+        batch, _, seq_len, _ = x.shape
         heads_last = x.transpose(1, 2)  # (batch, len, heads, head_dim)
-        return heads_last.reshape(batch, length, self.d_model)  # (batch, len, d_model)
+        return heads_last.reshape(batch, seq_len, self.d_model)  # (batch, len, d_model)
 
     # ------------------------------------------------------------------ checks
 

@@ -131,7 +131,7 @@ MUTANTS: tuple[Mutant, ...] = (
         [
             (
                 "return split.transpose(1, 2)  # (batch, heads, len, head_dim)",
-                "return split.reshape(batch, heads, length, self.head_dim)  # (batch, heads, len, head_dim)",
+                "return split.reshape(batch, heads, seq_len, self.head_dim)  # (batch, heads, len, head_dim)",
             )
         ],
         "tests/test_attention.py::test_split_heads_and_merge_heads",
