@@ -182,8 +182,8 @@ class MultiHeadAttention(nn.Module):
     slice of learned query, key and value projections; the heads' outputs are concatenated and
     mixed by an output projection::
 
-        head_h = attention(query W_q[h], key W_k[h], value W_v[h])
-        output = concat(head_1, ..., head_H) W_o
+        head_r = attention(query W_Q^(r), key W_K^(r), value W_V^(r))   for r = 0 .. h-1
+        output = concat(head_0, ..., head_(h-1)) W_O
 
     Query, key and value may come from different sequences of different lengths:
     ``attn(x, x, x)`` is self-attention, ``attn(y, memory, memory)`` is cross-attention.
@@ -457,7 +457,7 @@ class MultiHeadAttention(nn.Module):
     def split_heads(self, x: Tensor, num_heads: int | None = None) -> Tensor:
         """Cut projected queries, keys or values into heads.
 
-        Head ``i`` gets features ``i·head_dim`` to ``(i+1)·head_dim - 1`` of every position:
+        Head ``r`` gets features ``r·head_dim`` to ``(r+1)·head_dim - 1`` of every position:
         ``view`` splits the last axis, ``transpose`` puts the heads in front of the positions.
         The result is a view of ``x`` (no copy); :meth:`merge_heads` is the inverse.
 
@@ -482,7 +482,7 @@ class MultiHeadAttention(nn.Module):
     def merge_heads(self, x: Tensor) -> Tensor:
         """Concatenate the heads of every position: the inverse of :meth:`split_heads`.
 
-        Position ``t`` becomes ``[x[:, 0, t] | x[:, 1, t] | ... ]``. After attention ``x`` is
+        Position ``i`` becomes ``[x[:, 0, i] | x[:, 1, i] | ... ]``. After attention ``x`` is
         not contiguous in this order, so ``reshape`` makes a copy.
 
         Args:

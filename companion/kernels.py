@@ -75,8 +75,8 @@ def attention(
 
     Args:
         q: ``(batch, heads, q_len, head_dim)``.
-        k, v: ``(batch, kv_heads, k_len, head_dim)``; query head ``h`` reads key/value head
-            ``h // (heads / kv_heads)``.
+        k, v: ``(batch, kv_heads, k_len, head_dim)``; query head ``r`` reads key/value head
+            ``r // (heads / kv_heads)``.
         mask: boolean, ``True`` = may attend, broadcastable to ``(batch, heads, q_len, k_len)``.
         dropout_p: dropout on the weights (0 outside training).
         is_causal: the kernel's own square causal mask (no ``mask``, no ``bias``).
