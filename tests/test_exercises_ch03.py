@@ -694,6 +694,7 @@ def mha_scaled_by_d_v(query, key, value, w_q, w_k, w_v, w_o, num_heads):
         (mha_scaled_by_d_v, "1/√d_v"),
         (mha_scaled_by_d_model, "1/√d_model"),
         (mha_unscaled, "no scale"),
+        (mha_split_without_transpose, "split by a reshape to (batch, h, len, d_k)"),
     ],
 )
 def test_multi_head_attention_rejects_and_names_the_slip(wrong, hint):
@@ -702,8 +703,14 @@ def test_multi_head_attention_rejects_and_names_the_slip(wrong, hint):
     assert hint in result.message, result.message
 
 
-def test_multi_head_attention_names_no_slip_for_the_wrong_split():
-    result = ch03.check_multi_head_attention(mha_split_without_transpose, verbose=False)
+def test_multi_head_attention_split_hint_does_not_name_the_merge_slip():
+    # the split slip gets its own name, not the merge's (the two reshapes differ)
+    message = ch03.check_multi_head_attention(mha_split_without_transpose, verbose=False).message
+    assert "merged by a reshape" not in message, message
+
+
+def test_multi_head_attention_names_no_slip_for_an_unrelated_wrong_answer():
+    result = ch03.check_multi_head_attention(mha_output_transposed, verbose=False)
     assert not result
     assert "this looks like" not in result.message, result.message
 

@@ -310,16 +310,27 @@ def _mha_cases() -> list[Case]:
     return cases
 
 
-def _mha_variant(case: Case, scale_width: str = "d_k", merge_transposed: bool = True) -> Tensor:
+def _mha_variant(
+    case: Case,
+    scale_width: str = "d_k",
+    merge_transposed: bool = True,
+    split_transposed: bool = True,
+) -> Tensor:
     """The output of a classic slip: the scale 1/√width with another width, or the heads
-    merged by a reshape without the transpose."""
+    split or merged by a reshape without the transpose."""
     query, key, value, heads = case["query"], case["key"], case["value"], case["num_heads"]
     batch, q_len, d_model = query.shape
     d_k, d_v = case["w_q"].shape[1] // heads, case["w_v"].shape[1] // heads
     width = {"d_k": d_k, "d_v": d_v, "d_model": d_model, "h·d_k": heads * d_k, "1": 1}[scale_width]
-    q = (query @ case["w_q"]).unflatten(-1, (heads, d_k)).transpose(1, 2)  # (batch, h, q_len, d_k)
-    k = (key @ case["w_k"]).unflatten(-1, (heads, d_k)).transpose(1, 2)  # (batch, h, k_len, d_k)
-    v = (value @ case["w_v"]).unflatten(-1, (heads, d_v)).transpose(1, 2)  # (batch, h, k_len, d_v)
+
+    def split(x: Tensor, dim: int) -> Tensor:  # (batch, len, h·dim) → (batch, h, len, dim)
+        if split_transposed:
+            return x.unflatten(-1, (heads, dim)).transpose(1, 2)
+        return x.reshape(x.shape[0], heads, x.shape[1], dim)  # right shape, tokens mixed
+
+    q = split(query @ case["w_q"], d_k)  # (batch, h, q_len, d_k)
+    k = split(key @ case["w_k"], d_k)  # (batch, h, k_len, d_k)
+    v = split(value @ case["w_v"], d_v)  # (batch, h, k_len, d_v)
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(width), dim=-1)  # (batch, h, q, k)
     per_head = weights @ v  # (batch, h, q_len, d_v)
     if merge_transposed:
@@ -339,6 +350,9 @@ def _mha_hint(case: Case, got: object) -> str:
     slips = {
         "the heads merged by a reshape without transpose(1, 2): right shape, but it glues "
         "the outputs of different tokens together": {"merge_transposed": False},
+        "the heads split by a reshape to (batch, h, len, d_k) without transpose(1, 2): right "
+        "shape, but each 'head' gets features of several tokens; view as (batch, len, h, d_k), "
+        "then transpose(1, 2)": {"split_transposed": False},
         "the scale 1/√d_v: the scores are dot products of d_k-wide queries and keys, so the "
         "scale is 1/√d_k": {"scale_width": "d_v"},
         "the scale 1/√d_model: the scale uses the width of one head, d_k": {
@@ -351,9 +365,15 @@ def _mha_hint(case: Case, got: object) -> str:
     }
     widths = {"d_k": d_k, "d_v": d_v, "d_model": d_model, "h·d_k": heads * d_k, "1": 1}
     for slip, change in slips.items():
-        if widths[change.get("scale_width", "d_k")] == d_k and change.get("merge_transposed", True):
+        reshaped = (
+            change.get("merge_transposed") is False or change.get("split_transposed") is False
+        )
+        if widths[change.get("scale_width", "d_k")] == d_k and not reshaped:
             continue  # this case cannot tell the slip from the right answer
         if change.get("merge_transposed") is False and (heads == 1 or case["query"].shape[1] == 1):
+            continue
+        lengths = (case["query"].shape[1], case["key"].shape[1])
+        if change.get("split_transposed") is False and (heads == 1 or lengths == (1, 1)):
             continue
         value = _mha_variant(case, **change)
         if got[0].shape == value.shape and torch.allclose(got[0], value, atol=1e-5, rtol=1e-4):
