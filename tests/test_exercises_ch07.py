@@ -135,6 +135,10 @@ def layer_calls_its_forward(layer, x, memory, tgt_mask, memory_mask):
     return layer.forward(x, memory, tgt_mask, memory_mask)
 
 
+def layer_calls_the_class_forward(layer, x, memory, tgt_mask, memory_mask):
+    return DecoderLayer.forward(layer, x, memory, tgt_mask, memory_mask)
+
+
 def test_decoder_layer_accepts_correct():
     assert ch07.check_decoder_layer_forward(layer_correct, verbose=False)
     assert ch07.check_decoder_layer_forward(layer_explicit_causal_mask, verbose=False)
@@ -203,6 +207,7 @@ def test_decoder_layer_rejects_wrong(wrong):
     [
         layer_calls_itself,
         layer_calls_its_forward,
+        layer_calls_the_class_forward,
         layer_memory_normalised,
         layer_causal_cross_attention,
     ],
@@ -210,8 +215,9 @@ def test_decoder_layer_rejects_wrong(wrong):
 def test_decoder_layer_rejects_calling_the_layer_and_a_normalised_memory(wrong):
     result = ch07.check_decoder_layer_forward(wrong, verbose=False)
     assert not result
-    if wrong in (layer_calls_itself, layer_calls_its_forward):
+    if wrong in (layer_calls_itself, layer_calls_its_forward, layer_calls_the_class_forward):
         assert "build it from the parts" in result.message
+    assert DecoderLayer.forward is ch07._DECODER_LAYER_FORWARD, "the check must restore the class"
 
 
 @pytest.mark.parametrize("wrong", [layer_cross_arguments_swapped, layer_self_attention_on_memory])
