@@ -168,7 +168,20 @@ def table_loop(max_len, d_model, *, double=False, next_cos=False):
 def test_positional_table_accepts_correct():
     assert ch11.check_positional_table(ch11.reference_positional_table, verbose=False)
     assert ch11.check_positional_table(table_loop, verbose=False)
-    assert ch11.check_positional_table(lambda max_len, d_model: sinusoidal_table(max_len, d_model))
+
+
+@pytest.mark.parametrize(
+    "borrowed",
+    [
+        lambda max_len, d_model: sinusoidal_table(max_len, d_model),  # companion.positional
+        lambda max_len, d_model: clinic.PositionalEncoding.build_table(max_len, d_model),
+        lambda max_len, d_model: ch11.reference_positional_table(max_len, d_model),
+    ],
+    ids=["package", "clinic", "reference"],
+)
+def test_positional_table_refuses_a_borrowed_table(borrowed, capsys):
+    assert not ch11.check_positional_table(borrowed)
+    assert "build the table yourself" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -187,7 +200,7 @@ def test_positional_table_rejects_wrong(wrong):
 
 def test_positional_table_rejects_float64(capsys):
     def table_float64(max_len, d_model):  # the right values, the wrong dtype
-        return ch11.reference_positional_table(max_len, d_model).double()
+        return table_loop(max_len, d_model).double()
 
     assert not ch11.check_positional_table(table_float64)
     assert "float64" in capsys.readouterr().out
@@ -555,8 +568,9 @@ def batch_with_the_toolkit(logits_fn, ids):  # the diagnostic of section 11.2, w
     return bool(clinic.batch_independence(logits_fn, ids))
 
 
-def test_the_toolkit_passes_the_batch_independence_check(capsys):
-    assert ch11.check_batch_independent(batch_with_the_toolkit)
+def test_the_batch_check_refuses_the_toolkit(capsys):
+    assert not ch11.check_batch_independent(batch_with_the_toolkit)
+    assert "clinic.toolkit (batch_independence)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("case", ch11._batch_cases(), ids=lambda case: case["logits_fn"].how)

@@ -125,17 +125,17 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def split_heads(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → ``(batch, heads, seq, head_dim)``: head ``r`` gets
+        """``(batch, len, d_model)`` → ``(batch, heads, len, head_dim)``: head ``r`` gets
         features ``r·head_dim … (r+1)·head_dim − 1`` of every token."""
-        batch, seq, _ = x.shape
-        x = x.view(batch, seq, self.num_heads, self.head_dim)  # (batch, seq, heads, head_dim)
-        return x.transpose(1, 2)  # (batch, heads, seq, head_dim)
+        batch, seq_len, _ = x.shape
+        x = x.view(batch, seq_len, self.num_heads, self.head_dim)  # (batch, len, heads, head_dim)
+        return x.transpose(1, 2)  # (batch, heads, len, head_dim)
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        """``(batch, heads, seq, head_dim)`` → ``(batch, seq, d_model)``."""
-        batch, _, seq, _ = x.shape
-        x = x.transpose(1, 2)  # (batch, seq, heads, head_dim)
-        return x.reshape(batch, seq, self.num_heads * self.head_dim)  # (batch, seq, d_model)
+        """``(batch, heads, len, head_dim)`` → ``(batch, len, d_model)``."""
+        batch, _, seq_len, _ = x.shape
+        x = x.transpose(1, 2)  # (batch, len, heads, head_dim)
+        return x.reshape(batch, seq_len, self.num_heads * self.head_dim)  # (batch, len, d_model)
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
@@ -159,8 +159,8 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → the same shape."""
-        return self.output_proj(self.dropout(F.relu(self.hidden_proj(x))))  # (batch, seq, d_model)
+        """``(batch, len, d_model)`` → the same shape."""
+        return self.output_proj(self.dropout(F.relu(self.hidden_proj(x))))  # (batch, len, d_model)
 
 
 @dataclass(frozen=True)
@@ -551,16 +551,16 @@ class ReaderTransformer(nn.Module):
         return nn.ModuleList(make_layer() for _ in range(num_layers))
 
     def add_positions(self, x: Tensor) -> Tensor:
-        """``x (batch, seq, d_model)`` → the same shape: position ``p`` added to token ``p``."""
-        return x + self.pe[: x.size(1)]  # (seq, d_model) broadcast over the batch
+        """``x (batch, len, d_model)`` → the same shape: position ``p`` added to token ``p``."""
+        return x + self.pe[: x.size(1)]  # (len, d_model) broadcast over the batch
 
     def embed_tokens(self, ids: Tensor) -> Tensor:
-        """``(batch, seq)`` ids → ``(batch, seq, d_model)``: scaled embedding, positions, dropout."""
+        """``(batch, len)`` ids → ``(batch, len, d_model)``: scaled embedding, positions, dropout."""
         return self.drop(self.add_positions(self.embed(ids) * math.sqrt(self.d_model)))
 
     def padding_mask(self, ids: Tensor) -> Tensor:
-        """``(batch, 1, 1, seq)``, ``True`` on the real keys: every query ignores the pads."""
-        return (ids != self.pad_id)[:, None, None, :]  # (batch, 1, 1, seq)
+        """``(batch, 1, 1, len)``, ``True`` on the real keys: every query ignores the pads."""
+        return (ids != self.pad_id)[:, None, None, :]  # (batch, 1, 1, len)
 
     def encoder_mask(self, src: Tensor) -> Tensor:
         """The encoder's self-attention mask: the source's key padding mask."""

@@ -8,7 +8,7 @@ tests that find the bugs of the clinic's own model: :func:`parity` with the pack
 **Diagnostics for any model.** The second half works on any ``nn.Module`` through a small
 adapter, a *logits function*: a callable from token ids to logits,
 
-* decoder-only: ``logits_fn(ids)``, ``ids (batch, seq)`` → ``(batch, seq, vocab)``;
+* decoder-only: ``logits_fn(ids)``, ``ids (batch, len)`` → ``(batch, len, vocab)``;
 * encoder-decoder: ``logits_fn(src, tgt_in)``, ``(batch, src_len)`` and ``(batch, tgt_len)``
   → ``(batch, tgt_len, vocab)``.
 
@@ -148,7 +148,7 @@ def _adam_steps(
     model.train()
     losses = []
     for _ in range(steps):
-        src, tgt_in, tgt_out = next_batch()  # (batch, seq) each
+        src, tgt_in, tgt_out = next_batch()  # (batch, len) each
         loss = sequence_loss(model(src, tgt_in), tgt_out)  # a scalar
         optimizer.zero_grad()
         loss.backward()
@@ -237,7 +237,7 @@ def causal_leak(model: nn.Module, src: Tensor, tgt: Tensor) -> Tensor:
 
 
 def is_permutation_equivariant(fn: Callable[[Tensor], Tensor], x: Tensor, seed: int = 0) -> bool:
-    """Whether permuting the tokens of ``x (batch, seq, d)`` permutes ``fn(x)`` the same way, as
+    """Whether permuting the tokens of ``x (batch, len, d)`` permutes ``fn(x)`` the same way, as
     self-attention without positions must (:func:`permutation_equivariance`, as a bool)."""
     return permutation_equivariance(fn, x, seed=seed).passed
 
@@ -255,7 +255,7 @@ def overfit_one_batch(
 # --------------------------------------------------------------------------------------------
 
 #: The adapter every diagnostic takes: token ids → logits. Decoder-only, ``fn(ids)`` with
-#: ``ids (batch, seq)`` → ``(batch, seq, vocab)``; encoder-decoder, ``fn(src, tgt_in)`` with
+#: ``ids (batch, len)`` → ``(batch, len, vocab)``; encoder-decoder, ``fn(src, tgt_in)`` with
 #: ``(batch, src_len)`` and ``(batch, tgt_len)`` → ``(batch, tgt_len, vocab)``.
 LogitsFn = Callable[..., Tensor]
 
@@ -291,12 +291,12 @@ class Finding:
 def as_logits_fn(model: nn.Module, *, eval_mode: bool = True) -> LogitsFn:
     """The adapter of a module: ``fn(*ids)`` calls ``model(*ids)`` under ``torch.no_grad()``,
     after ``model.eval()`` when ``eval_mode`` (the default: dropout off), and returns the
-    logits ``(batch, seq, vocab)``. A tuple or list output gives its first element, an output
+    logits ``(batch, len, vocab)``. A tuple or list output gives its first element, an output
     with a ``.logits`` attribute (Hugging Face style) that attribute.
 
     For a model with another calling convention, write the adapter yourself, e.g.
     ``lambda src, tgt: model(src, tgt, src_mask=None)[0]`` or, for a model that takes
-    ``(seq, batch)`` ids, ``lambda ids: model(ids.T).transpose(0, 1)``.
+    ``(len, batch)`` ids, ``lambda ids: model(ids.T).transpose(0, 1)``.
     """
     check_instance("model", model, nn.Module, "a torch.nn.Module")
     if not isinstance(eval_mode, bool):
@@ -340,7 +340,7 @@ def _inputs(inputs: object) -> tuple[Tensor, ...]:
 
 
 def _logits(fn: LogitsFn, inputs: tuple[Tensor, ...]) -> Tensor:
-    """``fn(*inputs)`` checked: a floating ``(batch, seq, vocab)`` tensor."""
+    """``fn(*inputs)`` checked: a floating ``(batch, len, vocab)`` tensor."""
     out = fn(*inputs)
     check_floating("the logits function's output", out)
     check_ndim("the logits function's output", out, 3, "(batch, seq, vocab)")
@@ -411,12 +411,12 @@ def causal_leak_check(
     For each position ``j`` of ``inputs[vary]`` (default: the last input, the decoder's), the
     token of every row is replaced by a random other id of ``range(vocab_size)`` (never
     ``pad_id``), and the outputs are compared: output ``i < j`` must not move by more than
-    ``atol``. Cost: ``seq + 1`` calls of ``fn``.
+    ``atol``. Cost: ``len + 1`` calls of ``fn``.
 
     Args:
-        fn: the adapter; its output ``(batch, seq, vocab)`` must be aligned with
+        fn: the adapter; its output ``(batch, len, vocab)`` must be aligned with
             ``inputs[vary]`` (output ``i`` predicts from tokens ``≤ i``).
-        inputs: ``(batch, seq)`` ids, or a tuple in ``fn``'s order, e.g. ``(src, tgt_in)``.
+        inputs: ``(batch, len)`` ids, or a tuple in ``fn``'s order, e.g. ``(src, tgt_in)``.
         vocab_size: the ids to draw from; default the logits' last axis.
         pad_id: an id never drawn (a model may treat it specially); ``None``: none.
         vary: which input to perturb.
@@ -424,7 +424,7 @@ def causal_leak_check(
         seed: the substitutes' generator.
 
     Returns:
-        A :class:`Finding`; ``details["dependence"]`` is the ``(seq, seq)`` boolean matrix
+        A :class:`Finding`; ``details["dependence"]`` is the ``(len, len)`` boolean matrix
         ``[i, j]`` = output ``i`` moved when token ``j`` changed, ``details["change"]`` the
         largest change.
 
@@ -441,11 +441,11 @@ def causal_leak_check(
     index = _vary_index(inputs, vary)
     check_nonnegative_float("atol", atol)
     base = _logits(fn, inputs)  # (batch, seq_out, vocab)
-    ids = inputs[index]  # (batch, seq)
-    seq = ids.shape[1]
-    if base.shape[1] != seq:
+    ids = inputs[index]  # (batch, len)
+    seq_len = ids.shape[1]
+    if base.shape[1] != seq_len:
         raise ValueError(
-            f"the logits must have one position per token of inputs[{vary}] ({seq}) to compare "
+            f"the logits must have one position per token of inputs[{vary}] ({seq_len}) to compare "
             f"output i with token j, got logits of shape {shape_str(base.shape)}"
         )
     vocab = (
@@ -453,15 +453,15 @@ def causal_leak_check(
     )
     pad = _check_pad(pad_id, vocab)
     generator = torch.Generator().manual_seed(seed)
-    change = torch.zeros(seq, seq)  # (seq, seq): [i, j] largest change of output i, token j
-    for j in range(seq):
-        changed = ids.clone()  # (batch, seq)
+    change = torch.zeros(seq_len, seq_len)  # (len, len): [i, j] largest change of output i, token j
+    for j in range(seq_len):
+        changed = ids.clone()  # (batch, len)
         changed[:, j] = _other_ids(ids[:, j], vocab, pad, generator)
-        out = _logits(fn, _replace(inputs, index, changed))  # (batch, seq, vocab)
+        out = _logits(fn, _replace(inputs, index, changed))  # (batch, len, vocab)
         change[:, j] = (out - base).abs().amax(dim=(0, 2)).nan_to_num(float("inf")).cpu()
-    dependence = change > atol  # (seq, seq)
+    dependence = change > atol  # (len, len)
     future = dependence.triu(1)
-    pairs = seq * (seq - 1) // 2
+    pairs = seq_len * (seq_len - 1) // 2
     details = {"dependence": dependence, "change": change}
     if future.any():
         i, j = (int(v) for v in future.nonzero()[0])
@@ -474,7 +474,7 @@ def causal_leak_check(
     own = int(dependence.diagonal().sum())
     summary = (
         f"no output moved when a later token changed ({pairs} pairs, largest change "
-        f"{change.triu(1).max().item() if seq > 1 else 0.0:.1g}); {own} of {seq} outputs "
+        f"{change.triu(1).max().item() if seq_len > 1 else 0.0:.1g}); {own} of {seq_len} outputs "
         f"read their own token"
     )
     return Finding("causal leak", True, summary, details)
@@ -501,19 +501,19 @@ def causal_leak_gradient(
     a plain sum would miss outputs that always sum to a constant, such as probabilities)
     gives the gradient at every input position. It sees every differentiable dependence,
     however small, with no choice of substitute tokens; it needs the embedding module, and
-    ``seq`` backward passes.
+    ``len`` backward passes.
 
     Args:
         model: the module (put in eval mode).
-        inputs: ``(batch, seq)`` ids or a tuple in ``forward``'s order, e.g. ``(src, tgt_in)``.
+        inputs: ``(batch, len)`` ids or a tuple in ``forward``'s order, e.g. ``(src, tgt_in)``.
         embedding: the sub-module whose output is differentiated against.
         vary: which input's embedding (default the last input, the decoder's).
-        forward: ``forward(*inputs)`` → logits ``(batch, seq, vocab)`` with gradients; default
+        forward: ``forward(*inputs)`` → logits ``(batch, len, vocab)`` with gradients; default
             ``model`` itself.
         atol: the gradient size that counts as a dependence.
 
     Returns:
-        A :class:`Finding`; ``details["dependence"]`` is the ``(seq, seq)`` boolean matrix,
+        A :class:`Finding`; ``details["dependence"]`` is the ``(len, len)`` boolean matrix,
         ``details["gradient"]`` the largest gradient entry of each pair.
     """
     check_instance("model", model, nn.Module, "a torch.nn.Module")
@@ -522,14 +522,14 @@ def causal_leak_gradient(
     index = _vary_index(inputs, vary)
     check_nonnegative_float("atol", atol)
     forward = model if forward is None else check_callable("forward", forward)
-    ids = inputs[index]  # (batch, seq)
+    ids = inputs[index]  # (batch, len)
     captured: dict[str, Tensor] = {}
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
         given = args[0] if args else None
         if "e" not in captured and isinstance(given, Tensor) and given.shape == ids.shape:
             if given is ids or torch.equal(given, ids):
-                captured["e"] = output.detach().requires_grad_(True)  # (batch, seq, d)
+                captured["e"] = output.detach().requires_grad_(True)  # (batch, len, d)
                 return captured["e"]
         return None
 
@@ -537,7 +537,7 @@ def causal_leak_gradient(
     try:
         model.eval()
         with torch.enable_grad():
-            out = forward(*inputs)  # (batch, seq, vocab)
+            out = forward(*inputs)  # (batch, len, vocab)
     finally:
         handle.remove()
     if "e" not in captured:
@@ -547,23 +547,23 @@ def causal_leak_gradient(
         )
     check_floating("the model's output", out)
     check_ndim("the model's output", out, 3, "(batch, seq, vocab)")
-    seq = ids.shape[1]
-    if out.shape[1] != seq:
+    seq_len = ids.shape[1]
+    if out.shape[1] != seq_len:
         raise ValueError(
-            f"the logits must have one position per token of inputs[{vary}] ({seq}), got "
+            f"the logits must have one position per token of inputs[{vary}] ({seq_len}), got "
             f"shape {shape_str(out.shape)}"
         )
     probe = torch.randn(out.shape[-1], generator=torch.Generator().manual_seed(seed))  # (vocab,)
     probe = probe.to(out.device, out.dtype)
-    gradient = torch.zeros(seq, seq)  # (seq, seq): [t, t'] largest |∂ out_t / ∂ e_t'|
-    for t in range(seq):
+    gradient = torch.zeros(seq_len, seq_len)  # (len, len): [t, t'] largest |∂ out_t / ∂ e_t'|
+    for t in range(seq_len):
         (grad,) = torch.autograd.grad((out[:, t] @ probe).sum(), captured["e"], retain_graph=True,
                                       allow_unused=True)  # fmt: skip
         if grad is not None:
             gradient[t] = grad.abs().amax(dim=(0, 2)).nan_to_num(float("inf")).float().cpu()
-    dependence = gradient > atol  # (seq, seq)
+    dependence = gradient > atol  # (len, len)
     future = dependence.triu(1)
-    pairs = seq * (seq - 1) // 2
+    pairs = seq_len * (seq_len - 1) // 2
     details = {"dependence": dependence, "gradient": gradient}
     if future.any():
         t, later = (int(v) for v in future.nonzero()[0])
@@ -572,7 +572,7 @@ def causal_leak_gradient(
             f"output {t} on token {later}; largest {gradient.triu(1).max().item():.2g}"
         )
         return Finding("causal leak (gradient)", False, summary, details)
-    largest = gradient.triu(1).max().item() if seq > 1 else 0.0
+    largest = gradient.triu(1).max().item() if seq_len > 1 else 0.0
     summary = f"no output has a gradient on a later token ({pairs} pairs, largest {largest:.2g})"
     return Finding("causal leak (gradient)", True, summary, details)
 
@@ -584,9 +584,9 @@ def permutation_equivariance(
     (and any layer without positions) must: ``fn(x[:, order]) == fn(x)[:, order]``.
 
     Args:
-        fn: a function of vectors, e.g. ``lambda t: attention(t, t, t)``; ``x (batch, seq,
-            d)`` → ``(batch, seq, d_out)``.
-        x: ``(batch, seq, d)`` floating.
+        fn: a function of vectors, e.g. ``lambda t: attention(t, t, t)``; ``x (batch, len,
+            d)`` → ``(batch, len, d_out)``.
+        x: ``(batch, len, d)`` floating.
         axis: the token axis (1 for batch-first tensors).
         seed: the permutation's generator.
         atol: the largest difference allowed.
@@ -597,19 +597,19 @@ def permutation_equivariance(
     if axis not in (0, 1, -3, -2):
         raise ValueError(f"axis must be the token axis of x, 0 or 1, got {axis}")
     check_nonnegative_float("atol", atol)
-    seq = x.shape[axis]
-    order = torch.randperm(seq, generator=torch.Generator().manual_seed(seed))  # (seq,)
+    seq_len = x.shape[axis]
+    order = torch.randperm(seq_len, generator=torch.Generator().manual_seed(seed))  # (len,)
     with torch.no_grad():
-        out = fn(x)  # (batch, seq, d_out)
-        permuted = fn(x.index_select(axis, order))  # (batch, seq, d_out)
-    if permuted.shape != out.shape or out.shape[axis] != seq:
+        out = fn(x)  # (batch, len, d_out)
+        permuted = fn(x.index_select(axis, order))  # (batch, len, d_out)
+    if permuted.shape != out.shape or out.shape[axis] != seq_len:
         raise ValueError(
             f"fn must keep the token axis: x {shape_str(x.shape)} gave {shape_str(out.shape)}"
         )
     gap = (permuted - out.index_select(axis, order)).abs().max().item()
     passed = gap <= atol
     verdict = "permutes with its input" if passed else "does not permute with its input"
-    summary = f"the output {verdict} ({seq} tokens, largest difference {gap:.2g})"
+    summary = f"the output {verdict} ({seq_len} tokens, largest difference {gap:.2g})"
     return Finding("permutation equivariance", passed, summary, {"gap": gap, "order": order})
 
 
@@ -626,8 +626,8 @@ def batch_independence(fn: LogitsFn, inputs: Inputs, *, atol: float = 1e-4) -> F
     batch of one may take other float32 kernels.
 
     Args:
-        fn: the adapter, ``fn(*inputs)`` → ``(batch, seq, vocab)``.
-        inputs: ``(batch, seq)`` ids (batch ≥ 2), or a tuple in ``fn``'s order.
+        fn: the adapter, ``fn(*inputs)`` → ``(batch, len, vocab)``.
+        inputs: ``(batch, len)`` ids (batch ≥ 2), or a tuple in ``fn``'s order.
         atol: the largest difference allowed between a sentence alone and in the batch.
     """
     check_callable("fn", fn, "a logits function (ids → logits)")
@@ -636,10 +636,10 @@ def batch_independence(fn: LogitsFn, inputs: Inputs, *, atol: float = 1e-4) -> F
     batch = inputs[0].shape[0]
     if batch < 2:
         raise ValueError(f"batch_independence needs a batch of at least 2, got {batch}")
-    base = _logits(fn, inputs)  # (batch, seq, vocab)
+    base = _logits(fn, inputs)  # (batch, len, vocab)
     gaps = {}
     for row in range(batch):
-        alone = _logits(fn, tuple(ids[row : row + 1] for ids in inputs))  # (1, seq, vocab)
+        alone = _logits(fn, tuple(ids[row : row + 1] for ids in inputs))  # (1, len, vocab)
         gaps[f"sentence {row} alone"] = (alone[0] - base[row]).abs().max().item()
     failed = [row for row, gap in enumerate(gaps.values()) if not gap <= atol]
     largest = max(gaps.values())
@@ -675,7 +675,7 @@ def padding_invariance(
 
     Args:
         fn: the adapter, ``fn(*inputs)`` → ``(batch, seq_out, vocab)``.
-        inputs: ``(batch, seq)`` ids or a tuple in ``fn``'s order.
+        inputs: ``(batch, len)`` ids or a tuple in ``fn``'s order.
         pad_id: the padding id.
         vary: which input gets the pads.
         extra: how many pads to append.
@@ -688,7 +688,7 @@ def padding_invariance(
     check_nonnegative_float("atol", atol)
     base = _logits(fn, inputs)  # (batch, seq_out, vocab)
     pad = _check_pad(pad_id, base.shape[-1], optional=False)
-    ids = inputs[index]  # (batch, seq)
+    ids = inputs[index]  # (batch, len)
     pads = torch.full((ids.shape[0], extra), pad, dtype=ids.dtype, device=ids.device)
     padded = _logits(fn, _replace(inputs, index, torch.cat([ids, pads], dim=1)))
     if padded.shape[1] < base.shape[1]:
@@ -717,9 +717,9 @@ def initial_loss_check(
     the tied output, a missing ``1/√d_k``); much below: the labels leak into the input.
 
     Args:
-        fn: the adapter, ``fn(*inputs)`` → ``(batch, seq, vocab)``.
+        fn: the adapter, ``fn(*inputs)`` → ``(batch, len, vocab)``.
         inputs: ids or a tuple in ``fn``'s order.
-        labels: ``(batch, seq)`` ids; ``pad_id`` labels are ignored.
+        labels: ``(batch, len)`` ids; ``pad_id`` labels are ignored.
         pad_id: the padding id, or ``None``.
         vocab_size: ``V``; default the logits' last axis.
         tolerance: the largest ``|loss - ln V|`` (nats) that passes.
@@ -728,7 +728,7 @@ def initial_loss_check(
     inputs = _inputs(inputs)
     check_token_ids("labels", labels)
     check_positive_float("tolerance", tolerance)
-    logits = _logits(fn, inputs)  # (batch, seq, vocab)
+    logits = _logits(fn, inputs)  # (batch, len, vocab)
     if labels.shape != logits.shape[:2]:
         raise ValueError(
             f"labels must have shape {shape_str(logits.shape[:2])} (batch, seq) to match the "
@@ -768,8 +768,8 @@ def overfit_check(
 
     Args:
         model: the module whose ``parameters()`` Adam updates.
-        inputs: ids or a tuple, ``forward(*inputs)`` → ``(batch, seq, vocab)`` logits.
-        labels: ``(batch, seq)`` ids.
+        inputs: ids or a tuple, ``forward(*inputs)`` → ``(batch, len, vocab)`` logits.
+        labels: ``(batch, len)`` ids.
         pad_id: labels ignored by the default loss; ``None``: none.
         steps, lr: the optimisation.
         threshold: the final loss that passes.
@@ -890,9 +890,9 @@ def loss_padding_check(
     to every row must not change it either (a mean over the real tokens, not over all).
 
     Args:
-        loss_fn: ``(logits (batch, seq, vocab), labels (batch, seq))`` → a scalar.
-        logits: ``(batch, seq, vocab)`` floating.
-        labels: ``(batch, seq)`` ids, with some ``pad_id`` for test (a).
+        loss_fn: ``(logits (batch, len, vocab), labels (batch, len))`` → a scalar.
+        logits: ``(batch, len, vocab)`` floating.
+        labels: ``(batch, len)`` ids, with some ``pad_id`` for test (a).
         pad_id: the padding id.
         rtol: the relative change allowed.
     """
@@ -910,8 +910,8 @@ def loss_padding_check(
     logits = logits.detach()
     with torch.no_grad():
         base = float(loss_fn(logits, labels))
-        noise = torch.randn(logits.shape, generator=generator) * 3  # (batch, seq, vocab)
-        at_pads = (labels == pad)[..., None]  # (batch, seq, 1)
+        noise = torch.randn(logits.shape, generator=generator) * 3  # (batch, len, vocab)
+        at_pads = (labels == pad)[..., None]  # (batch, len, 1)
         moved = float(loss_fn(torch.where(at_pads, logits + noise, logits), labels))
         extra_logits = torch.randn(logits.shape[0], 3, logits.shape[-1], generator=generator)
         extra_labels = torch.full((labels.shape[0], 3), pad, dtype=labels.dtype)
@@ -938,8 +938,8 @@ def label_shift_check(inputs: Tensor, labels: Tensor, *, pad_id: int | None = No
     training teaches nothing.
 
     Args:
-        inputs: ``(batch, seq)`` the ids the decoder reads (``tgt_in``).
-        labels: ``(batch, seq)`` the ids it is trained to predict.
+        inputs: ``(batch, len)`` the ids the decoder reads (``tgt_in``).
+        labels: ``(batch, len)`` the ids it is trained to predict.
         pad_id: positions whose label is ``pad_id`` are not counted.
 
     Returns:
@@ -959,7 +959,7 @@ def label_shift_check(inputs: Tensor, labels: Tensor, *, pad_id: int | None = No
     if not real.any():
         raise ValueError("labels has no position that is not pad_id")
     same = ((labels == inputs) & real).sum().item() / real.sum().item()
-    real_next = real[:, :-1]  # (batch, seq - 1)
+    real_next = real[:, :-1]  # (batch, len - 1)
     following = ((labels[:, :-1] == inputs[:, 1:]) & real_next).sum().item()
     next_share = following / max(int(real_next.sum()), 1)
     passed = same <= 0.5
@@ -1043,9 +1043,9 @@ class TorchReference(nn.Module):
         self.register_buffer("positions", sinusoidal_table(max_len, d_model), persistent=False)
 
     def embed(self, embedding: nn.Embedding, ids: Tensor) -> Tensor:
-        """``(batch, seq)`` → ``(batch, seq, d_model)``: scaled embedding plus positions."""
+        """``(batch, len)`` → ``(batch, len, d_model)``: scaled embedding plus positions."""
         scale = math.sqrt(self.d_model) if self.scale_embedding else 1.0
-        return embedding(ids) * scale + self.positions[: ids.shape[1]]  # (batch, seq, d_model)
+        return embedding(ids) * scale + self.positions[: ids.shape[1]]  # (batch, len, d_model)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """``src (batch, src_len)``, ``tgt_in (batch, tgt_len)`` → ``(batch, tgt_len, vocab)``."""

@@ -98,12 +98,12 @@ class SharedHeadProjection(MultiHeadAttention):
 
 
 class ViewWithoutTranspose(MultiHeadAttention):
-    """Bug 4: the heads are split with a ``view`` straight to ``(batch, heads, seq, head_dim)``."""
+    """Bug 4: the heads are split with a ``view`` straight to ``(batch, heads, len, head_dim)``."""
 
     def split_heads(self, x: Tensor) -> Tensor:
         """Right shape, wrong contents: memory order puts pieces of several tokens in a head."""
-        batch, seq, _ = x.shape
-        return x.view(batch, self.num_heads, seq, self.head_dim)  # BUG: no transpose
+        batch, seq_len, _ = x.shape
+        return x.view(batch, self.num_heads, seq_len, self.head_dim)  # BUG: no transpose
 
 
 class SoftmaxGenerator(Transformer):
@@ -227,8 +227,8 @@ class SharedAttentionLayer(DecoderLayer):
 
 class SeqFirstPositions(ReaderTransformer):
     """batch_first confusion: the position table sliced with ``x.size(0)``, as in code written
-    for ``(seq, batch, d_model)`` tensors (the old PyTorch tutorial), applied to a
-    ``(batch, seq, d_model)`` tensor."""
+    for ``(len, batch, d_model)`` tensors (the old PyTorch tutorial), applied to a
+    ``(batch, len, d_model)`` tensor."""
 
     def add_positions(self, x: Tensor) -> Tensor:
         """Sentence ``b`` gets the vector of position ``b`` on every token."""

@@ -84,16 +84,16 @@ def no_softmax_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 class InlineNormBlock(nn.Module):
     """Bug 13: a residual block whose LayerNorm is built inside ``forward`` (over the last two
-    axes, ``(seq, d_model)``)."""
+    axes, ``(len, d_model)``)."""
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
         self.linear = nn.Linear(d_model, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → the same shape."""
-        y = x + self.linear(x)  # (batch, seq, d_model)
-        return nn.LayerNorm(y.shape[1:])(y)  # BUG: new, unregistered γ/β; normalises seq too
+        """``(batch, len, d_model)`` → the same shape."""
+        y = x + self.linear(x)  # (batch, len, d_model)
+        return nn.LayerNorm(y.shape[1:])(y)  # BUG: new, unregistered γ/β; normalises len too
 
 
 class RegisteredNormBlock(nn.Module):
@@ -105,8 +105,8 @@ class RegisteredNormBlock(nn.Module):
         self.norm = nn.LayerNorm(d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → the same shape."""
-        return self.norm(x + self.linear(x))  # (batch, seq, d_model)
+        """``(batch, len, d_model)`` → the same shape."""
+        return self.norm(x + self.linear(x))  # (batch, len, d_model)
 
 
 class DetachedPositions(nn.Module):
@@ -117,7 +117,7 @@ class DetachedPositions(nn.Module):
         self.pos_embedding = nn.Parameter(torch.randn(1, max_len, d_model) * 0.02)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → the same shape."""
+        """``(batch, len, d_model)`` → the same shape."""
         return x + self.pos_embedding.data[:, : x.shape[1]]  # BUG: .data gets no gradient
 
 
@@ -125,8 +125,8 @@ class LearnedPositions(DetachedPositions):
     """The fix of bug 14: the parameter itself is added."""
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → the same shape."""
-        return x + self.pos_embedding[:, : x.shape[1]]  # (batch, seq, d_model)
+        """``(batch, len, d_model)`` → the same shape."""
+        return x + self.pos_embedding[:, : x.shape[1]]  # (batch, len, d_model)
 
 
 class PaddingIdxEncoder(nn.Module):
@@ -214,7 +214,7 @@ class DropoutAfterNorm(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → the same shape."""
+        """``(batch, len, d_model)`` → the same shape."""
         return self.dropout(self.norm(x + self.sublayer(x)))  # BUG: drops the residual stream
 
 
@@ -222,8 +222,8 @@ class DropoutBeforeAdd(DropoutAfterNorm):
     """The fix of bug 17: dropout on the sub-layer's output, before the residual addition."""
 
     def forward(self, x: Tensor) -> Tensor:
-        """``(batch, seq, d_model)`` → the same shape."""
-        return self.norm(x + self.dropout(self.sublayer(x)))  # (batch, seq, d_model)
+        """``(batch, len, d_model)`` → the same shape."""
+        return self.norm(x + self.dropout(self.sublayer(x)))  # (batch, len, d_model)
 
 
 class OneBasedEmbedding(nn.Module):

@@ -26,13 +26,16 @@ are not exported.
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
 
-from companion import clinic
+from companion import clinic, positional
+from companion.clinic import patient, toolkit
 from companion.exercises._checker import (
     Case,
     CheckResult,
@@ -43,6 +46,7 @@ from companion.exercises._checker import (
     run_check,
     seeded_generator,
 )
+from companion.exercises.ch04 import _calls_into
 
 __all__ = [
     "check_split_heads",
@@ -52,6 +56,27 @@ __all__ = [
     "check_mystery",
     "check_batch_independent",
 ]
+
+
+def _refusing(
+    fn: Callable[..., object], task: str, modules: tuple[object, ...]
+) -> Callable[..., object]:
+    """``fn``, failing (``RuntimeError``) when it calls into one of ``modules``: the exercise asks
+    for ``task`` by hand, and those modules hold the answer. ``functools.wraps`` keeps the
+    signature, so that the checker still names missing parameters."""
+
+    @functools.wraps(fn)
+    def run(**kwargs: object) -> object:
+        with _calls_into(*modules) as calls:
+            value = fn(**kwargs)
+        if calls:
+            raise RuntimeError(
+                f"your code called {calls[0]}; this exercise asks you to {task} yourself"
+            )
+        return value
+
+    return run
+
 
 # --------------------------------------------------------------------------------------------
 # Exercise 1: split the heads (bug 4)
@@ -196,7 +221,11 @@ def reference_positional_table(max_len: int, d_model: int) -> Tensor:
 
 
 def check_positional_table(build_table: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``build_table(max_len, d_model)`` → ``(max_len, d_model)``."""
+    """Check ``build_table(max_len, d_model)`` → ``(max_len, d_model)``, built by hand: a call
+    into :mod:`companion.positional`, the clinic's model or this module's reference fails."""
+    if build_table is not reference_positional_table:  # the reference passes its own check
+        modules = (positional, patient, sys.modules[__name__])
+        build_table = _refusing(build_table, "build the table", modules)
     cases = [
         {"max_len": n, "d_model": d} for n, d in ((10, 2), (50, 8), (100, 16), (64, 32), (5, 64))
     ]
@@ -482,10 +511,17 @@ def check_batch_independent(
     make some rows read others (the first row read by the rest, row 0 reading row 1, row 2
     reading row 3 of four, rows 1 and 3 of five reading each other), or add a position code
     along the batch axis (``batch_first`` confusion): a test that watches only some rows or
-    positions, or only reverses the batch, misses one of them."""
+    positions, or only reverses the batch, misses one of them. A call into the clinic's toolkit
+    (``clinic.batch_independence``) fails."""
+
+    guarded = _refusing(
+        batch_independent,
+        "write the batch-independence test",
+        (toolkit,),
+    )
 
     def as_bool(**kwargs: object) -> object:
-        verdict = batch_independent(**kwargs)
+        verdict = guarded(**kwargs)
         return bool(verdict) if isinstance(verdict, (bool, torch.Tensor)) else verdict
 
     return run_check(
