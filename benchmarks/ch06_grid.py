@@ -18,40 +18,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
-from companion.data import PAD_ID, CopyReverseDataset, collate_batch
-from companion.model import Transformer, TransformerConfig
-from companion.train import inverse_sqrt_warmup, train_step
+from companion import norm_study
+from companion.data import CopyReverseDataset
+from companion.norm_study import BATCH, STEPS, WARMUP
 from companion.utils import set_seed
 
-# the chapter's setup (section 6.4)
-D_MODEL, HEADS, D_FF, LAYERS = 64, 4, 128, 6
-STEPS, BATCH, WARMUP, MAIN_LR = 200, 32, 60, 3e-3
+# the chapter's setup (section 6.4), from companion.norm_study
+LAYERS, MAIN_LR = 6, 3e-3
 LEARNING_RATES = (1.5e-3, 3e-3, 6e-3)  # half, once and twice the chapter's peak rate
 PLACEMENTS = ("Post-LN", "Pre-LN")
-SCHEDULES = ("constant", "warm-up")
+SCHEDULES = norm_study.SCHEDULES
 OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch06_grid.json"
-
-
-def lr_schedule(kind: str, peak_lr: float):
-    """The chapter's schedules, for LambdaLR with a base learning rate of 1."""
-    if kind == "warm-up":  # linear ramp to peak_lr at step WARMUP, then ∝ 1/sqrt(step)
-        return inverse_sqrt_warmup(D_MODEL, WARMUP, peak_lr * math.sqrt(D_MODEL * WARMUP))
-    if kind == "constant":
-        return lambda step: peak_lr
-    raise ValueError(f"schedule must be 'constant' or 'warm-up', got {kind!r}")
-
-
-def train_data() -> CopyReverseDataset:
-    return CopyReverseDataset("reverse", num_examples=STEPS * BATCH, max_len=8, seed=1)
 
 
 def train_arm(
@@ -62,40 +46,12 @@ def train_arm(
     steps: int = STEPS,
     data: CopyReverseDataset | None = None,
 ) -> np.ndarray:
-    """One arm of the grid, exactly as the chapter trains: returns the loss of every step."""
-    data = train_data() if data is None else data
+    """One arm of the grid, exactly as the chapter trains (``norm_study.train_run``):
+    returns the loss of every step."""
+    data = norm_study.train_data() if data is None else data
     set_seed(seed)
-    model = Transformer(
-        TransformerConfig(
-            data.vocab_size,
-            data.vocab_size,
-            d_model=D_MODEL,
-            num_heads=HEADS,
-            num_layers=LAYERS,
-            d_ff=D_FF,
-            dropout=0.0,
-            norm_first=placement == "Pre-LN",
-            src_pad_id=PAD_ID,
-            tgt_pad_id=PAD_ID,
-        )
-    )
-    optimizer = torch.optim.Adam(
-        model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, foreach=True
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(schedule, peak_lr))
-    loader = DataLoader(
-        data,
-        batch_size=BATCH,
-        shuffle=True,
-        collate_fn=collate_batch,
-        generator=torch.Generator().manual_seed(seed),
-    )
-    losses = []
-    for _, (src, tgt) in zip(range(steps), loader):
-        losses.append(
-            train_step(model, src, tgt, optimizer, scheduler, pad_id=PAD_ID, clip_norm=1.0).loss
-        )
-    return np.array(losses)
+    model = norm_study.build_model(LAYERS, placement == "Pre-LN", data.vocab_size)
+    return norm_study.train_run(model, data, peak_lr, schedule, seed, steps)["loss"]
 
 
 def arm_key(placement: str, schedule: str, peak_lr: float, seed: int) -> str:
@@ -109,7 +65,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    data = train_data()
+    data = norm_study.train_data()
     if args.time:
         start = time.perf_counter()
         train_arm("Post-LN", "warm-up", MAIN_LR, 0, data=data)

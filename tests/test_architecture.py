@@ -70,6 +70,7 @@ LAYERS: dict[str, int] = {
     "companion.exercises.ch07": 8,
     "companion.exercises.ch11": 8,
     "companion.families": 8,
+    "companion.norm_study": 8,
     "companion.trainer": 9,
     "companion.run": 10,
     "companion": 11,

@@ -30,7 +30,6 @@ import torch
 from torch import Tensor, nn
 
 from companion._validation import check_callable as _check_callable
-from companion.exercises.ch02 import autograd_forbidden
 from companion.exercises._checker import (
     Case,
     CheckResult,
@@ -38,6 +37,7 @@ from companion.exercises._checker import (
     run_check,
     seeded_generator,
 )
+from companion.exercises.ch02 import autograd_forbidden
 
 __all__ = [
     "check_layer_norm_backward",

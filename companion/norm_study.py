@@ -1,0 +1,210 @@
+"""Chapter 6's training study: where the LayerNorm goes, with and without warm-up.
+
+The setup of section 6.4 (a 6 + 6-layer Transformer that learns to reverse sequences of 1 to 8
+digits, Adam with the paper's constants, clipping at norm 1) and a training run that records
+what section 6.6 measures. ``benchmarks/ch06_grid.py`` trains its grid with the same
+functions, so that the chapter's runs and the stored grid come from one piece of code.
+
+===========================  ===================================================================
+name                         what it is
+===========================  ===================================================================
+:func:`lr_schedule`          the two schedules, ``"constant"`` and ``"warm-up"``, for LambdaLR
+:func:`train_data`           the reversal data of section 6.4 (batches drawn by a seeded loader)
+:func:`probe_batch`          a fixed batch on which each update's change of the logits is measured
+:func:`build_model`          the 6 + 6-layer model (or ``num_layers`` + ``num_layers``)
+:func:`train_run`            one training run: the loss of every step, plus the measurements
+===========================  ===================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from companion.data import PAD_ID, CopyReverseDataset, collate_batch
+from companion.model import Transformer, TransformerConfig
+from companion.train import inverse_sqrt_warmup, shift_targets, train_step
+
+__all__ = [
+    "BATCH",
+    "D_FF",
+    "D_MODEL",
+    "FIRST_STEPS",
+    "HEADS",
+    "SCHEDULES",
+    "STEPS",
+    "WARMUP",
+    "build_model",
+    "gradient_norm",
+    "lr_schedule",
+    "probe_batch",
+    "train_data",
+    "train_run",
+]
+
+#: section 6.4's model: width, heads, feed-forward width
+D_MODEL, HEADS, D_FF = 64, 4, 128
+#: the longest run, the batch size and the warm-up length (steps)
+STEPS, BATCH, WARMUP = 200, 32, 60
+#: the first updates, whose effect on the logits and on the weights :func:`train_run` records
+FIRST_STEPS = 10
+SCHEDULES = ("constant", "warm-up")
+
+
+def lr_schedule(kind: str, peak_lr: float) -> Callable[[int], float]:
+    """The learning rate of each step, for ``LambdaLR`` with a base learning rate of 1.
+
+    ``"constant"``: ``peak_lr`` from the first step. ``"warm-up"``: a linear ramp to
+    ``peak_lr`` at step :data:`WARMUP`, then a decay like ``1/sqrt(step)`` (the 2017 paper's
+    schedule, rescaled so that its peak is ``peak_lr``).
+    """
+    if kind not in SCHEDULES:
+        raise ValueError(f"kind: expected one of {SCHEDULES}, got {kind!r}")
+    if isinstance(peak_lr, bool) or not isinstance(peak_lr, (int, float)) or not peak_lr > 0:
+        raise ValueError(f"peak_lr: expected a positive number, got {peak_lr!r}")
+    if kind == "warm-up":
+        factor = peak_lr * math.sqrt(D_MODEL * WARMUP)  # so that lr(WARMUP) = peak_lr
+        return inverse_sqrt_warmup(D_MODEL, WARMUP, factor)
+    return lambda step: peak_lr
+
+
+def train_data(steps: int = STEPS) -> CopyReverseDataset:
+    """Section 6.4's training set: ``steps × BATCH`` reversal examples of 1 to 8 digits."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: expected a positive int, got {steps!r}")
+    return CopyReverseDataset("reverse", num_examples=steps * BATCH, max_len=8, seed=1)
+
+
+def probe_batch() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """A fixed batch of 64 other examples: ``(src, tgt_input, labels, real)`` with shapes
+    ``(64, src_len)``, ``(64, tgt_len - 1)``, ``(64, tgt_len - 1)``, ``(64, tgt_len - 1)``
+    (``real``: the positions that are scored, not padding)."""
+    probe = CopyReverseDataset("reverse", num_examples=64, max_len=8, seed=2)
+    src, tgt = collate_batch([probe[i] for i in range(len(probe))])
+    tgt_input, labels = shift_targets(tgt)
+    return src, tgt_input, labels, labels != PAD_ID
+
+
+def build_model(num_layers: int, norm_first: bool, vocab_size: int | None = None) -> Transformer:
+    """Section 6.4's Transformer: ``num_layers`` encoder and decoder layers, ``d_model`` 64,
+    4 heads, ``d_ff`` 128, no dropout, Pre-LN if ``norm_first``. Its weights come from the
+    global random state (seed it first). ``vocab_size``: the reversal task's by default."""
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise ValueError(f"num_layers: expected a positive int, got {num_layers!r}")
+    if not isinstance(norm_first, bool):
+        raise ValueError(f"norm_first: expected a bool, got {type(norm_first).__name__}")
+    if vocab_size is None:
+        vocab_size = CopyReverseDataset("reverse", num_examples=1, max_len=8, seed=1).vocab_size
+    return Transformer(
+        TransformerConfig(
+            vocab_size, vocab_size, d_model=D_MODEL, num_heads=HEADS, num_layers=num_layers,
+            d_ff=D_FF, dropout=0.0, norm_first=norm_first, src_pad_id=PAD_ID, tgt_pad_id=PAD_ID,
+        )
+    )  # fmt: skip
+
+
+def gradient_norm(module: nn.Module) -> float:
+    """Frobenius norm of all the gradients of a module's parameters together."""
+    grads = [p.grad.norm() for p in module.parameters() if p.grad is not None]
+    if not grads:
+        raise ValueError(
+            f"module: expected parameters with gradients, {type(module).__name__} has none"
+        )
+    return torch.stack(grads).norm().item()
+
+
+def train_run(
+    model: Transformer,
+    data: CopyReverseDataset,
+    lr: float,
+    schedule: str,
+    seed: int = 0,
+    steps: int = STEPS,
+    clip_norm: float | None = 1.0,
+    moment_batches: int = 0,
+    first_moment: bool = True,
+    probe: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+) -> dict[str, np.ndarray]:
+    """Train ``model`` on ``data`` with Adam (β = 0.9, 0.98; ε = 1e-9) and the schedule
+    ``schedule`` peaking at ``lr``; the seed fixes the batches' order. Returns arrays:
+
+    * ``loss`` ``(steps,)``;
+    * ``grad_ratio`` ``(steps,)``: gradient norm of the bottom decoder layer / the top one;
+    * ``delta_f`` ``(FIRST_STEPS,)``: ‖ΔF‖ / ‖F‖, the relative change of the logits on the
+      probe batch (:func:`probe_batch` by default) made by each of the first updates;
+    * ``adam_step`` ``(FIRST_STEPS,)``: mean |Δθ| / lr over all weights, for each of them.
+
+    ``moment_batches``: before training, Adam sees that many other batches at learning rate 0,
+    so that its moment estimates are filled while the weights stay where they are; with
+    ``first_moment=False`` m̂ is emptied again afterwards, so that only v̂ is pre-estimated.
+    """
+    if not isinstance(model, Transformer):
+        raise ValueError(f"model: expected a companion Transformer, got {type(model).__name__}")
+    if (
+        isinstance(steps, bool)
+        or not isinstance(steps, int)
+        or not 1 <= steps <= len(data) // BATCH
+    ):
+        raise ValueError(
+            f"steps: expected an int from 1 to {len(data) // BATCH} (the data's batches), got {steps!r}"
+        )
+    if (
+        isinstance(moment_batches, bool)
+        or not isinstance(moment_batches, int)
+        or moment_batches < 0
+    ):
+        raise ValueError(f"moment_batches: expected an int ≥ 0, got {moment_batches!r}")
+    probe_src, probe_input, _, probe_real = probe_batch() if probe is None else probe
+    optimizer = torch.optim.Adam(
+        model.parameters(),
+        lr=1.0,
+        betas=(0.9, 0.98),
+        eps=1e-9,
+        foreach=True,  # foreach: faster
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(schedule, lr))
+    if moment_batches:
+        other = DataLoader(data, batch_size=BATCH, shuffle=True, collate_fn=collate_batch,
+                           generator=torch.Generator().manual_seed(seed + 100))  # fmt: skip
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
+        for _, (src, tgt) in zip(range(moment_batches), other):
+            train_step(model, src, tgt, optimizer, pad_id=PAD_ID, clip_norm=clip_norm)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_schedule(schedule, lr)(0)
+        if not first_moment:  # as RAdam's Adam-2k control: v̂ estimated, m̂ still empty
+            for state in optimizer.state.values():
+                state["exp_avg"].zero_()
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True, collate_fn=collate_batch,
+                        generator=torch.Generator().manual_seed(seed))  # fmt: skip
+    record = {"loss": np.full(steps, np.nan), "grad_ratio": np.full(steps, np.nan),
+              "delta_f": np.full(FIRST_STEPS, np.nan), "adam_step": np.full(FIRST_STEPS, np.nan)}  # fmt: skip
+    bottom, top = model.decoder.layers[0], model.decoder.layers[-1]
+    with torch.no_grad():
+        logits_after = model.eval()(probe_src, probe_input)[probe_real]  # (tokens, vocab)
+    for step, (src, tgt) in zip(range(steps), loader):
+        if step < FIRST_STEPS:
+            logits_before = logits_after  # the weights have not changed since
+            weights_before = [p.detach().clone() for p in model.parameters()]
+        stats = train_step(
+            model, src, tgt, optimizer, scheduler, pad_id=PAD_ID, clip_norm=clip_norm
+        )
+        record["loss"][step] = stats.loss
+        record["grad_ratio"][step] = gradient_norm(bottom) / gradient_norm(top)
+        if step < FIRST_STEPS:
+            with torch.no_grad():
+                logits_after = model.eval()(probe_src, probe_input)[probe_real]
+                change = (logits_after - logits_before).norm() / logits_before.norm()
+                moved = sum(
+                    (p - w).abs().sum().item() for p, w in zip(model.parameters(), weights_before)
+                )
+            record["delta_f"][step] = change.item()
+            record["adam_step"][step] = (
+                moved / sum(p.numel() for p in model.parameters()) / stats.lr
+            )
+    return record

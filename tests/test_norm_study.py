@@ -1,0 +1,91 @@
+"""companion.norm_study: chapter 6's training study reproduces the recorded grid, and rejects
+bad input with a clear message."""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib.resources import files
+
+import numpy as np
+import pytest
+import torch
+
+from companion import norm_study
+from companion.utils import set_seed
+
+
+@pytest.fixture(scope="module")
+def grid() -> dict:
+    return json.loads((files("companion") / "results" / "ch06_grid.json").read_text())
+
+
+@pytest.mark.parametrize(
+    ("placement", "schedule"), [("Post-LN", "constant"), ("Pre-LN", "warm-up")]
+)
+def test_train_run_reproduces_the_recorded_grid(grid, placement, schedule):
+    """The first steps of two recorded arms (seed 0, 3e-3), trained again with this module."""
+    torch.set_num_threads(1)
+    steps = 6
+    data = norm_study.train_data()
+    set_seed(0)  # as the grid does before it builds the seed-0 model
+    model = norm_study.build_model(6, placement == "Pre-LN", data.vocab_size)
+    record = norm_study.train_run(model, data, 3e-3, schedule, seed=0, steps=steps)
+    recorded = np.array(grid["arms"][f"{placement}|{schedule}|0.003|0"]["loss"][:steps])
+    np.testing.assert_allclose(record["loss"], recorded, rtol=0, atol=1e-4)
+    assert record["grad_ratio"].shape == (steps,) and np.isfinite(record["grad_ratio"]).all()
+    first = record["delta_f"][:steps]
+    assert record["delta_f"].shape == (norm_study.FIRST_STEPS,) and np.isfinite(first).all()
+    # Adam's first update moves each weight by about the learning rate (chapter 6.6.2)
+    assert 0.9 < record["adam_step"][0] <= 1.0, record["adam_step"][0]
+
+
+def test_lr_schedule_peaks_at_warmup():
+    warm = [norm_study.lr_schedule("warm-up", 3e-3)(step) for step in range(200)]
+    assert int(np.argmax(warm)) == norm_study.WARMUP
+    assert math.isclose(max(warm), 3e-3)
+    assert math.isclose(warm[1], 3e-3 / norm_study.WARMUP)
+    assert norm_study.lr_schedule("constant", 1e-3)(57) == 1e-3
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda: norm_study.lr_schedule("cosine", 1e-3), "kind"),
+        (lambda: norm_study.lr_schedule("constant", -1.0), "peak_lr"),
+        (lambda: norm_study.train_data(0), "steps"),
+        (lambda: norm_study.build_model(0, True), "num_layers"),
+        (lambda: norm_study.build_model(2, "pre"), "norm_first"),
+        (
+            lambda: norm_study.train_run(
+                torch.nn.Linear(2, 2), norm_study.train_data(2), 1e-3, "constant"
+            ),
+            "model",
+        ),
+        (
+            lambda: norm_study.train_run(
+                norm_study.build_model(1, True), norm_study.train_data(2), 1e-3, "constant", steps=3
+            ),
+            "steps",
+        ),
+        (
+            lambda: norm_study.train_run(
+                norm_study.build_model(1, True),
+                norm_study.train_data(2),
+                1e-3,
+                "constant",
+                steps=1,
+                moment_batches=-1,
+            ),
+            "moment_batches",
+        ),
+    ],
+)
+def test_bad_input_names_the_argument(call, argument):
+    with pytest.raises(ValueError, match=argument):
+        call()
+
+
+def test_gradient_norm_needs_gradients():
+    with pytest.raises(ValueError, match="module"):
+        norm_study.gradient_norm(torch.nn.Linear(2, 2))
