@@ -762,3 +762,12 @@ def test_reference_passes_its_own_check(check, reference, capsys):
 def test_only_the_checks_are_exported():
     assert sorted(ch09.__all__) == sorted(name for name in dir(ch09) if name.startswith("check_"))
     assert all(name.startswith("check_") for name in ch09.__all__)
+
+
+def test_a_float32_slip_is_reported_with_its_largest_difference(capsys):
+    # the printed values of a float32 slip agree to six digits: the message must show the gap
+    assert not ch09.check_interpolated_rope(rope_float32_positions)
+    out = capsys.readouterr().out
+    assert "largest absolute difference" in out and "tolerance 1e-9" in out, out
+    gap = float(out.split("largest absolute difference ")[1].split()[0])
+    assert 1e-9 < gap < 1e-3, out
