@@ -97,6 +97,14 @@ def _correct_split_scale(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return weights @ v  # (..., q_len, d_v)
 
 
+def _correct_shifted_values(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    # weights @ (v + 8) - 8 = weights @ v since each row of weights sums to 1; float32 then
+    # rounds on the scale of 8 (about 1e-6), so an output entry near 0 carries a relative
+    # error far above torch.allclose's default rtol=1e-5, on almost any random inputs
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return weights @ (v + 8.0) - 8.0  # (..., q_len, d_v)
+
+
 def _with_factor(factor: Callable[[Tensor, Tensor, Tensor], float]) -> Callable[..., Tensor]:
     def attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         weights = torch.softmax(q @ k.transpose(-2, -1) * factor(q, k, v), dim=-1)
@@ -190,6 +198,13 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         _with_factor(lambda q, k, v: 1 / math.sqrt(q.shape[-1] + 1)),
         False,
         "tighten the tolerance: float32 rounding is about 1e-7, so atol=1e-5 has room enough",
+    ),
+    (
+        "the values shifted by 8 and back, weights @ (v + 8) − 8: the same output, rounded on"
+        " the scale of 8",
+        _correct_shifted_values,
+        True,
+        "",
     ),
     (
         "the weights computed in float16, about 1e-3 off",
@@ -316,8 +331,8 @@ def check_scale_test(
     The test gets an attention function ``attention(q, k, v) -> output`` (the shapes of
     :func:`reference_scaled_attention`, the output only, as PyTorch's function returns it)
     and must say whether it computes ``softmax(q kᵀ/√d_k) v``. The check hands it the
-    functions of :data:`SCALE_TEST_CANDIDATES`, four correct ones (with different float32
-    rounding) and ten with a classic slip (no scale, ``d_k``, a fixed ``√64``, ``√d_v``,
+    functions of :data:`SCALE_TEST_CANDIDATES`, five correct ones (with different float32
+    rounding, one of them about 1e-6 off, which a purely relative tolerance rejects) and ten with a classic slip (no scale, ``d_k``, a fixed ``√64``, ``√d_v``,
     ``√k_len``, the softmax over axis 1, a multiplication, the scale after the softmax, and
     two small ones that only a tight tolerance catches: ``√(d_k + 1)``, float16 weights). A
     wrong verdict is explained with the inputs the test used: a rejected correct function
