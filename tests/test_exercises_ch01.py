@@ -448,6 +448,33 @@ def test_equivariance_test_rejects_wrong(wrong):
     assert not ch01.check_is_permutation_equivariant(wrong, verbose=False)
 
 
+def equivariance_test_sorted_outputs(layer, x):  # equal as multisets of rows, not row by row
+    gen = torch.Generator().manual_seed(5)
+    out = layer(x).sort(0).values
+    for _ in range(20):
+        perm = torch.randperm(x.shape[0], generator=gen)
+        if not torch.allclose(layer(x[perm]).sort(0).values, out, atol=1e-5):
+            return False
+    return True
+
+
+def test_equivariance_multiset_comparison_is_rejected_by_the_wrongly_ordered_layers():
+    """Comparing sorted outputs accepts a layer whose rows come out in a wrong order: the check
+    must reject that test, and say which of those layers it accepted."""
+    layers = ch01.equivariance_test_layers()
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    for name in (
+        "attention, then the output rows reversed",
+        "attention, then the output rows shifted by one",
+        "attention, then each output column sorted",
+    ):
+        assert not ch01.reference_is_permutation_equivariant(layers[name], x), name
+        assert equivariance_test_sorted_outputs(layers[name], x), name  # the trap works
+    result = ch01.check_is_permutation_equivariant(equivariance_test_sorted_outputs, verbose=False)
+    assert not result
+    assert "NOT permutation-equivariant" in result.message and "attention, then" in result.message
+
+
 def equivariance_test_default_allclose(layer, x):  # atol=1e-8: rejects float32 rounding
     n = x.shape[0]
     out = layer(x)

@@ -386,7 +386,7 @@ def _probe_permutations(seq_len: int) -> list[Tensor]:
 def reference_is_permutation_equivariant(layer: Callable[[Tensor], Tensor], x: Tensor) -> bool:
     """Whether ``layer(x[perm]) == layer(x)[perm]`` (to float tolerance) for every ``perm`` tried.
 
-    Tries the reversal, a cyclic shift, a swap of the first two tokens and 20 random
+    Tries the reversal, a cyclic shift, the swap of the first and last tokens and 20 random
     permutations (from a generator of its own), comparing with ``torch.allclose``
     (``atol=1e-5``, ``rtol=1e-4``): a reordered sum differs in its last bits, so exact
     equality would reject a truly equivariant layer.
@@ -433,8 +433,10 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     Equivariant: self-attention, a per-token linear layer, attention plus the mean token.
     Not equivariant: attention with added position codes (large, small, or symmetric under
     reversal, or alike at positions 0 and 1), causal attention, a window layer over the
-    flattened sequence, and two circular convolutions along the sequence (one commutes with
-    cyclic shifts only; the other, with a symmetric kernel, also with the reversal).
+    flattened sequence, two circular convolutions along the sequence (one commutes with
+    cyclic shifts only; the other, with a symmetric kernel, also with the reversal), and
+    attention whose output rows are then put in a wrong order (reversed, shifted by one,
+    each column sorted): the right rows, so only a comparison row by row catches them.
 
     Args:
         d: width of a token vector, ``d_in = d_out = d``.
@@ -507,6 +509,18 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
         "attention with codes alike at positions 0 and 1": NamedLayer(
             "attention with codes alike at positions 0 and 1",
             with_positions(1.0, first_two_alike=True),
+        ),
+        # the right output rows in a wrong order: the same multiset of rows as an equivariant
+        # layer's, so a test that compares sorted outputs cannot tell them apart
+        "attention, then the output rows reversed": NamedLayer(
+            "attention, then the output rows reversed", lambda x: attention(x).flip(0)
+        ),
+        "attention, then the output rows shifted by one": NamedLayer(
+            "attention, then the output rows shifted by one",
+            lambda x: torch.roll(attention(x), 1, dims=0),
+        ),
+        "attention, then each output column sorted": NamedLayer(
+            "attention, then each output column sorted", lambda x: attention(x).sort(0).values
         ),
     }
 
