@@ -8,10 +8,12 @@ notebook keeps running while the reader works.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import sys
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,7 @@ from companion._validation import check_callable
 __all__ = [
     "Case",
     "CheckResult",
+    "calls_into",
     "compare",
     "report",
     "run_check",
@@ -156,6 +159,28 @@ def call_reader(
         last = traceback.format_exception_only(type(exc), exc)[-1].strip()
         message = f"❌ {name}: case {count} raised {last}"
     return None, CheckResult(name, False, count, message)
+
+
+@contextlib.contextmanager
+def calls_into(*modules: object) -> Iterator[list[str]]:
+    """Record the functions of ``modules`` entered while the block runs (``sys.setprofile``),
+    as ``"module (qualname)"``: a check uses it to refuse an answer that calls the package
+    function the exercise asks the reader to write."""
+    names = {getattr(m, "__file__", None): getattr(m, "__name__", "?") for m in modules}
+    calls: list[str] = []
+
+    def profiler(frame: object, event: str, arg: object) -> None:
+        code = frame.f_code  # type: ignore[attr-defined]
+        if event == "call" and code.co_filename in names:
+            qualname = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
+            calls.append(f"{names[code.co_filename]} ({qualname})")
+
+    previous = sys.getprofile()
+    sys.setprofile(profiler)
+    try:
+        yield calls
+    finally:
+        sys.setprofile(previous)
 
 
 def report(result: CheckResult) -> None:

@@ -28,12 +28,10 @@ provides (the shift matrix, the layout reordering, the rotation, the table insid
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import operator
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +43,7 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
+    calls_into,
     compare,
     report,
     run_check,
@@ -72,27 +71,6 @@ def _frequencies(dim: int) -> Tensor:
     return BASE ** (-two_i / dim)  # (dim/2,)
 
 
-@contextlib.contextmanager
-def _calls_into(*modules: object) -> Iterator[list[str]]:
-    """Record the functions of ``modules`` entered while the block runs (``sys.setprofile``),
-    as ``"module (qualname)"``."""
-    names = {getattr(m, "__file__", None): getattr(m, "__name__", "?") for m in modules}
-    calls: list[str] = []
-
-    def profiler(frame: object, event: str, arg: object) -> None:
-        code = frame.f_code  # type: ignore[attr-defined]
-        if event == "call" and code.co_filename in names:
-            qualname = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
-            calls.append(f"{names[code.co_filename]} ({qualname})")
-
-    previous = sys.getprofile()
-    sys.setprofile(profiler)
-    try:
-        yield calls
-    finally:
-        sys.setprofile(previous)
-
-
 def _without_package(
     fn: Callable[..., object], task: str, modules: tuple[object, ...] = (_positional,)
 ) -> Callable[..., object]:
@@ -105,7 +83,7 @@ def _without_package(
 
     @functools.wraps(fn)
     def run(**kwargs: object) -> object:
-        with _calls_into(*modules) as calls:
+        with calls_into(*modules) as calls:
             value = fn(**kwargs)
         if calls:
             raise RuntimeError(

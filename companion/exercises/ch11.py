@@ -40,13 +40,13 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
+    calls_into,
     causal_bool_mask,
     lengths_mask,
     report,
     run_check,
     seeded_generator,
 )
-from companion.exercises.ch04 import _calls_into
 
 __all__ = [
     "check_split_heads",
@@ -67,7 +67,7 @@ def _refusing(
 
     @functools.wraps(fn)
     def run(**kwargs: object) -> object:
-        with _calls_into(*modules) as calls:
+        with calls_into(*modules) as calls:
             value = fn(**kwargs)
         if calls:
             raise RuntimeError(
