@@ -715,6 +715,21 @@ def test_patchify_refuses_f_unfold():
     assert F.unfold(torch.ones(1, 1, 2, 2), 1).shape == (1, 1, 4), "the check puts F.unfold back"
 
 
+def test_patchify_refuses_unfold_imported_by_name_and_the_module():
+    from torch.nn.functional import unfold  # bound before the check swaps the attribute
+
+    def imported(images, patch_size):
+        return unfold(images, kernel_size=patch_size, stride=patch_size).transpose(1, 2)
+
+    def module(images, patch_size):
+        return torch.nn.Unfold(patch_size, stride=patch_size)(images).transpose(1, 2)
+
+    for answer in (imported, module):
+        result = ch10.check_patchify(answer, verbose=False)
+        assert not result and "F.unfold" in result.message, result.message
+    assert unfold(torch.ones(1, 1, 2, 2), 1).shape == (1, 1, 4), "the check puts im2col back"
+
+
 @pytest.mark.parametrize(
     "wrong",
     [

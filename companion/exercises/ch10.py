@@ -619,12 +619,14 @@ def check_patchify(patchify: Callable[[Tensor, int], Tensor], verbose: bool = Tr
     _check_callable("patchify", patchify)
 
     def without_f_unfold(images: Tensor, patch_size: int) -> Tensor:
-        real = torch.nn.functional.unfold
+        # F.unfold, and the kernel it calls (so `from torch.nn.functional import unfold` too)
+        real, real_im2col = torch.nn.functional.unfold, torch._C._nn.im2col
         torch.nn.functional.unfold = _refuse_f_unfold
+        torch._C._nn.im2col = _refuse_f_unfold
         try:
             return patchify(images, patch_size)
         finally:
-            torch.nn.functional.unfold = real
+            torch.nn.functional.unfold, torch._C._nn.im2col = real, real_im2col
 
     return run_check(
         "patchify", without_f_unfold, reference_patchify, _patch_cases(), verbose=verbose
