@@ -676,7 +676,10 @@ def additive_loop_over_keys_unbind(q, k, w_q, w_k, w_a):  # one key at a time, f
 
 
 def additive_loop_over_hidden_units_unbind(q, k, w_q, w_k, w_a):  # Python floats for w_a
-    hq, hk = (q @ w_q).unsqueeze(-2), (k @ w_k).unsqueeze(-3)  # (..., q_len, 1, d_a), (..., 1, k_len, d_a)
+    hq, hk = (
+        (q @ w_q).unsqueeze(-2),
+        (k @ w_k).unsqueeze(-3),
+    )  # (..., q_len, 1, d_a), (..., 1, k_len, d_a)
     total = 0.0
     for hq_c, hk_c, w_c in zip(hq.unbind(-1), hk.unbind(-1), w_a.tolist()):
         total = total + torch.tanh(hq_c + hk_c) * w_c

@@ -56,7 +56,8 @@ def test_blockwise_rejects_a_running_maximum_started_at_zero():
     assert not result and "❌" in result.message, result.message
     easy = next(iter(ch02._blockwise_cases()))
     torch.testing.assert_close(
-        blockwise_max_from_zero(**easy), ch02.reference_scaled_attention(easy["q"], easy["k"], easy["v"])[0]
+        blockwise_max_from_zero(**easy),
+        ch02.reference_scaled_attention(easy["q"], easy["k"], easy["v"])[0],
     )
 
 
@@ -772,7 +773,9 @@ def test_gradient_crossover_settings_are_clear_cut():
     on both sides, so a measurement on 10 000 queries cannot land on the wrong side."""
     assert 16 not in ch02.CROSSOVER_N_KEYS  # the chapter's setting
     answers = [crossover_correct(n_keys) for n_keys in ch02.CROSSOVER_N_KEYS]
-    assert answers == [16, 64, 128, 256, 512, 512], answers  # the crossovers, kept out of the module
+    assert answers == [16, 64, 128, 256, 512, 512], (
+        answers
+    )  # the crossovers, kept out of the module
     for n_keys, answer in zip(ch02.CROSSOVER_N_KEYS, answers):
         assert ch02.crossover_gap(answer, n_keys) > 1.1
         assert ch02.crossover_gap(answer // 2, n_keys) < 1 / 1.1

@@ -325,9 +325,7 @@ def check_additive_scores(
             if result.grad_fn is None:
                 missing = list(leaves)
             else:
-                grads = torch.autograd.grad(
-                    result.sum(), list(leaves.values()), allow_unused=True
-                )
+                grads = torch.autograd.grad(result.sum(), list(leaves.values()), allow_unused=True)
                 missing = [name for name, grad in zip(leaves, grads) if grad is None]
             if missing:
                 raise ComputedOutsidePyTorch(
