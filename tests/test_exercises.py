@@ -68,7 +68,7 @@ def test_engine_passes_correct_function(capsys):
     assert "all 3 cases" in capsys.readouterr().out
 
 
-def test_engine_reports_first_mismatch(capsys):
+def test_engine_reports_the_largest_mismatch(capsys):
     def wrong(x):
         y = x * 2
         y[1, 2] += 1
@@ -78,7 +78,7 @@ def test_engine_reports_first_mismatch(capsys):
     assert not result
     out = capsys.readouterr().out
     assert (
-        "1 of 12 entries differ; first at index (1, 2)" in out
+        "1 of 12 entries differ; the largest difference is at index (1, 2)" in out
         and "inputs: x: tensor of shape (3, 4)" in out
     )
 

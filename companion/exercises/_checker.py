@@ -9,7 +9,9 @@ notebook keeps running while the reader works.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import math
 import sys
 import traceback
 from collections import Counter
@@ -27,6 +29,7 @@ __all__ = [
     "Case",
     "CheckResult",
     "calls_into",
+    "refusing_calls",
     "compare",
     "report",
     "run_check",
@@ -100,10 +103,15 @@ def compare(
             e64, g64 = e.detach().double(), g.detach().double()
             bad = ~torch.isclose(g64, e64, atol=atol, rtol=rtol)
         if bool(bad.any()):
-            index = tuple(int(i) for i in bad.nonzero()[0])
+            # the entry with the LARGEST difference (NaN counts as largest): the first differing
+            # entry of a wrong answer can be off by 1e-4 and look like rounding
+            e64, g64 = e.detach().double(), g.detach().double()
+            gap = (g64 - e64).abs().nan_to_num(nan=math.inf).masked_fill(~bad, -1.0)
+            index = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
             return (
-                f"{path}: {int(bad.sum())} of {bad.numel()} entries differ; first at index {index}: "
-                f"expected {e[index].item():.6g}, got {g[index].item():.6g}"
+                f"{path}: {int(bad.sum())} of {bad.numel()} entries differ; the largest difference "
+                f"is at index {index}: expected {e[index].item():.6g}, got {g[index].item():.6g}"
+                + ("" if e.dtype == torch.bool else f" (off by {gap[index].item():.3g})")
             )
         return None
     if isinstance(expected, (int, float)) and not isinstance(expected, bool):
@@ -181,6 +189,27 @@ def calls_into(*modules: object) -> Iterator[list[str]]:
         yield calls
     finally:
         sys.setprofile(previous)
+
+
+def refusing_calls(
+    fn: Callable[..., Any], task: str, modules: tuple[object, ...], why: str = ""
+) -> Callable[..., Any]:
+    """``fn``, failing (``RuntimeError``) when it calls into one of ``modules``: the exercise
+    asks for ``task`` by hand, and those modules hold the answer. ``why`` is appended to the
+    message. ``functools.wraps`` keeps the signature, so that the checker still names missing
+    parameters."""
+
+    @functools.wraps(fn)
+    def run(**kwargs: Any) -> Any:
+        with calls_into(*modules) as calls:
+            value = fn(**kwargs)
+        if calls:
+            raise RuntimeError(
+                f"your code called {calls[0]}; this exercise asks you to {task} yourself{why}"
+            )
+        return value
+
+    return run
 
 
 def report(result: CheckResult) -> None:

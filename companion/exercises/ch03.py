@@ -53,98 +53,6 @@ __all__ = [
 ]
 
 # --------------------------------------------------------------------------------------------
-# A comparison that reports the largest difference (exercises 1, 2 and 5)
-# --------------------------------------------------------------------------------------------
-
-
-def _compare_largest(expected: object, got: object, path: str = "result") -> str | None:
-    """Like :func:`~companion.exercises._checker.compare` (atol 1e-5, rtol 1e-4), but a tensor
-    that differs is reported at its entry with the **largest** difference: the first differing
-    entry of a wrong answer can be off by 1e-4 and look like rounding while another is off by 2.
-    """
-    if isinstance(expected, (tuple, list)):
-        if not isinstance(got, (tuple, list)) or len(got) != len(expected):
-            return compare(expected, got, path=path)
-        for i, (e, g) in enumerate(zip(expected, got)):
-            problem = _compare_largest(e, g, f"{path}[{i}]")
-            if problem:
-                return problem
-        return None
-    if (
-        isinstance(expected, Tensor)
-        and isinstance(got, Tensor)
-        and got.shape == expected.shape
-        and got.dtype.is_floating_point
-        and expected.dtype.is_floating_point
-    ):
-        e64, g64 = expected.detach().double(), got.detach().double()
-        bad = ~torch.isclose(g64, e64, atol=1e-5, rtol=1e-4)  # NaN never matches
-        if not bool(bad.any()):
-            return None
-        gap = (g64 - e64).abs().nan_to_num(nan=math.inf).masked_fill(~bad, -1.0)
-        index = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
-        return (
-            f"{path}: {int(bad.sum())} of {bad.numel()} entries differ; the largest difference "
-            f"is at index {index}: expected {e64[index].item():.6g}, got {g64[index].item():.6g} "
-            f"(off by {gap[index].item():.3g})"
-        )
-    return compare(expected, got, path=path)
-
-
-def _describe_inputs(case: Case) -> str:
-    """The inputs of a case as the checks print them: names, shapes and dtypes, or values."""
-
-    def describe(value: object) -> str:
-        if isinstance(value, Tensor):
-            return f"tensor of shape {tuple(value.shape)}, dtype {value.dtype}"
-        return f"{type(value).__name__} {value!r}"[:200]
-
-    return ", ".join(f"{name}: {describe(value)}" for name, value in case.items())
-
-
-def _run_check_largest(
-    name: str,
-    user_fn: Callable[..., object],
-    reference_fn: Callable[..., object],
-    cases: list[Case],
-    verbose: bool,
-    hint: Callable[[Case, object], str] | None = None,
-) -> CheckResult:
-    """:func:`~companion.exercises._checker.run_check` with :func:`_compare_largest`."""
-    _require_callable("the function to check", user_fn)
-
-    def clone(case: Case) -> Case:
-        return {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
-
-    result: CheckResult | None = None
-    count = 0
-    for count, case in enumerate(cases, start=1):
-        expected = reference_fn(**clone(case))
-        got, result = call_reader(name, count, user_fn, clone(case))
-        if result is not None:
-            if result.message.startswith("❌"):  # raised: show the inputs that made it raise
-                result.message += f"\n   inputs: {_describe_inputs(case)}"
-            break
-        problem = _compare_largest(expected, got)
-        if problem:
-            result = CheckResult(
-                name,
-                False,
-                count,
-                f"❌ {name}: case {count} is wrong.\n   {problem}\n   inputs: "
-                f"{_describe_inputs(case)}" + (hint(case, got) if hint is not None else ""),
-            )
-            break
-    if result is None:
-        result = CheckResult(
-            name, True, count, f"✅ {name}: all {count} cases match the reference."
-        )
-    if verbose:
-        report(result)
-    return result
-
-
-# --------------------------------------------------------------------------------------------
 # Exercise 3: split a fused projection laid out head by head
 # --------------------------------------------------------------------------------------------
 
@@ -388,12 +296,12 @@ def check_multi_head_attention(
     ``(output (batch, q_len, d_model), weights (batch, heads, q_len, k_len))``, with ``d_k`` and
     ``d_v`` read off the weights (cases with ``d_k != d_v`` and ``h·d_v != d_model``); names a
     merge without the transpose and a wrong scale when the output is one of them."""
-    return _run_check_largest(
+    return run_check(
         "multi_head_attention",
         multi_head_attention,
         reference_multi_head_attention,
         _mha_cases(),
-        verbose,
+        verbose=verbose,
         hint=_mha_hint,
     )
 
@@ -535,12 +443,12 @@ def check_grouped_query_attention(
     num_kv_heads)`` → ``(batch, q_len, d_model)``; when the answer pairs query heads with the
     wrong key/value heads (``repeat`` for ``repeat_interleave``, ...) the message says which
     key/value head a query head used and which it should have used."""
-    return _run_check_largest(
+    return run_check(
         "grouped_query_attention",
         grouped_query_attention,
         reference_grouped_query_attention,
         _gqa_cases(),
-        verbose,
+        verbose=verbose,
         hint=_gqa_hint,
     )
 
@@ -641,13 +549,11 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
                 out, weights = reference_multi_head_attention(
                     query, key, key, w_q, w_k, w_v, w_o, case["num_heads"]
                 )
-                problem = _compare_largest(
+                problem = compare(
                     before_w[:, order],
                     weights,
                     path="the weights of new head r (old head order[r])",
-                ) or _compare_largest(
-                    before_out, out, path="the layer's output (it must not change)"
-                )
+                ) or compare(before_out, out, path="the layer's output (it must not change)")
                 inverse = torch.argsort(torch.as_tensor(order)).tolist()
                 if (
                     problem

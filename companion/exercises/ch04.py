@@ -43,8 +43,8 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
-    calls_into,
     compare,
+    refusing_calls,
     report,
     run_check,
     run_verdict_check,
@@ -75,24 +75,8 @@ def _without_package(
     fn: Callable[..., object], task: str, modules: tuple[object, ...] = (_positional,)
 ) -> Callable[..., object]:
     """``fn``, failing (``RuntimeError``) when it calls into one of ``modules`` (by default
-    :mod:`companion.positional`).
-
-    The exercise asks for ``task`` by hand; the module would be its answer. The signature of
-    ``fn`` is kept (``functools.wraps``) so that the checker still names missing parameters.
-    """
-
-    @functools.wraps(fn)
-    def run(**kwargs: object) -> object:
-        with calls_into(*modules) as calls:
-            value = fn(**kwargs)
-        if calls:
-            raise RuntimeError(
-                f"your code called {calls[0]}; this exercise asks you to {task} yourself, "
-                f"from the formulas of the chapter"
-            )
-        return value
-
-    return run
+    :mod:`companion.positional`): the exercise asks for ``task`` by hand."""
+    return refusing_calls(fn, task, modules, why=", from the formulas of the chapter")
 
 
 def _without_positional(fn: Callable[..., object], task: str) -> Callable[..., object]:

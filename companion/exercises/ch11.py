@@ -26,7 +26,6 @@ are not exported.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -40,9 +39,9 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
-    calls_into,
     causal_bool_mask,
     lengths_mask,
+    refusing_calls,
     report,
     run_check,
     seeded_generator,
@@ -56,26 +55,6 @@ __all__ = [
     "check_mystery",
     "check_batch_independent",
 ]
-
-
-def _refusing(
-    fn: Callable[..., object], task: str, modules: tuple[object, ...]
-) -> Callable[..., object]:
-    """``fn``, failing (``RuntimeError``) when it calls into one of ``modules``: the exercise asks
-    for ``task`` by hand, and those modules hold the answer. ``functools.wraps`` keeps the
-    signature, so that the checker still names missing parameters."""
-
-    @functools.wraps(fn)
-    def run(**kwargs: object) -> object:
-        with calls_into(*modules) as calls:
-            value = fn(**kwargs)
-        if calls:
-            raise RuntimeError(
-                f"your code called {calls[0]}; this exercise asks you to {task} yourself"
-            )
-        return value
-
-    return run
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,7 +204,7 @@ def check_positional_table(build_table: Callable[..., Tensor], verbose: bool = T
     into :mod:`companion.positional`, the clinic's model or this module's reference fails."""
     if build_table is not reference_positional_table:  # the reference passes its own check
         modules = (positional, patient, sys.modules[__name__])
-        build_table = _refusing(build_table, "build the table", modules)
+        build_table = refusing_calls(build_table, "build the table", modules)
     cases = [
         {"max_len": n, "d_model": d} for n, d in ((10, 2), (50, 8), (100, 16), (64, 32), (5, 64))
     ]
@@ -514,7 +493,7 @@ def check_batch_independent(
     positions, or only reverses the batch, misses one of them. A call into the clinic's toolkit
     (``clinic.batch_independence``) fails."""
 
-    guarded = _refusing(
+    guarded = refusing_calls(
         batch_independent,
         "write the batch-independence test",
         (toolkit,),
