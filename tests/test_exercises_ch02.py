@@ -17,9 +17,9 @@ from companion.exercises import ch02
 # ---------------------------------------------------------------------------------------------
 
 
-def blockwise_correct(q, k, v, block_size):
+def _blockwise(q, k, v, block_size, first_max):
     scale = 1 / math.sqrt(q.shape[-1])
-    running_max = torch.full((*q.shape[:-1], 1), float("-inf"))
+    running_max = torch.full((*q.shape[:-1], 1), first_max)
     total = torch.zeros(*q.shape[:-1], 1)
     acc = torch.zeros(*q.shape[:-1], v.shape[-1])
     for start in range(0, k.shape[-2], block_size):
@@ -31,22 +31,14 @@ def blockwise_correct(q, k, v, block_size):
         acc = acc * correction + p @ v[..., start : start + block_size, :]
         running_max = new_max
     return acc / total
+
+
+def blockwise_correct(q, k, v, block_size):
+    return _blockwise(q, k, v, block_size, float("-inf"))
 
 
 def blockwise_max_from_zero(q, k, v, block_size):  # the running maximum starts at 0, not -inf
-    scale = 1 / math.sqrt(q.shape[-1])
-    running_max = torch.zeros(*q.shape[:-1], 1)
-    total = torch.zeros(*q.shape[:-1], 1)
-    acc = torch.zeros(*q.shape[:-1], v.shape[-1])
-    for start in range(0, k.shape[-2], block_size):
-        scores = q @ k[..., start : start + block_size, :].transpose(-2, -1) * scale
-        new_max = torch.maximum(running_max, scores.amax(-1, keepdim=True))
-        correction = torch.exp(running_max - new_max)
-        p = torch.exp(scores - new_max)
-        total = total * correction + p.sum(-1, keepdim=True)
-        acc = acc * correction + p @ v[..., start : start + block_size, :]
-        running_max = new_max
-    return acc / total
+    return _blockwise(q, k, v, block_size, 0.0)
 
 
 def test_blockwise_rejects_a_running_maximum_started_at_zero():
