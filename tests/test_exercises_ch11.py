@@ -584,3 +584,25 @@ def test_the_toolkit_catches_the_rows_that_read_others(how):
     (case,) = [case for case in ch11._batch_cases() if case["logits_fn"].how == how]
     finding = clinic.batch_independence(case["logits_fn"], case["ids"])
     assert not finding and finding.details["largest"] > 1e-4, finding
+
+
+def test_split_heads_and_attention_refuse_the_clinics_correct_code():
+    """Exercises 1 and 3 ask for the code by hand: delegating to the clinic's healthy model (or
+    to companion.attention) is refused with a message; the references still pass."""
+    from companion import clinic
+
+    def borrowed_split(x, num_heads):
+        return clinic.MultiHeadAttention(x.shape[-1], num_heads).split_heads(x)
+
+    def borrowed_attention(q, k, v, mask):
+        layer = clinic.MultiHeadAttention(q.shape[1] * q.shape[-1], q.shape[1])
+        return layer.attend(q, k, v, mask)[0]
+
+    for check, answer in (
+        (ch11.check_split_heads, borrowed_split),
+        (ch11.check_attention, borrowed_attention),
+    ):
+        result = check(answer, verbose=False)
+        assert not result and "yourself" in result.message, result.message
+    assert ch11.check_split_heads(ch11.reference_split_heads, verbose=False)
+    assert ch11.check_attention(ch11.reference_attention, verbose=False)

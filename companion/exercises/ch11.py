@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import Tensor
 
+import companion.attention as _attention
 from companion import clinic, positional
 from companion.clinic import patient, toolkit
 from companion.exercises._checker import (
@@ -113,10 +114,15 @@ def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) 
     """Check ``split_heads(x, num_heads)`` → ``(batch, heads, seq, head_dim)`` against the
     reference on six shapes (two with ``seq == num_heads``, where a wrong split keeps the
     shape); a wrong answer's report says whether an attention module with it is still
-    permutation-equivariant (the chapter's test for bug 4)."""
+    permutation-equivariant (the chapter's test for bug 4). A call into the clinic's model or
+    :mod:`companion.attention` (which split heads correctly) fails."""
+    guarded = split_heads
+    if split_heads is not reference_split_heads:  # the reference passes its own check
+        modules = (patient, _attention, sys.modules[__name__])
+        guarded = refusing_calls(split_heads, "split the heads", modules)
     return run_check(
         "split_heads",
-        split_heads,
+        guarded,
         reference_split_heads,
         _split_cases(),
         verbose=verbose,
@@ -176,10 +182,14 @@ def _attention_cases() -> list[Case]:
 
 
 def check_attention(attention: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``attention(q, k, v, mask)`` → ``(batch, heads, q_len, d_v)``."""
-    return run_check(
-        "attention", attention, reference_attention, _attention_cases(), verbose=verbose
-    )
+    """Check ``attention(q, k, v, mask)`` → ``(batch, heads, q_len, d_v)``. A call into the
+    clinic's model or :mod:`companion.attention` fails (PyTorch's own
+    ``F.scaled_dot_product_attention`` is allowed)."""
+    guarded = attention
+    if attention is not reference_attention:  # the reference passes its own check
+        modules = (patient, _attention, sys.modules[__name__])
+        guarded = refusing_calls(attention, "scale and mask the scores", modules)
+    return run_check("attention", guarded, reference_attention, _attention_cases(), verbose=verbose)
 
 
 # --------------------------------------------------------------------------------------------
