@@ -759,3 +759,36 @@ def test_equivariance_unshuffled_comparison_is_told_to_compare_with_the_shuffled
     # a test that compares correctly but too strictly still gets the tolerance hint
     result = ch01.check_is_permutation_equivariant(equivariance_test_exact, verbose=False)
     assert "identity" not in result.message and "atol=1e-5" in result.message, result.message
+
+
+def _equivariant_under(perms_of):
+    """A test that tries only the permutations ``perms_of(seq_len)``."""
+
+    def test(layer, x):
+        out = layer(x)
+        return all(
+            torch.allclose(layer(x[p]), out[p], atol=1e-5, rtol=1e-4) for p in perms_of(x.shape[0])
+        )
+
+    return test
+
+
+def _swap(n, i, j):
+    perm = torch.arange(n)
+    perm[[i, j]] = perm[[j, i]]
+    return perm
+
+
+@pytest.mark.parametrize(
+    "perms_of",
+    [
+        lambda n: [torch.arange(n - 1, -1, -1), _swap(n, 0, 1)],  # reversal + first swap
+        lambda n: [_swap(n, 0, n - 1), _swap(n, 0, 1)],  # swap the ends + first swap
+    ],
+    ids=["reversal and swap(0, 1)", "swap of the ends and swap(0, 1)"],
+)
+def test_equivariance_check_rejects_two_permutations_that_do_not_generate_all(perms_of):
+    layer = ch01.equivariance_test_layers()["attention with codes on the middle positions only"]
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    assert not ch01.reference_is_permutation_equivariant(layer, x), "the reference sees it"
+    assert not ch01.check_is_permutation_equivariant(_equivariant_under(perms_of), verbose=False)

@@ -430,7 +430,8 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
 
     Equivariant: self-attention, a per-token linear layer, attention plus the mean token.
     Not equivariant: attention with added position codes (large, small, or symmetric under
-    reversal, or alike at positions 0 and 1), causal attention, a window layer over the
+    reversal, or alike at positions 0 and 1, or only on the middle positions and alike under the
+    reversal), causal attention, a window layer over the
     flattened sequence, two circular convolutions along the sequence (one commutes with
     cyclic shifts only; the other, with a symmetric kernel, also with the reversal), and
     attention whose output rows are then put in a wrong order (reversed, shifted by one,
@@ -451,7 +452,10 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
         return _attention(x, query_weight, key_weight, value_weight)  # (seq_len, d)
 
     def with_positions(
-        scale: float, symmetric: bool = False, first_two_alike: bool = False
+        scale: float,
+        symmetric: bool = False,
+        first_two_alike: bool = False,
+        middle_only: bool = False,
     ) -> Callable[[Tensor], Tensor]:
         def layer(x: Tensor) -> Tensor:
             seq_len = x.shape[0]
@@ -460,7 +464,12 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
                 positions = (positions - (seq_len - 1) / 2).abs()  # (seq_len,)
             if first_two_alike:  # positions 0 and 1 get the same code: swapping them is harmless
                 positions = positions.clamp(min=1.0)  # (seq_len,)
-            return attention(x + scale * _position_codes(positions, d))  # (seq_len, d)
+            codes = _position_codes(positions, d)  # (seq_len, d)
+            if middle_only:  # no code on the first two and last two positions
+                inner = torch.zeros(seq_len, 1)  # (seq_len, 1)
+                inner[2 : seq_len - 2] = 1.0
+                codes = codes * inner  # (seq_len, d)
+            return attention(x + scale * codes)  # (seq_len, d)
 
         return layer
 
@@ -507,6 +516,12 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
         "attention with codes alike at positions 0 and 1": NamedLayer(
             "attention with codes alike at positions 0 and 1",
             with_positions(1.0, first_two_alike=True),
+        ),
+        # codes on the middle positions only, alike under the reversal: the reversal and any
+        # swap among the first two or the last two positions leave it unchanged
+        "attention with codes on the middle positions only": NamedLayer(
+            "attention with codes on the middle positions only",
+            with_positions(1.0, symmetric=True, middle_only=True),
         ),
         # the right output rows in a wrong order: the same multiset of rows as an equivariant
         # layer's, so a test that compares sorted outputs cannot tell them apart
