@@ -606,8 +606,9 @@ def test_scale_test_explains_a_too_strict_comparison(strict):
 
 def test_scale_test_candidates_are_what_they_claim():
     gen = torch.Generator().manual_seed(3)
-    q, k, v = torch.randn(2, 3, 9, generator=gen), torch.randn(2, 5, 9, generator=gen), None
-    v = torch.randn(2, 5, 4, generator=gen)
+    # (batch, heads, len, width): on these, every slip shows (axis 1 and axis 2 included)
+    q, k = torch.randn(2, 2, 3, 9, generator=gen), torch.randn(2, 2, 5, 9, generator=gen)
+    v = torch.randn(2, 2, 5, 4, generator=gen)
     for what, fn, correct, _ in ch02.SCALE_TEST_CANDIDATES:
         close = torch.allclose(fn(q, k, v), _formula(q, k, v), atol=1e-5)
         assert close == correct, what

@@ -119,6 +119,14 @@ def _softmax_over_axis_1(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return weights @ v  # (..., q_len, d_v)
 
 
+def _softmax_over_axis_2(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    # axis 2 is the keys' axis of (batch, q_len, k_len) scores, but not of (batch, heads, ...);
+    # 2-D scores have no axis 2, so there the code falls back on the last one
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., q_len, k_len)
+    weights = torch.softmax(scores, dim=min(2, scores.dim() - 1))  # (..., q_len, k_len)
+    return weights @ v  # (..., q_len, d_v)
+
+
 def _scaled_after_softmax(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1) / math.sqrt(q.shape[-1])
     return weights @ v  # (..., q_len, d_v)
@@ -174,6 +182,13 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         _softmax_over_axis_1,
         False,
         "test batched inputs, (batch, q_len, d_k)",
+    ),
+    (
+        "a softmax over axis 2, right for (batch, q_len, k_len) scores but over the queries"
+        " once a heads axis is added",
+        _softmax_over_axis_2,
+        False,
+        "test inputs with two leading axes, (batch, heads, q_len, d_k), as chapter 3 uses",
     ),
     (
         "q and k each multiplied by d_k^(-1/4): the same scores, rounded differently",
