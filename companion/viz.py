@@ -209,6 +209,9 @@ def head_split_diagram(
         )
         ax.text(x0 + arrow_gap / 2, middle + 0.5, text, ha="center", va="bottom", fontsize=8.5)
 
+    def caption(x0: float, cols: int, text: str, y: float) -> None:  # under a stage
+        ax.text(x0 + cols / 2, y, text, ha="center", va="top", fontsize=9)
+
     if ax is None:
         width = 2 * d_model + 2 * head_dim + d_model + 4 * arrow_gap
         _, ax = plt.subplots(figsize=(0.32 * width + 1, 0.32 * stack_height + 1.6))
@@ -218,14 +221,7 @@ def head_split_diagram(
     low = middle - seq_len / 2  # bottom of a one-matrix stage
     # 1. projected queries, head r's columns in colour r
     grid(x, low, d_model, head_colour)
-    ax.text(
-        x + d_model / 2,
-        low - 0.6,
-        f"Q = X W_Q\n(n, d_model) = ({seq_len}, {d_model})",
-        ha="center",
-        va="top",
-        fontsize=9,
-    )
+    caption(x, d_model, f"Q = X W_Q\n(n, d_model) = ({seq_len}, {d_model})", low - 0.6)
     for r in range(num_heads):
         ax.text(
             x + (r + 0.5) * head_dim,
@@ -260,14 +256,7 @@ def head_split_diagram(
                 color=colours[r],
                 fontweight="bold",
             )
-        ax.text(
-            x + head_dim / 2,
-            -0.6,
-            f"{stage_title}\n{stage_label}",
-            ha="center",
-            va="top",
-            fontsize=9,
-        )
+        caption(x, head_dim, f"{stage_title}\n{stage_label}", -0.6)
         x += head_dim
         if stage_title == "Q per head":
             arrow(x, "attention per head\n(K, V split alike;\nits own softmax)")
@@ -276,27 +265,13 @@ def head_split_diagram(
     x += arrow_gap
     # 3. the concatenation: the same colours in the same columns
     grid(x, low, d_model, head_colour)
-    ax.text(
-        x + d_model / 2,
-        low - 0.6,
-        f"Concat(head_0, …)\n(n, h·d_v) = ({seq_len}, {d_model})",
-        ha="center",
-        va="top",
-        fontsize=9,
-    )
+    caption(x, d_model, f"Concat(head_0, …)\n(n, h·d_v) = ({seq_len}, {d_model})", low - 0.6)
     x += d_model
     arrow(x, "· W_O\n(mixes heads)")
     x += arrow_gap
     # 4. the output: every column mixes every head
     grid(x, low, d_model, lambda c: "0.72")
-    ax.text(
-        x + d_model / 2,
-        low - 0.6,
-        f"output\n(n, d_model) = ({seq_len}, {d_model})",
-        ha="center",
-        va="top",
-        fontsize=9,
-    )
+    caption(x, d_model, f"output\n(n, d_model) = ({seq_len}, {d_model})", low - 0.6)
     x += d_model
     ax.set_xlim(-3.0, x + 0.5)
     ax.set_ylim(-3.2, stack_height + 1.2)

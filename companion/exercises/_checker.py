@@ -108,9 +108,11 @@ def compare(
             e64, g64 = e.detach().double(), g.detach().double()
             gap = (g64 - e64).abs().nan_to_num(nan=math.inf).masked_fill(~bad, -1.0)
             index = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
+            want, have = e64[index].item(), g64[index].item()
+            digits = 6 if f"{want:.6g}" != f"{have:.6g}" else 12  # a tiny gap needs more digits
             return (
                 f"{path}: {int(bad.sum())} of {bad.numel()} entries differ; the largest difference "
-                f"is at index {index}: expected {e[index].item():.6g}, got {g[index].item():.6g}"
+                f"is at index {index}: expected {want:.{digits}g}, got {have:.{digits}g}"
                 + ("" if e.dtype == torch.bool else f" (off by {gap[index].item():.3g})")
             )
         return None
