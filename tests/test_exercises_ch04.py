@@ -11,7 +11,12 @@ from torch import nn
 
 from companion.attention import MultiHeadAttention, scaled_dot_product_attention
 from companion.exercises import ch04
-from companion.positional import RotaryEmbedding, sinusoidal_shift_matrix, sinusoidal_table
+from companion.positional import (
+    RotaryEmbedding,
+    rope_layout_permutation,
+    sinusoidal_shift_matrix,
+    sinusoidal_table,
+)
 
 # --------------------------------------------------------------------------------------------
 # sinusoidal_table: the reference that reference_encode uses
@@ -67,20 +72,56 @@ def concat_shift_interleaved_reordered(shift, d_model):
     return concat_shift_interleaved(shift, d_model)[order][:, order]
 
 
-def test_concat_shift_matrix_accepts_correct():
-    assert ch04.check_concat_shift_matrix(concat_shift_blocks, verbose=False)
-    assert ch04.check_concat_shift_matrix(concat_shift_interleaved_reordered, verbose=False)
+def concat_shift_by_layout_permutation(shift, d_model):
+    """Correct: the interleaved T_Δ reordered with the chapter's rope_layout_permutation."""
+    order = rope_layout_permutation(d_model)
+    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
 
 
-def test_concat_shift_matrix_rejects_a_call_into_companion_positional():
-    """The right numbers, but from sinusoidal_shift_matrix: the exercise forbids it."""
-    result = ch04.check_concat_shift_matrix(concat_shift_by_permutation, verbose=False)
-    assert not result
-    assert "called companion.positional (sinusoidal_shift_matrix)" in result.message
+def concat_shift_inverse_order(shift, d_model):
+    """The inverse of the sin | cos order (argsort) on rows and columns: the wrong way."""
+    order = torch.argsort(rope_layout_permutation(d_model))
+    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
+
+
+def concat_shift_columns_only(shift, d_model):
+    """Reorders the columns as the table's are, but not the rows."""
+    return sinusoidal_shift_matrix(shift, d_model)[:, rope_layout_permutation(d_model)]
+
+
+def concat_shift_rows_only(shift, d_model):
+    return sinusoidal_shift_matrix(shift, d_model)[rope_layout_permutation(d_model)]
+
+
+def concat_shift_identity_order(shift, d_model):
+    """The interleaved matrix as it is (the identity order)."""
+    return sinusoidal_shift_matrix(shift, d_model)
 
 
 @pytest.mark.parametrize(
-    "wrong", [concat_shift_interleaved, concat_shift_transposed, concat_shift_signs_swapped]
+    "correct",
+    [
+        concat_shift_blocks,
+        concat_shift_interleaved_reordered,
+        concat_shift_by_permutation,
+        concat_shift_by_layout_permutation,
+    ],
+)
+def test_concat_shift_matrix_accepts_every_correct_route(correct):
+    assert ch04.check_concat_shift_matrix(correct, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        concat_shift_interleaved,
+        concat_shift_transposed,
+        concat_shift_signs_swapped,
+        concat_shift_inverse_order,
+        concat_shift_columns_only,
+        concat_shift_rows_only,
+        concat_shift_identity_order,
+    ],
 )
 def test_concat_shift_matrix_rejects_wrong(wrong):
     assert not ch04.check_concat_shift_matrix(wrong, verbose=False)
@@ -526,10 +567,22 @@ def own_table(seq_len, d_model):
     return torch.stack([torch.sin(i * omega), torch.cos(i * omega)], -1).flatten(1).float()
 
 
-def encode_with_companion_table(tokens, embedding, attention, start):
+def codes_at(positions, d_model):
+    """Sinusoidal codes of float64 positions (..., seq_len) → (..., seq_len, d_model), float32."""
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angles = positions.double()[..., None] * omega
+    return torch.stack([torch.sin(angles), torch.cos(angles)], -1).flatten(-2).float()
+
+
+def positions_of(tokens, starts):
+    return starts[:, None] + torch.arange(tokens.shape[1])  # (batch, seq_len)
+
+
+def encode_with_companion_table(tokens, embedding, attention, starts):
     x = embedding(tokens) * math.sqrt(embedding.embedding_dim)
-    n = tokens.shape[1]
-    return attention(x + sinusoidal_table(start + n, embedding.embedding_dim)[start:])
+    n, d = tokens.shape[1], embedding.embedding_dim
+    table = sinusoidal_table(int(starts.max()) + n, d)
+    return attention(x + table[positions_of(tokens, starts)])
 
 
 def test_encode_rejects_companion_table():
@@ -537,70 +590,92 @@ def test_encode_rejects_companion_table():
     assert not result and "called companion.positional" in result.message
 
 
-def encode_correct(tokens, embedding, attention, start):
-    n, d = tokens.shape[1], embedding.embedding_dim
-    return attention(embedding(tokens) * math.sqrt(d) + own_table(start + n, d)[start:])
-
-
-def encode_correct_shifted_angles(tokens, embedding, attention, start):
-    """Correct too: the codes of start..start+n-1 computed directly from the positions."""
-    n, d = tokens.shape[1], embedding.embedding_dim
-    i = torch.arange(start, start + n, dtype=torch.float64)[:, None]
-    omega = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    codes = torch.stack([torch.sin(i * omega), torch.cos(i * omega)], -1).flatten(1).float()
+def encode_correct(tokens, embedding, attention, starts):
+    d = embedding.embedding_dim
+    codes = codes_at(positions_of(tokens, starts), d)
     return attention(embedding(tokens) * math.sqrt(d) + codes)
 
 
-def encode_no_scale(tokens, embedding, attention, start):
+def encode_correct_by_table_rows(tokens, embedding, attention, starts):
+    """Correct too: one table up to the farthest position, rows gathered per sequence."""
     n, d = tokens.shape[1], embedding.embedding_dim
-    return attention(embedding(tokens) + own_table(start + n, d)[start:])
+    table = own_table(int(starts.max()) + n, d)
+    return attention(embedding(tokens) * math.sqrt(d) + table[positions_of(tokens, starts)])
 
 
-def encode_no_positions(tokens, embedding, attention, start):
+def encode_correct_loop(tokens, embedding, attention, starts):
+    """Correct too: one sequence at a time, each with its own slice of the table."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    codes = torch.stack([own_table(int(s) + n, d)[int(s) :] for s in starts])
+    return attention(embedding(tokens) * math.sqrt(d) + codes)
+
+
+def encode_no_scale(tokens, embedding, attention, starts):
+    return attention(
+        embedding(tokens) + codes_at(positions_of(tokens, starts), embedding.embedding_dim)
+    )
+
+
+def encode_no_positions(tokens, embedding, attention, starts):
     return attention(embedding(tokens) * math.sqrt(embedding.embedding_dim))
 
 
-def encode_scales_the_sum(tokens, embedding, attention, start):
-    n, d = tokens.shape[1], embedding.embedding_dim
-    return attention((embedding(tokens) + own_table(start + n, d)[start:]) * math.sqrt(d))
+def encode_scales_the_sum(tokens, embedding, attention, starts):
+    d = embedding.embedding_dim
+    return attention((embedding(tokens) + codes_at(positions_of(tokens, starts), d)) * math.sqrt(d))
 
 
-def encode_ignores_start(tokens, embedding, attention, start):
-    """The chapter's table of positions 0..n-1, whatever the start."""
+def encode_ignores_start(tokens, embedding, attention, starts):
+    """The chapter's table of positions 0..n-1, whatever the starts."""
     n, d = tokens.shape[1], embedding.embedding_dim
     return attention(embedding(tokens) * math.sqrt(d) + own_table(n, d))
 
 
-def encode_off_by_one(tokens, embedding, attention, start):
+def encode_off_by_one(tokens, embedding, attention, starts):
     """Positions start+1 .. start+n."""
-    n, d = tokens.shape[1], embedding.embedding_dim
-    return attention(embedding(tokens) * math.sqrt(d) + own_table(start + n + 1, d)[start + 1 :])
-
-
-def encode_start_as_offset_angle(tokens, embedding, attention, start):
-    """Adds start to the angle of pair 0 only (a shift of the first column)."""
-    n, d = tokens.shape[1], embedding.embedding_dim
-    codes = own_table(n, d).clone()
-    codes[:, 0] = torch.sin(torch.arange(start, start + n, dtype=torch.float64)).float()
+    d = embedding.embedding_dim
+    codes = codes_at(positions_of(tokens, starts) + 1, d)
     return attention(embedding(tokens) * math.sqrt(d) + codes)
 
 
-def encode_textbook_float32(tokens, embedding, attention, start):
+def encode_first_start_for_all(tokens, embedding, attention, starts):
+    """One start, the first sequence's, for the whole batch."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    start = int(starts[0])
+    return attention(embedding(tokens) * math.sqrt(d) + own_table(start + n, d)[start:])
+
+
+def encode_positions_transposed(tokens, embedding, attention, starts):
+    """Positions laid out (seq_len, batch) and read back as (batch, seq_len)."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    positions = (starts[None, :] + torch.arange(n)[:, None]).reshape(-1, n)  # wrong axis
+    return attention(embedding(tokens) * math.sqrt(d) + codes_at(positions, d))
+
+
+def encode_start_as_offset_angle(tokens, embedding, attention, starts):
+    """Adds the start to the angle of pair 0 only (a shift of the first column)."""
+    n, d = tokens.shape[1], embedding.embedding_dim
+    codes = own_table(n, d).repeat(tokens.shape[0], 1, 1)
+    codes[..., 0] = torch.sin(positions_of(tokens, starts).double()).float()
+    return attention(embedding(tokens) * math.sqrt(d) + codes)
+
+
+def encode_textbook_float32(tokens, embedding, attention, starts):
     """Correct too: the Annotated Transformer's float32 table (angles rounded in float32)."""
     n, d = tokens.shape[1], embedding.embedding_dim
-    pe = torch.zeros(start + n, d)
-    position = torch.arange(0, start + n).unsqueeze(1)
+    pe = torch.zeros(int(starts.max()) + n, d)
+    position = torch.arange(0, pe.shape[0]).unsqueeze(1)
     div_term = torch.exp(torch.arange(0, d, 2) * -(math.log(10000.0) / d))
     pe[:, 0::2] = torch.sin(position * div_term)
     pe[:, 1::2] = torch.cos(position * div_term)
-    return attention(embedding(tokens) * math.sqrt(d) + pe[start:])
+    return attention(embedding(tokens) * math.sqrt(d) + pe[positions_of(tokens, starts)])
 
 
-def encode_concat_layout(tokens, embedding, attention, start):
+def encode_concat_layout(tokens, embedding, attention, starts):
     """All sines, then all cosines: the other layout, not the chapter's table."""
-    n, d = tokens.shape[1], embedding.embedding_dim
-    table = own_table(start + n, d)[start:]
-    codes = torch.cat([table[:, 0::2], table[:, 1::2]], dim=-1)
+    d = embedding.embedding_dim
+    codes = codes_at(positions_of(tokens, starts), d)
+    codes = torch.cat([codes[..., 0::2], codes[..., 1::2]], dim=-1)
     return attention(embedding(tokens) * math.sqrt(d) + codes)
 
 
@@ -611,20 +686,39 @@ def test_encode_textbook_float32_differs_only_at_the_far_start():
     for case in ch04._encode_cases():
         with torch.no_grad():
             gap = (encode_textbook_float32(**case) - ch04.reference_encode(**case)).abs().max()
-        gaps[case["start"]] = gap.item()
+        gaps[int(case["starts"].max())] = gap.item()
     assert gaps[1000] > 1e-5 and max(g for s, g in gaps.items() if s < 100) < 1e-5, gaps
 
 
 def test_encode_hints_at_float32_angles_for_a_small_gap():
-    def rounded(tokens, embedding, attention, start):
-        return encode_correct(tokens, embedding, attention, start) + 3e-3 * (start > 100)
+    def rounded(tokens, embedding, attention, starts):
+        return encode_correct(tokens, embedding, attention, starts) + 3e-3 * bool(
+            starts.max() > 100
+        )
 
     result = ch04.check_encode(rounded, verbose=False)
     assert not result and "float64" in result.message, result.message
 
 
+def test_reference_encode_matches_a_table_per_sequence():
+    for case in ch04._encode_cases():
+        with torch.no_grad():
+            torch.testing.assert_close(
+                ch04.reference_encode(**case), encode_correct_loop(**case), atol=1e-6, rtol=0
+            )
+
+
+def test_reference_encode_rejects_bad_starts():
+    case = ch04._encode_cases()[0]
+    with pytest.raises(TypeError, match="starts must be an integer tensor"):
+        ch04.reference_encode(**{**case, "starts": 3})
+    with pytest.raises(ValueError, match="starts must have shape"):
+        ch04.reference_encode(**{**case, "starts": torch.tensor([1, 2, 3])})
+
+
 @pytest.mark.parametrize(
-    "correct", [encode_correct, encode_correct_shifted_angles, encode_textbook_float32]
+    "correct",
+    [encode_correct, encode_correct_by_table_rows, encode_correct_loop, encode_textbook_float32],
 )
 def test_encode_accepts_correct(correct):
     assert ch04.check_encode(correct, verbose=False)
@@ -638,6 +732,8 @@ def test_encode_accepts_correct(correct):
         encode_scales_the_sum,
         encode_ignores_start,
         encode_off_by_one,
+        encode_first_start_for_all,
+        encode_positions_transposed,
         encode_start_as_offset_angle,
         encode_concat_layout,
     ],

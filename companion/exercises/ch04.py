@@ -14,15 +14,15 @@ the two closest codes of a table, measured      :func:`check_closest_codes`
 porting a rotate-half checkpoint (GQA, biases)  :func:`check_half_to_interleaved`
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
 capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
-capstone: ``encode(tokens, ..., start)``         :func:`check_encode`
+capstone: ``encode(tokens, ..., starts)``        :func:`check_encode`
 capstone: a test that a layer is relative       :func:`check_is_relative`
 ===============================================  ==================================
 
 The references are written from the formulas (in float64), independently of
 :mod:`companion.positional`; ``tests/test_exercises_ch04.py`` checks that the two agree.
 The exercises that ask the reader to build something :mod:`companion.positional` already
-provides (the shift matrix, the layout reordering, the rotation, the table inside
-``encode``) are checked with that module switched off: a call into it fails the check.
+provides (the layout reordering of exercise 3, the rotation, the table inside ``encode``)
+are checked with that module switched off: a call into it fails the check.
 ``MyMHA`` is checked with :mod:`companion.attention` switched off as well.
 """
 
@@ -193,11 +193,13 @@ def check_concat_shift_matrix(
     concat_shift_matrix: Callable[[int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``concat_shift_matrix(shift, d_model) -> (d_model, d_model)`` for the sin | cos
-    layout, with :mod:`companion.positional` switched off (``sinusoidal_shift_matrix`` reordered
-    would be the answer)."""
+    layout. Every correct route passes: the blocks from the formulas, or the interleaved ``T_Δ``
+    (``sinusoidal_shift_matrix``) with its rows and columns reordered by
+    ``rope_layout_permutation`` or an equal order. The interleaved matrix itself, its
+    transpose (``T_{-Δ}``), the inverse order, or reordering the columns alone fail."""
     return run_check(
         "concat_shift_matrix",
-        _without_positional(concat_shift_matrix, "build T_Δ"),
+        concat_shift_matrix,
         reference_concat_shift_matrix,
         _shift_cases(),
         verbose=verbose,
@@ -716,22 +718,32 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
 
 
 def reference_encode(
-    tokens: Tensor, embedding: nn.Embedding, attention: nn.Module, start: int
+    tokens: Tensor, embedding: nn.Embedding, attention: nn.Module, starts: Tensor
 ) -> Tensor:
-    """``attention(embedding(tokens) · √d_model + PE[start : start + seq_len])``.
+    """``attention(embedding(tokens) · √d_model + codes)``, sequence ``b`` at positions
+    ``starts[b] .. starts[b] + seq_len - 1``.
 
     Args:
         tokens: integer ids, shape ``(batch, seq_len)``.
         embedding: an ``nn.Embedding(vocab_size, d_model)``.
         attention: any module mapping ``(batch, seq_len, d_model)`` to the same shape.
-        start: the position of the first token (a continued text, a cached prefix).
+        starts: integer tensor of shape ``(batch,)``: the position of each sequence's first
+            token (texts continued after different numbers of earlier tokens).
 
     Returns:
         Shape ``(batch, seq_len, d_model)``.
     """
-    d_model, seq_len = embedding.embedding_dim, tokens.shape[-1]
-    x = embedding(tokens) * math.sqrt(d_model)  # (batch, seq_len, d_model)
-    x = x + reference_sinusoidal_table(start + seq_len, d_model)[start:]  # codes of start..
+    batch, seq_len = tokens.shape
+    d_model = embedding.embedding_dim
+    if not isinstance(starts, Tensor) or starts.dtype.is_floating_point:
+        raise TypeError(f"starts must be an integer tensor of shape ({batch},), got {starts!r}")
+    if starts.shape != (batch,):
+        raise ValueError(f"starts must have shape ({batch},), got {tuple(starts.shape)}")
+    steps = torch.arange(seq_len, dtype=torch.float64)  # (seq_len,)
+    positions = starts.double()[:, None] + steps  # (batch, seq_len)
+    angles = positions[..., None] * _frequencies(d_model)  # (batch, seq_len, d_model/2)
+    codes = torch.stack([torch.sin(angles), torch.cos(angles)], dim=-1).flatten(-2)
+    x = embedding(tokens) * math.sqrt(d_model) + codes.float()  # (batch, seq_len, d_model)
     return attention(x)  # (batch, seq_len, d_model)
 
 
@@ -749,22 +761,24 @@ class _StateAttention(nn.Module):
 def _encode_cases() -> list[Case]:
     g = seeded_generator(404)
     cases: list[Case] = []
-    # (vocab, d_model, heads, batch, seq_len, start): the starts are not printed in the chapter
-    for vocab, d_model, heads, batch, seq_len, start in [
-        (10, 16, 2, 2, 6, 0),
-        (7, 8, 1, 1, 9, 13),
-        (20, 32, 4, 2, 12, 1000),
-        (10, 16, 2, 1, 5, 1),
+    # (vocab, d_model, heads, seq_len, starts): one start per sequence, none printed in the
+    # chapter; a batch of 4 sequences of 4 tokens catches positions laid out on the wrong axis
+    for vocab, d_model, heads, seq_len, starts in [
+        (10, 16, 2, 6, [0, 5]),
+        (7, 8, 1, 9, [13]),
+        (20, 32, 4, 12, [1000, 0, 7]),
+        (10, 16, 2, 5, [1, 2]),
+        (10, 16, 2, 4, [3, 0, 2, 1]),
     ]:
         embedding = nn.Embedding(vocab, d_model)
         with torch.no_grad():
             embedding.weight.copy_(torch.randn(vocab, d_model, generator=g) / math.sqrt(d_model))
         cases.append(
             {
-                "tokens": torch.randint(0, vocab, (batch, seq_len), generator=g),
+                "tokens": torch.randint(0, vocab, (len(starts), seq_len), generator=g),
                 "embedding": embedding,
                 "attention": _StateAttention(_mha_state(d_model, g), heads),
-                "start": start,
+                "starts": torch.tensor(starts),
             }
         )
     return cases
@@ -781,11 +795,12 @@ _EPS32 = float(torch.finfo(torch.float32).eps)
 
 
 def check_encode(encode: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``encode(tokens, embedding, attention, start)`` =
-    ``attention(embedding(tokens) · √d_model + PE[start : start + seq_len])``, on several starts
-    (0, 1 and far ones: a table from position 0, or from ``start + 1``, fails).
+    """Check ``encode(tokens, embedding, attention, starts)`` =
+    ``attention(embedding(tokens) · √d_model + codes)``, sequence ``b`` coded at positions
+    ``starts[b] ..``, on several batches of starts (0, 1 and far ones: a table from position
+    0, from ``start + 1``, or one start for the whole batch, fails).
 
-    At a far start the tolerance grows by ``4 · start · ε32`` (float32 angles, see
+    At a far start the tolerance grows by ``4 · max(starts) · ε32`` (float32 angles, see
     :data:`_EPS32`), so that a float32 table passes as well as a float64 one.
     """
     name = "encode"
@@ -798,9 +813,10 @@ def check_encode(encode: Callable[..., Tensor], verbose: bool = True) -> CheckRe
             got, result = call_reader(name, count, user, dict(case))
         if result is not None:
             if result.message.startswith("❌"):  # raised: say at which start
-                result.message += f"\n   start: {case['start']}"
+                result.message += f"\n   starts: {case['starts'].tolist()}"
             break
-        problem = compare(expected, got, atol=1e-5 + 4 * case["start"] * _EPS32, rtol=1e-4)
+        far = int(case["starts"].max())
+        problem = compare(expected, got, atol=1e-5 + 4 * far * _EPS32, rtol=1e-4)
         if problem:
             hint = ""
             if isinstance(got, Tensor) and got.shape == expected.shape:
@@ -816,7 +832,8 @@ def check_encode(encode: Callable[..., Tensor], verbose: bool = True) -> CheckRe
                 False,
                 count,
                 f"❌ {name}: case {count} is wrong.\n   {problem}{hint}"
-                f"\n   start: {case['start']}, tokens of shape {tuple(case['tokens'].shape)}",
+                f"\n   starts: {case['starts'].tolist()}, tokens of shape "
+                f"{tuple(case['tokens'].shape)}",
             )
             break
     if result is None:
