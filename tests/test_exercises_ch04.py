@@ -84,6 +84,12 @@ def concat_shift_inverse_order(shift, d_model):
     return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
 
 
+def concat_shift_mixed_orders(shift, d_model):
+    """Rows by the sin | cos order, columns by its inverse: P T P instead of Pᵀ T P."""
+    order = rope_layout_permutation(d_model)
+    return sinusoidal_shift_matrix(shift, d_model)[order][:, torch.argsort(order)]
+
+
 def concat_shift_columns_only(shift, d_model):
     """Reorders the columns as the table's are, but not the rows."""
     return sinusoidal_shift_matrix(shift, d_model)[:, rope_layout_permutation(d_model)]
@@ -118,6 +124,7 @@ def test_concat_shift_matrix_accepts_every_correct_route(correct):
         concat_shift_transposed,
         concat_shift_signs_swapped,
         concat_shift_inverse_order,
+        concat_shift_mixed_orders,
         concat_shift_columns_only,
         concat_shift_rows_only,
         concat_shift_identity_order,
