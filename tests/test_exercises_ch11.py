@@ -227,8 +227,18 @@ def greedy_batched_last_token(model, src, max_len):  # .item() and the length fi
     return torch.stack(out, dim=1)
 
 
+def greedy_by_hand(model, src, max_len):  # correct: the growing sequence, the whole batch
+    src_mask = model.make_src_mask(src)
+    memory = model.encode(src, src_mask)
+    ys = torch.full((src.shape[0], 1), clinic.BOS_ID)
+    for _ in range(max_len):
+        next_token = model.decode(ys, memory, src_mask)[:, -1].argmax(dim=-1)
+        ys = torch.cat([ys, next_token[:, None]], dim=1)
+    return ys[:, 1:]
+
+
 def greedy_source_length(model, src, max_len):  # history and batch fixed, the length not
-    return clinic.greedy_decode(model, src, src.shape[1])
+    return greedy_by_hand(model, src, src.shape[1])
 
 
 def greedy_no_source_mask(model, src, max_len):  # right loop, but the pads are attended to
@@ -241,20 +251,52 @@ def greedy_no_source_mask(model, src, max_len):  # right loop, but the pads are 
 
 
 def greedy_one_by_one(model, src, max_len):  # correct, one sentence at a time
-    return torch.cat(
-        [clinic.greedy_decode(model, src[b : b + 1], max_len) for b in range(len(src))]
-    )
+    return torch.cat([greedy_by_hand(model, src[b : b + 1], max_len) for b in range(len(src))])
 
 
 def greedy_keeps_bos(model, src, max_len):  # the right tokens, <bos> prepended: one too many
-    ys = ch11.reference_greedy_decode(model, src, max_len)
+    ys = greedy_by_hand(model, src, max_len)
     return torch.cat([torch.full((src.shape[0], 1), clinic.BOS_ID), ys], dim=1)
 
 
 def test_greedy_accepts_correct():
     assert ch11.check_greedy_decode(ch11.reference_greedy_decode, verbose=False)
-    assert ch11.check_greedy_decode(clinic.greedy_decode, verbose=False)
+    assert ch11.check_greedy_decode(greedy_by_hand, verbose=False)
     assert ch11.check_greedy_decode(greedy_one_by_one, verbose=False)
+
+
+def greedy_borrowed(model, src, max_len):  # the healthy loop of the clinic, called
+    return clinic.greedy_decode(model, src, max_len)
+
+
+def greedy_borrowed_reference(model, src, max_len):  # the check's own reference, called
+    return ch11.reference_greedy_decode(model, src, max_len)
+
+
+@pytest.mark.parametrize(
+    "borrowed", [clinic.greedy_decode, greedy_borrowed, greedy_borrowed_reference]
+)
+def test_greedy_refuses_the_healthy_loop(borrowed, capsys):
+    assert not ch11.check_greedy_decode(borrowed)
+    out = capsys.readouterr().out
+    assert "greedy_decode" in out and "write the decoding loop" in out, out
+
+
+def test_refusing_calls_refuses_single_functions_and_keeps_the_module_form():
+    from companion.exercises._checker import refusing_calls
+
+    def uses_math(x):
+        return math.sqrt(x)
+
+    assert refusing_calls(uses_math, "take the root", ())(x=4.0) == 2.0  # nothing refused
+    guarded = refusing_calls(greedy_borrowed, "decode", (), functions=(clinic.greedy_decode,))
+    case = ch11._greedy_cases()[0]
+    with pytest.raises(RuntimeError, match="greedy_decode"):
+        guarded(**case)
+    by_hand = refusing_calls(greedy_by_hand, "decode", (), functions=(clinic.greedy_decode,))
+    assert by_hand(**case).shape == (case["src"].shape[0], case["max_len"])  # model calls pass
+    with pytest.raises(TypeError, match="functions must hold Python functions"):
+        refusing_calls(greedy_by_hand, "decode", (), functions=(len,))(**case)
 
 
 @pytest.mark.parametrize(
@@ -291,10 +333,11 @@ def test_mystery_menu_is_every_condition_in_a_neutral_order():
 
 
 def test_mystery_accepts_the_names_in_any_case_and_spacing(capsys):
-    assert set(NAMES.values()) == {
-        "layers in a plain list",
-        "padding mask on the query axis",
-        "model.eval() forgotten",
+    assert NAMES == {
+        0: "model.eval() forgotten",
+        5: "padding mask on the query axis",
+        7: "padding mask forgotten",
+        9: "layers in a plain list",
     }
     assert ch11.check_mystery(RIGHT)
     assert "✅" in capsys.readouterr().out
@@ -305,31 +348,60 @@ def test_mystery_accepts_the_names_in_any_case_and_spacing(capsys):
 def test_mystery_seeds_hold_different_bugs_that_fail_the_same_first_test():
     assert len(set(NAMES.values())) == len(NAMES)
     first_failures = {
-        seed: next(f.test for f in clinic.examine(clinic.mystery(seed)) if not f) for seed in (0, 7)
+        seed: next(f.test for f in clinic.examine(clinic.mystery(seed)) if not f) for seed in (0, 9)
     }
-    assert first_failures[0] == first_failures[7]  # the exercise's trap
-    assert NAMES[0] != NAMES[7]
+    assert first_failures[0] == first_failures[9]  # the exercise's trap
+    assert NAMES[0] != NAMES[9]
 
 
 def test_mystery_rejects_the_first_failure_taken_for_the_bug(capsys):
-    swapped = {**RIGHT, 0: RIGHT[7]}  # the list bug named after its first failing test
+    swapped = {**RIGHT, 9: RIGHT[0]}  # the list bug named after its first failing test
     assert not ch11.check_mystery(swapped)
     out = capsys.readouterr().out
-    assert "patient 0" in out and "not 'model.eval() forgotten'" in out
+    assert "patient 9" in out and "not 'model.eval() forgotten'" in out
+
+
+def row(patient):
+    return [finding.passed for finding in clinic.examine(patient)]
+
+
+def test_two_mystery_patients_share_a_row_of_the_table():
+    """Patients 5 and 7 fail the same diagnostics (padding invariance alone), and so do the
+    two padding-mask conditions admitted by name: the chapter's table cannot tell them apart."""
+    assert row(clinic.mystery(5)) == row(clinic.mystery(7))
+    assert [
+        name for name in clinic.CONDITIONS if row(clinic.admit(name)) == row(clinic.mystery(7))
+    ] == [
+        "padding mask on the query axis",
+        "padding mask forgotten",
+    ]
+    src = torch.tensor([[5, 6, 7, clinic.PAD_ID]])
+    assert clinic.mystery(7).model.encoder_mask(src) is None  # the second look tells them apart
+    assert clinic.mystery(5).model.encoder_mask(src).shape == (1, 1, 4, 1)
+
+
+def test_mystery_rejects_the_first_row_of_the_table_that_matches(capsys):
+    """Naming patient 7 from the table alone (the first condition whose row matches) fails,
+    with the hint to look at the mask; so does the other way round."""
+    assert not ch11.check_mystery({**RIGHT, 7: "padding mask on the query axis"})
+    out = capsys.readouterr().out
+    assert "patient 7" in out and "encoder_mask" in out
+    assert not ch11.check_mystery({**RIGHT, 5: "padding mask forgotten"})
+    assert "patient 5" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     "seed,answer",
     [
-        (0, "model.eval() forgotten"),  # eval for the list: the trap
-        (7, "layers in a plain list"),  # the list for eval
+        (9, "model.eval() forgotten"),  # eval for the list: the trap
+        (0, "layers in a plain list"),  # the list for eval
         (5, "padding counted in the loss"),  # another padding bug
         (5, "batch_first confusion"),
         (5, "softmax over the wrong dimension"),
-        (0, ("model.eval() forgotten", "layers in a plain list")),  # a hedge
-        (0, ["layers in a plain list", "model.eval() forgotten"]),  # a hedge, the right one first
-        (0, ("layers in a plain list",)),  # not a str
-        (7, 3),
+        (9, ("model.eval() forgotten", "layers in a plain list")),  # a hedge
+        (9, ["layers in a plain list", "model.eval() forgotten"]),  # a hedge, the right one first
+        (9, ("layers in a plain list",)),  # not a str
+        (0, 3),
     ],
     ids=[
         "eval-for-list",
@@ -357,11 +429,11 @@ def test_mystery_rejects_wrong_names_and_hedges(seed, answer, capsys):
         (5, "padding mask on the key axis"),  # the fix stated as the bug
         (5, "query mask missing"),
         (5, "do not mask the keys"),
-        (0, "use a plain list instead of nn.ModuleList"),  # the bug stated as the fix
-        (0, "the layers are a list"),  # a description, not a name of the menu
-        (7, "remove model.eval()"),
-        (7, "dropout"),  # a symptom
-        (7, "healthy"),
+        (9, "use a plain list instead of nn.ModuleList"),  # the bug stated as the fix
+        (9, "the layers are a list"),  # a description, not a name of the menu
+        (0, "remove model.eval()"),
+        (0, "dropout"),  # a symptom
+        (0, "healthy"),
     ],
 )
 def test_mystery_rejects_free_text_with_the_menu(seed, answer, capsys):

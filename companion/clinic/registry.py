@@ -37,6 +37,7 @@ from companion.clinic.patient import (
 from companion.clinic.ward1 import (
     CausalOffByOne,
     DoubledExponentPositions,
+    ForgottenPaddingMask,
     LayersInAList,
     QueryAxisPaddingMask,
     ScaleAfterSoftmax,
@@ -235,6 +236,11 @@ CONDITIONS: dict[str, Condition] = {
                   "mask* + wrong axis", "mask* + wrong axes"),
                   "outputs change when pads are appended", "padding_invariance",
                   QueryAxisPaddingMask, ReaderTransformer),
+        Condition("padding mask forgotten", ("no padding mask", "forgot* + padding mask",
+                  "missing + padding mask", "without + padding mask", "no mask", "padding idx",
+                  "mask + never built", "mask* + none"),
+                  "outputs change when pads are appended", "padding_invariance",
+                  ForgottenPaddingMask, ReaderTransformer),
         Condition("model.eval() forgotten", ("eval", "eval mode", "evaluation mode", "train mode",
                   "training mode", "model train"),
                   "two evaluations of the same sentence differ", "deterministic_check",
@@ -268,6 +274,7 @@ def admit(condition: str | None = None, seed: int = 0) -> Patient:
     models = {
         "batch_first confusion": SeqFirstPositions,
         "padding mask on the query axis": QueryAxisPaddingMask,
+        "padding mask forgotten": ForgottenPaddingMask,
         "layers in a plain list": LayersInAList,
         "tied output not rescaled": UnscaledTiedOutput,
     }

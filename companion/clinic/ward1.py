@@ -50,6 +50,7 @@ __all__ = [
     "loss_over_padding",
     "unshifted_labels",
     "QueryAxisPaddingMask",
+    "ForgottenPaddingMask",
     "logits_without_eval",
     "logits_in_eval",
     "LayersInAList",
@@ -265,6 +266,17 @@ class QueryAxisPaddingMask(ReaderTransformer):
     def encoder_mask(self, src: Tensor) -> Tensor:
         """``unsqueeze(-1)`` where ``unsqueeze(-2)`` was meant."""
         return (src != self.pad_id)[:, None, :, None]  # BUG: (batch, 1, src_len, 1)
+
+
+class ForgottenPaddingMask(ReaderTransformer):
+    """No padding mask in the encoder: the pads' embeddings are taken for masked (as if
+    ``padding_idx`` in ``nn.Embedding`` did it), so every token attends to the pads. Its
+    findings are those of :class:`QueryAxisPaddingMask`, whose mask blocks only the pads' own
+    rows: to tell the two apart, look at the mask the model builds."""
+
+    def encoder_mask(self, src: Tensor) -> Tensor | None:  # type: ignore[override]
+        """No mask where the source's key padding mask was meant."""
+        return None  # BUG: should be self.padding_mask(src), (batch, 1, 1, src_len)
 
 
 def logits_without_eval(model: nn.Module) -> Callable[[Tensor, Tensor], Tensor]:

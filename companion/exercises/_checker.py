@@ -172,18 +172,29 @@ def call_reader(
 
 
 @contextlib.contextmanager
-def calls_into(*modules: object) -> Iterator[list[str]]:
-    """Record the functions of ``modules`` entered while the block runs (``sys.setprofile``),
-    as ``"module (qualname)"``: a check uses it to refuse an answer that calls the package
-    function the exercise asks the reader to write."""
+def calls_into(
+    *modules: object, functions: tuple[Callable[..., Any], ...] = ()
+) -> Iterator[list[str]]:
+    """Record the functions of ``modules``, and the ``functions`` themselves, entered while the
+    block runs (``sys.setprofile``), as ``"module (qualname)"``: a check uses it to refuse an
+    answer that calls the package function the exercise asks the reader to write. ``functions``
+    serves where a module holds both the answer and what the reader must call (a model and its
+    decoding loop)."""
     names = {getattr(m, "__file__", None): getattr(m, "__name__", "?") for m in modules}
+    codes: dict[object, str] = {}
+    for function in functions:
+        code = getattr(inspect.unwrap(function), "__code__", None)
+        if code is None:
+            raise TypeError(f"functions must hold Python functions, got {type(function).__name__}")
+        codes[code] = getattr(function, "__module__", "?")
     calls: list[str] = []
 
     def profiler(frame: object, event: str, arg: object) -> None:
         code = frame.f_code  # type: ignore[attr-defined]
-        if event == "call" and code.co_filename in names:
+        if event == "call" and (code.co_filename in names or code in codes):
             qualname = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
-            calls.append(f"{names[code.co_filename]} ({qualname})")
+            module = codes[code] if code in codes else names[code.co_filename]
+            calls.append(f"{module} ({qualname})")
 
     previous = sys.getprofile()
     sys.setprofile(profiler)
@@ -194,16 +205,22 @@ def calls_into(*modules: object) -> Iterator[list[str]]:
 
 
 def refusing_calls(
-    fn: Callable[..., Any], task: str, modules: tuple[object, ...], why: str = ""
+    fn: Callable[..., Any],
+    task: str,
+    modules: tuple[object, ...],
+    why: str = "",
+    functions: tuple[Callable[..., Any], ...] = (),
 ) -> Callable[..., Any]:
-    """``fn``, failing (``RuntimeError``) when it calls into one of ``modules``: the exercise
-    asks for ``task`` by hand, and those modules hold the answer. ``why`` is appended to the
-    message. ``functools.wraps`` keeps the signature, so that the checker still names missing
+    """``fn``, failing (``RuntimeError``) when it calls into one of ``modules`` or one of
+    ``functions``: the exercise asks for ``task`` by hand, and those hold the answer. ``why`` is
+    appended to the message. ``functions`` refuses single functions of a module whose other
+    names the reader must use (the model beside its healthy decoding loop).
+    ``functools.wraps`` keeps the signature, so that the checker still names missing
     parameters."""
 
     @functools.wraps(fn)
     def run(**kwargs: Any) -> Any:
-        with calls_into(*modules) as calls:
+        with calls_into(*modules, functions=functions) as calls:
             value = fn(**kwargs)
         if calls:
             raise RuntimeError(

@@ -4,7 +4,7 @@ Each exercise hands the reader a buggy piece of the clinic's Transformer
 (:mod:`companion.clinic`); the reader writes the fixed one. Each ``check_*`` function runs it on
 cases drawn from a seeded generator next to the reference solution kept in this module; the
 report of a wrong split into heads says whether an attention module with it is still
-permutation-equivariant (the chapter's test for bug 4). Exercise 2 is a diagnosis: three mystery patients of
+permutation-equivariant (the chapter's test for bug 4). Exercise 2 is a diagnosis: four mystery patients of
 :mod:`companion.clinic`, examined and named from a menu (:data:`MYSTERY_MENU`). The checks
 call your function with keyword arguments, so keep the parameter names of the stub in the
 notebook.
@@ -16,7 +16,7 @@ the heads split without a transpose (bug 4)     :func:`check_split_heads`
 the scale and the mask of attention (7, 11)     :func:`check_attention`
 the positional table (bug 8)                    :func:`check_positional_table`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
-three mystery patients: the bug's name        :func:`check_mystery`
+four mystery patients: the bug's name         :func:`check_mystery`
 a batch-independence test of your own          :func:`check_batch_independent`
 ==============================================  ===================================
 
@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 import companion.attention as _attention
+import companion.decode as _decode
 from companion import clinic, positional
 from companion.clinic import patient, toolkit
 from companion.exercises._checker import (
@@ -283,11 +284,21 @@ def _greedy_cases() -> list[Case]:
 def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
     """Check ``greedy_decode(model, src, max_len)`` → ``(batch, max_len)`` on small random
     clinic models, batches of several sentences, ``max_len`` unlike the source length and
-    right-padded sources of different lengths."""
+    right-padded sources of different lengths. A call into a healthy decoding loop
+    (``clinic.greedy_decode``, :mod:`companion.decode`, this module's reference) fails; the
+    model's own methods (``encode``, ``decode``, ``make_src_mask``) are what the loop calls."""
+    guarded = greedy_decode
+    if greedy_decode is not reference_greedy_decode:  # the reference passes its own check
+        guarded = refusing_calls(
+            greedy_decode,
+            "write the decoding loop",
+            (_decode,),
+            functions=(clinic.greedy_decode, reference_greedy_decode),
+        )
 
     def no_grad(**kwargs: object) -> Tensor:
         with torch.no_grad():
-            return greedy_decode(**kwargs)
+            return guarded(**kwargs)
 
     return run_check(
         "greedy_decode", no_grad, reference_greedy_decode, _greedy_cases(), verbose=verbose
@@ -298,9 +309,15 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
 # Exercise 2: mystery patients (the common bugs, companion.clinic.CONDITIONS)
 # --------------------------------------------------------------------------------------------
 
-#: The patients of the exercise: ``clinic.mystery(seed)`` for each seed. Two of them fail the
-#: same first diagnostic for different reasons.
-MYSTERY_SEEDS = (0, 5, 7)
+#: The patients of the exercise: ``clinic.mystery(seed)`` for each seed. Two of them (0, 9) fail
+#: the same first diagnostic for different reasons; two others (5, 7) give the same row of
+#: ``clinic.examine`` (padding invariance alone), so that the table of the chapter cannot tell
+#: them apart and only a look at the model's mask can.
+MYSTERY_SEEDS = (0, 5, 7, 9)
+
+#: conditions whose ``clinic.examine`` findings fail the same diagnostics: naming one of them
+#: from the table alone is a guess
+_SAME_ROW = ("padding mask on the query axis", "padding mask forgotten")
 
 #: The menu of the exercise: the names of ``clinic.CONDITIONS`` in alphabetical order (not the
 #: chapter's order). An answer is one of them.
@@ -337,6 +354,12 @@ def _mystery_problem(seed: int, answer: object) -> str | None:
     if named is None:
         return f"{answer!r} is not on the menu; answer with one of: {_menu_text()}"
     truth = clinic.mystery(seed)._condition
+    if named != truth and named in _SAME_ROW and truth in _SAME_ROW:
+        return (
+            f"not {named!r}. Both padding-mask slips fail padding invariance alone, so the "
+            "table cannot tell them apart: look at the mask the encoder builds, "
+            "patient.model.encoder_mask(src)"
+        )
     if named != truth:
         return (
             f"not {named!r}. Read every finding of clinic.examine(patient), not only the "
@@ -366,7 +389,7 @@ def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResu
         result = CheckResult(
             name, False, 0,
             f"❌ mystery: the keys must be the seeds as int, {MYSTERY_SEEDS}, got "
-            f"{wrong_keys[0]!r} ({type(wrong_keys[0]).__name__}); write {{0: ..., 5: ..., 7: ...}}",
+            f"{wrong_keys[0]!r} ({type(wrong_keys[0]).__name__}); write {{0: ..., 5: ..., 7: ..., 9: ...}}",
         )  # fmt: skip
         if verbose:
             report(result)
