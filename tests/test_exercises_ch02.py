@@ -697,24 +697,24 @@ def crossover_copied(n_keys):  # the chapter's width for 16 keys
 
 
 def crossover_lookup(n_keys):  # two answers remembered (from a friend, or an earlier run)
-    return {3: 16, 64: 512}.get(n_keys, 128)
+    return {3: 16, 40: 256}.get(n_keys, 128)
 
 
 def crossover_neighbours(n_keys):  # the chapter's 128 halved for fewer keys, doubled for more
     return 64 if n_keys < 16 else 256
 
 
-def crossover_rule_of_thumb(n_keys):  # 8 n_keys rounded up to a power of two: 4 of 6 right
+def crossover_rule_of_thumb(n_keys):  # 8 n_keys rounded up to a power of two: 3 of 5 right
     return 2 ** math.ceil(math.log2(8 * n_keys))
 
 
-def crossover_rule_rounded_down(n_keys):  # the largest power of two up to 8 n_keys: 3 of 6
+def crossover_rule_rounded_down(n_keys):  # the largest power of two up to 8 n_keys: 2 of 5
     return 2 ** math.floor(math.log2(8 * n_keys))
 
 
 def test_gradient_crossover_accepts_a_measurement(capsys):
     assert ch02.check_gradient_crossover(crossover_correct)
-    assert "✅ gradient_crossover: the right width for all 6" in capsys.readouterr().out
+    assert "✅ gradient_crossover: the right width for all 5" in capsys.readouterr().out
     assert ch02.check_gradient_crossover(crossover_as_float, verbose=False)
     assert ch02.check_gradient_crossover(crossover_brute_force_small, verbose=False)
 
@@ -731,15 +731,15 @@ def test_gradient_crossover_accepts_a_measurement(capsys):
 )
 def test_gradient_crossover_rejects_a_lucky_lookup(lucky):
     """Every number of keys is asked at every run: an answer right at some settings only
-    (the rule of thumb is right at four of the six) never passes."""
+    (the rule of thumb is right at three of the five) never passes."""
     right = sum(lucky(n) == crossover_correct(n) for n in ch02.CROSSOVER_N_KEYS)
     assert right < len(ch02.CROSSOVER_N_KEYS)
     result = ch02.check_gradient_crossover(lucky, verbose=False)
     assert not result and "❌" in result.message, result.message
     if lucky is crossover_rule_of_thumb:
-        assert right == 4  # a draw of two settings would have passed it 4 times in 9
+        assert right == 3  # wrong at 3 and 40 keys
     if lucky is crossover_rule_rounded_down:
-        assert right == 3  # wrong at 6, 12 and 128 keys
+        assert right == 2  # wrong at 6, 12 and 24 keys
 
 
 @pytest.mark.parametrize(
@@ -766,9 +766,7 @@ def test_gradient_crossover_settings_are_clear_cut():
     on both sides, so a measurement on 10 000 queries cannot land on the wrong side."""
     assert 16 not in ch02.CROSSOVER_N_KEYS  # the chapter's setting
     answers = [crossover_correct(n_keys) for n_keys in ch02.CROSSOVER_N_KEYS]
-    assert answers == [16, 64, 128, 256, 512, 512], (
-        answers
-    )  # the crossovers, kept out of the module
+    assert answers == [16, 64, 128, 256, 256], answers  # the crossovers, kept out of the module
     for n_keys, answer in zip(ch02.CROSSOVER_N_KEYS, answers):
         assert ch02.crossover_gap(answer, n_keys) > 1.1
         assert ch02.crossover_gap(answer // 2, n_keys) < 1 / 1.1
