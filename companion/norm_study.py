@@ -8,6 +8,8 @@ functions, so that the chapter's runs and the stored grid come from one piece of
 ===========================  ===================================================================
 name                         what it is
 ===========================  ===================================================================
+:func:`init_encoder`         section 6.3's encoder at initialisation (with or without a final norm)
+:func:`init_inputs`          section 6.3's inputs and loss (random read-out or cross-entropy)
 :func:`lr_schedule`          the two schedules, ``"constant"`` and ``"warm-up"``, for LambdaLR
 :func:`train_data`           the reversal data of section 6.4 (batches drawn by a seeded loader)
 :func:`probe_batch`          a fixed batch on which each update's change of the logits is measured
@@ -26,8 +28,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from companion._validation import check_bool, check_choice, check_positive_int
 from companion.data import PAD_ID, CopyReverseDataset, collate_batch
-from companion.model import Transformer, TransformerConfig
+from companion.model import Encoder, Transformer, TransformerConfig
 from companion.train import inverse_sqrt_warmup, shift_targets, train_step
 
 __all__ = [
@@ -36,11 +39,16 @@ __all__ = [
     "D_MODEL",
     "FIRST_STEPS",
     "HEADS",
+    "INIT_BATCH",
+    "INIT_D_FF",
+    "INIT_SEQ_LEN",
     "SCHEDULES",
     "STEPS",
     "WARMUP",
     "build_model",
     "gradient_norm",
+    "init_encoder",
+    "init_inputs",
     "lr_schedule",
     "probe_batch",
     "train_data",
@@ -54,6 +62,72 @@ STEPS, BATCH, WARMUP = 200, 32, 60
 #: the first updates, whose effect on the logits and on the weights :func:`train_run` records
 FIRST_STEPS = 10
 SCHEDULES = ("constant", "warm-up")
+#: section 6.3's encoder at initialisation (``d_model`` and heads as above) and its inputs
+INIT_D_FF, INIT_BATCH, INIT_SEQ_LEN = 256, 8, 16
+LOSS_KINDS = ("random readout", "cross-entropy")
+
+
+def init_encoder(
+    num_layers: int, norm_first: bool, seed: int, final_norm: bool | None = None
+) -> Encoder:
+    """Section 6.3's encoder stack at initialisation, as Xiong et al. analyse it.
+
+    ``num_layers`` layers, ``d_model`` 64, 4 heads, ``d_ff`` 256, no dropout; Xavier-normal
+    matrices and zero biases, drawn after ``torch.manual_seed(seed)``. ``final_norm``: whether
+    the stack ends with a LayerNorm; ``None`` (default) follows the package (Pre-LN has one,
+    Post-LN, whose last sub-layer already ends with a norm, has none). The encoder maps
+    ``(batch, len, 64)`` to ``(batch, len, 64)``.
+    """
+    check_positive_int("num_layers", num_layers)
+    check_bool("norm_first", norm_first)
+    check_positive_int("seed", seed, minimum=0)
+    if final_norm is not None:
+        check_bool("final_norm", final_norm)
+    torch.manual_seed(seed)
+    config = TransformerConfig(
+        num_layers=num_layers, d_model=D_MODEL, num_heads=HEADS, d_ff=INIT_D_FF, dropout=0.0,
+        norm_first=norm_first, final_norm=final_norm,
+    )  # fmt: skip
+    encoder = Encoder(config)
+    for name, parameter in encoder.named_parameters():
+        if parameter.dim() > 1:
+            nn.init.xavier_normal_(parameter)
+        elif name.endswith("bias"):
+            nn.init.zeros_(parameter)
+    return encoder
+
+
+def init_inputs(
+    seed: int, loss_kind: str = "random readout"
+) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """Section 6.3's inputs and loss, drawn from a generator seeded with ``1000 + seed``.
+
+    Returns ``(x, loss_fn)``: ``x`` of shape ``(8, 16, 64)`` with independent unit-variance
+    entries, and ``loss_fn(y)`` a scalar loss of the encoder output ``y (8, 16, 64)``.
+    ``"random readout"``: :math:`\\sum_y \\xi_y \\cdot y / \\sqrt{128}` with an independent
+    Gaussian direction :math:`\\xi_y` for each of the 128 output vectors; ``"cross-entropy"``:
+    cross-entropy on random labels (32 classes) through one shared linear read-out.
+    """
+    check_positive_int("seed", seed, minimum=0)
+    check_choice("loss_kind", loss_kind, LOSS_KINDS)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    shape = (INIT_BATCH, INIT_SEQ_LEN, D_MODEL)
+    x = torch.randn(shape, generator=gen)  # (batch, len, d_model)
+    n_tok = INIT_BATCH * INIT_SEQ_LEN
+    if loss_kind == "random readout":
+        xi = torch.randn(shape, generator=gen)  # (batch, len, d_model): one direction per token
+
+        def loss_fn(y: Tensor) -> Tensor:
+            return (xi * y).sum() / math.sqrt(n_tok)
+
+    else:
+        readout = torch.randn(D_MODEL, 32, generator=gen) / math.sqrt(D_MODEL)  # (d_model, 32)
+        labels = torch.randint(0, 32, (n_tok,), generator=gen)  # (batch * len,)
+
+        def loss_fn(y: Tensor) -> Tensor:
+            return nn.functional.cross_entropy((y @ readout).flatten(0, 1), labels)
+
+    return x, loss_fn
 
 
 def lr_schedule(kind: str, peak_lr: float) -> Callable[[int], float]:

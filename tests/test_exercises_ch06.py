@@ -573,3 +573,32 @@ def test_w1_and_w2_are_close_so_the_check_compares_gradients_at_fixed_seeds():
 def test_depth_slope_hints_at_w1_and_at_the_seeds():
     result = ch06.check_depth_slope(depth_slope_w1, verbose=False)
     assert "hint" in result.message and "output_proj" in result.message
+
+
+def _measure_with_norm_study(depths, norm_first, final_norm, loss_kind="random readout"):
+    """The reader's route: companion.norm_study's setup, as the exercise suggests."""
+    from companion import norm_study
+
+    gradients = []
+    for depth in depths:
+        per_seed = []
+        for seed in (0, 1, 2):
+            encoder = norm_study.init_encoder(depth, norm_first, seed, final_norm=final_norm)
+            x, loss_fn = norm_study.init_inputs(seed, loss_kind)
+            loss_fn(encoder(x)).backward()
+            per_seed.append(encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item())
+        gradients.append(float(np.mean(per_seed)))
+    return float(np.polyfit(np.log(depths), np.log(gradients), 1)[0]), gradients
+
+
+def test_depth_slope_accepts_the_norm_study_route():
+    assert ch06.check_depth_slope(_measure_with_norm_study, verbose=False)
+
+
+def test_depth_slope_rejects_the_cross_entropy_loss():
+    """Section 6.6.1's other loss (init_inputs(seed, "cross-entropy")) is not section 6.3's."""
+
+    def cross_entropy(depths, norm_first, final_norm):
+        return _measure_with_norm_study(depths, norm_first, final_norm, "cross-entropy")
+
+    assert not ch06.check_depth_slope(cross_entropy, verbose=False)

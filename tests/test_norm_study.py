@@ -89,3 +89,53 @@ def test_bad_input_names_the_argument(call, argument):
 def test_gradient_norm_needs_gradients():
     with pytest.raises(ValueError, match="module"):
         norm_study.gradient_norm(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda: norm_study.init_encoder(0, True, 0), "num_layers"),
+        (lambda: norm_study.init_encoder(2, "pre", 0), "norm_first"),
+        (lambda: norm_study.init_encoder(2, True, -1), "seed"),
+        (lambda: norm_study.init_encoder(2, True, 0, final_norm="no"), "final_norm"),
+        (lambda: norm_study.init_inputs(0, "mse"), "loss_kind"),
+    ],
+)
+def test_init_bad_input_names_the_argument(call, argument):
+    with pytest.raises((TypeError, ValueError), match=argument):
+        call()
+
+
+@pytest.mark.parametrize(("norm_first", "final_norm"), [(True, True), (True, False), (False, True)])
+def test_init_encoder_is_the_exercise_setup(norm_first, final_norm):
+    """Section 6.3's setup here and in exercise 3's reference give the same gradient."""
+    from companion.exercises import ch06
+
+    torch.set_num_threads(1)
+    encoder = norm_study.init_encoder(3, norm_first, seed=1, final_norm=final_norm)
+    x, loss_fn = norm_study.init_inputs(1)
+    loss_fn(encoder(x)).backward()
+    got = encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item()
+    expected = ch06.last_layer_w2_gradient(3, norm_first, final_norm, 1)
+    assert math.isclose(got, expected, rel_tol=1e-6), (got, expected)
+
+
+def test_init_encoder_final_norm_switches_the_last_layernorm():
+    with_norm = norm_study.init_encoder(2, True, 0)  # the package default for Pre-LN: a final norm
+    without = norm_study.init_encoder(2, True, 0, final_norm=False)
+    post = norm_study.init_encoder(2, False, 0)
+    assert isinstance(with_norm.final_norm, torch.nn.LayerNorm)
+    assert not isinstance(without.final_norm, torch.nn.LayerNorm)
+    assert not isinstance(post.final_norm, torch.nn.LayerNorm)
+    x, _ = norm_study.init_inputs(0)
+    assert x.shape == (norm_study.INIT_BATCH, norm_study.INIT_SEQ_LEN, norm_study.D_MODEL)
+    with torch.no_grad():  # without the final norm the Pre-LN output keeps the stream's scale
+        assert without(x).pow(2).mean() > 1.5 * with_norm(x).pow(2).mean()
+
+
+def test_init_inputs_losses():
+    x, readout = norm_study.init_inputs(2)
+    _, cross_entropy = norm_study.init_inputs(2, "cross-entropy")
+    y = torch.zeros_like(x)
+    assert readout(y).item() == 0.0
+    assert math.isclose(cross_entropy(y).item(), math.log(32), rel_tol=1e-6)

@@ -376,7 +376,9 @@ def _encoder_after_backward(
     num_layers: int, norm_first: bool, final_norm: bool, seed: int
 ) -> nn.Module:
     """Section 6.3's encoder at initialisation, after one backward pass of the read-out loss
-    (its parameters hold their ``.grad``)."""
+    (its parameters hold their ``.grad``). The same setup as ``companion.norm_study``'s
+    ``init_encoder`` and ``init_inputs`` (tests/test_norm_study.py checks it), written out here
+    because this module sits below ``norm_study`` in the package's layers."""
     from companion.model import Encoder, TransformerConfig  # the model, only when measured
 
     torch.manual_seed(seed)
@@ -465,8 +467,8 @@ def _depth_slope_hint(case: dict, got: object) -> str:
         return "\n   hint: the gradients match; fit the slope to them with log_log_slope."
     if len(ratios) == len(gradients) and all(abs(r - 1) < 0.1 for r in ratios):
         return (
-            "\n   hint: the gradients are close but not equal: use seeds 0, 1 and 2, section"
-            " 6.3's setup exactly (init_encoder, init_inputs), and W₂ = feed_forward.output_proj"
+            "\n   hint: the gradients are close but not equal: use seeds 0, 1 and 2, section 6.3's"
+            " setup (norm_study.init_encoder, init_inputs), and W₂ = feed_forward.output_proj"
             " (W₁, hidden_proj, gets a gradient of about the same size)."
         )
     return ""
