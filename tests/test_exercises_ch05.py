@@ -357,7 +357,20 @@ def additive_returns_bool(blocked, dtype):
 
 def test_additive_from_blocked_accepts_correct():
     assert ch05.check_additive_from_blocked(additive_correct, verbose=False)
-    assert ch05.check_additive_from_blocked(additive_via_companion, verbose=False)
+    assert ch05.check_additive_from_blocked(ch05.reference_additive_from_blocked, verbose=False)
+
+
+def test_additive_from_blocked_refuses_companion_masking():
+    # the right numbers, but through the package function the exercise asks the reader to rebuild
+    result = ch05.check_additive_from_blocked(additive_via_companion, verbose=False)
+    assert not result
+    assert "companion.masking" in result.message
+
+
+def test_additive_from_blocked_reports_minus_1e9_sensibly():
+    # -inf against -1e9 is off by inf, not by the largest float
+    result = ch05.check_additive_from_blocked(additive_minus_1e9, verbose=False)
+    assert "got -1e+09 (off by inf)" in result.message, result.message
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,9 @@ def compare(
             # the entry with the LARGEST difference (NaN counts as largest): the first differing
             # entry of a wrong answer can be off by 1e-4 and look like rounding
             e64, g64 = e.detach().double(), g.detach().double()
-            gap = (g64 - e64).abs().nan_to_num(nan=math.inf).masked_fill(~bad, -1.0)
+            gap = (
+                (g64 - e64).abs().nan_to_num(nan=math.inf, posinf=math.inf).masked_fill(~bad, -1.0)
+            )
             index = tuple(int(i) for i in torch.unravel_index(gap.argmax(), gap.shape))
             want, have = e64[index].item(), g64[index].item()
             digits = 6 if f"{want:.6g}" != f"{have:.6g}" else 12  # a tiny gap needs more digits

@@ -28,11 +28,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from companion import masking
 from companion.exercises._checker import (
     Case,
     CheckResult,
     causal_bool_mask,
     random_bool_mask,
+    refusing_calls,
     run_check,
     seeded_generator,
 )
@@ -338,10 +340,20 @@ def check_additive_from_blocked(
     additive_from_blocked: Callable[[Tensor, torch.dtype], Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``additive_from_blocked(blocked, dtype)``: boolean (``True`` = blocked) → float
-    of the same shape and of ``dtype``, ``0`` where allowed and ``-inf`` where blocked."""
+    of the same shape and of ``dtype``, ``0`` where allowed and ``-inf`` where blocked; an
+    answer that calls :mod:`companion.masking` (``to_additive_mask``) is refused."""
     return run_check(
         "additive_from_blocked",
-        _returning("float", "additive_from_blocked", additive_from_blocked),
+        _returning(
+            "float",
+            "additive_from_blocked",
+            refusing_calls(
+                additive_from_blocked,
+                "build the additive mask",
+                (masking,),
+                why=": companion.masking holds the answer",
+            ),
+        ),
         reference_additive_from_blocked,
         _additive_cases(),
         verbose=verbose,
