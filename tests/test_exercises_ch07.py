@@ -7,8 +7,11 @@ reported without raising."""
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict
+import re
+from dataclasses import asdict, fields
+from pathlib import Path
 
 import pytest
 import torch
@@ -439,6 +442,35 @@ def test_parameter_cases_are_configs_with_a_short_report():
             assert "tie_source_embedding=True" in repr(config)
     result = ch07.check_parameter_count(count_no_final_norms, verbose=False)
     assert "expected 25384, got 25320" in result.message and "norm_first=True" in result.message
+
+
+def test_parameter_cases_set_only_the_fields_the_exercise_lists():
+    """Exercise 2 promises configs that set only its listed fields: every other field of
+    every case keeps its default, and the exercise's text names exactly those fields."""
+    defaults = {f.name: f.default for f in fields(TransformerConfig)}
+    for case in ch07._parameter_cases():
+        changed = {k for k, v in asdict(case["config"]).items() if v != defaults[k]}
+        assert changed <= set(ch07._COUNTED_FIELDS), changed - set(ch07._COUNTED_FIELDS)
+    notebook = json.loads(
+        (Path(__file__).parents[1] / "book" / "07_whole_transformer.ipynb").read_text("utf-8")
+    )
+    text = next(
+        "".join(cell["source"])
+        for cell in notebook["cells"]
+        if "".join(cell["source"]).startswith("**Exercise 2")
+    )
+    named = set(re.findall(r"`(\w+)`", text)) & set(defaults)
+    assert named == set(ch07._COUNTED_FIELDS) | {"norm", "final_norm", "positional"}, named
+
+
+def test_parameter_count_ignoring_the_other_fields_would_miscount_them():
+    """Why the wording matters: the solution's arithmetic (norm_first decides the final
+    norms, positions have no parameters) misses final_norm, norm="rms" and learned positions,
+    which the exercise therefore leaves at their defaults."""
+    base = dict(src_vocab=30, tgt_vocab=40, d_model=16, num_heads=4, num_layers=2, d_ff=32)
+    for other in (dict(final_norm=True), dict(norm="rms"), dict(positional="learned")):
+        config = TransformerConfig(**base, **other)
+        assert _count(TransformerConfig(**base)) != ch07._built_parameter_count(config), other
 
 
 def test_parameter_count_returns_an_int():

@@ -318,6 +318,14 @@ class _ReportedConfig(TransformerConfig):
 _ReportedConfig.__name__ = _ReportedConfig.__qualname__ = "TransformerConfig"
 
 
+# The fields exercise 2 asks ``parameter_count`` to follow; every case leaves the others
+# (``norm``, ``final_norm``, ``positional``, ...) at their defaults, as the exercise says.
+_COUNTED_FIELDS = (
+    "src_vocab", "tgt_vocab", "d_model", "num_heads", "num_layers", "num_decoder_layers", "d_ff",
+    "norm_first", "tie_embeddings", "tie_source_embedding", "num_kv_heads",
+)  # fmt: skip
+
+
 def _parameter_cases() -> list[Case]:
     # small models first: their counts are short enough to compare digit by digit in a report
     settings: list[dict[str, Any]] = [
@@ -375,8 +383,11 @@ def check_parameter_count(
     parameter_count: Callable[[TransformerConfig], int], verbose: bool = True
 ) -> CheckResult:
     """Check ``parameter_count(config)`` (exact), the trainable parameters of
-    ``Transformer(config)``, by arithmetic: while ``parameter_count`` runs, building any
-    ``torch.nn.Module`` (a model to hand to ``count_parameters``) raises."""
+    ``Transformer(config)``, on configs that set only the exercise's fields (``src_vocab``,
+    ``tgt_vocab``, ``d_model``, ``num_heads``, ``num_layers``, ``num_decoder_layers``, ``d_ff``,
+    ``norm_first``, ``tie_embeddings``, ``tie_source_embedding``, ``num_kv_heads``), by
+    arithmetic: while ``parameter_count`` runs, building any ``torch.nn.Module`` (a model to
+    hand to ``count_parameters``) raises."""
     _check_callable("the function to check", parameter_count)
     return run_check(
         "parameter_count",
