@@ -4,12 +4,17 @@ torch.nn.Transformer, the mystery patient and the bad-input errors."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
+import types
 
 import pytest
 import torch
 
 from companion import clinic
+from companion.clinic import ward1
+from companion.clinic.registry import _condition_of
 
 PAD = clinic.PAD_ID
 
@@ -315,12 +320,13 @@ def test_parity_with_torch_lists_what_does_not_fit():
 
 def test_mystery_is_deterministic_and_covers_the_pool():
     first, again = clinic.mystery(3), clinic.mystery(3)
-    assert first._condition == again._condition
+    truth = _condition_of(first)
+    assert truth == _condition_of(again)
     assert all(
         torch.equal(a, b) for a, b in zip(first.model.parameters(), again.model.parameters())
     )
-    assert "mystery patient 3" in repr(first) and first._condition not in repr(first)
-    assert {clinic.mystery(seed)._condition for seed in range(40)} == set(clinic.CONDITIONS)
+    assert "mystery patient 3" in repr(first) and truth not in repr(first)
+    assert {_condition_of(clinic.mystery(seed)) for seed in range(40)} == set(clinic.CONDITIONS)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 6, 7, 9, 17])  # one of each condition
@@ -328,15 +334,59 @@ def test_a_mystery_patient_does_not_name_its_bug(seed):
     """Neither its repr, nor its model's printout and class, nor its functions' names tell
     the bug; its findings are those of the same patient admitted by name."""
     patient = clinic.mystery(seed)
-    condition = clinic.CONDITIONS[patient._condition]
+    condition = clinic.CONDITIONS[_condition_of(patient)]
     telling = {condition.buggy.__name__.lower(), condition.name.lower()}
     functions = (patient.logits, patient.loss, patient.shift)
     shown = " ".join([repr(patient), str(patient.model), type(patient.model).__name__,
                       *(f.__qualname__ for f in functions)]).lower()  # fmt: skip
     assert not [word for word in telling if word in shown], shown[:300]
     findings = {f.test: f.passed for f in clinic.examine(patient)}
-    named = {f.test: f.passed for f in clinic.examine(clinic.admit(patient._condition, seed))}
+    named = {f.test: f.passed for f in clinic.examine(clinic.admit(condition.name, seed))}
     assert findings == named  # the disguise changes no behaviour
+
+
+#: the names of ward 1's bug classes and functions: none may show on a mystery patient
+BUG_NAMES = {
+    name.lower()
+    for name, value in vars(ward1).items()
+    if getattr(value, "__module__", None) == ward1.__name__
+}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 6, 7, 9, 17])  # one of each condition
+def test_no_attribute_of_a_mystery_patient_reveals_its_bug(seed):
+    """Exercise 2's answer is not in the patient: no attribute holds the condition, and no
+    class in its model's modules' __mro__, no method and no function of the patient carries a
+    bug's name or source."""
+    patient = clinic.mystery(seed)
+    truth = _condition_of(patient)
+    assert truth not in [str(value) for value in vars(patient).values()]
+    assert not [key for key in vars(patient) if "condition" in key or "truth" in key]
+    names = []
+    for module in patient.model.modules():
+        for cls in type(module).__mro__:
+            names += [cls.__name__, cls.__qualname__, cls.__doc__ or ""]
+            names += [f"{value.__qualname__} {value.__doc__ or ''}" for value in vars(cls).values()
+                      if isinstance(value, types.FunctionType)]  # fmt: skip
+    for function in (patient.logits, patient.loss, patient.shift):
+        names += [function.__name__, function.__qualname__, function.__doc__ or ""]
+        names += [
+            getattr(cell.cell_contents, "__qualname__", "") for cell in function.__closure__ or ()
+        ]
+        with pytest.raises((OSError, TypeError)):
+            inspect.getsource(function)  # the source is not reachable either
+    shown = " ".join(names).lower()
+    assert not [
+        name for name in BUG_NAMES | {truth.lower()} if re.search(rf"\b{re.escape(name)}\b", shown)
+    ]
+    assert "# bug" not in shown and "bug:" not in shown
+
+
+def test_check_diagnosis_refuses_a_patient_of_unknown_origin():
+    made = clinic.admit(None)
+    stranger = clinic.Patient(made.model, made.logits, made.loss, made.shift, made.vocab_size)
+    with pytest.raises(ValueError, match="clinic.admit or clinic.mystery"):
+        clinic.check_diagnosis(stranger, "healthy")
 
 
 def test_check_diagnosis_accepts_names_and_synonyms_and_rejects_others(capsys):

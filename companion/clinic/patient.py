@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -609,7 +609,6 @@ class Patient:
     vocab_size: int
     pad_id: int = PAD_ID
     label: str = "patient"
-    _condition: str | None = field(default=None, repr=False, compare=False)  # the answer
 
     def __post_init__(self) -> None:
         check_instance("model", self.model, nn.Module, "a torch.nn.Module")

@@ -13,6 +13,9 @@ from __future__ import annotations
 import ast
 import random
 import re
+import types
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -284,15 +287,16 @@ def admit(condition: str | None = None, seed: int = 0) -> Patient:
     else:
         model = models.get(condition, ReaderTransformer)()
     forgetful = condition == "model.eval() forgotten"
-    return Patient(
+    patient = Patient(
         model=model,
         logits=(logits_without_eval if forgetful else logits_in_eval)(model),
         loss=loss_over_padding if condition == "padding counted in the loss" else sequence_loss,
         shift=unshifted_labels if condition == "unshifted labels" else teacher_forcing,
         vocab_size=READER_VOCAB_SIZE,
         label="healthy" if condition is None else condition,
-        _condition=condition,
     )
+    _remember(patient, condition)
+    return patient
 
 
 def mystery(seed: int) -> Patient:
@@ -303,40 +307,83 @@ def mystery(seed: int) -> Patient:
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")
     names = list(CONDITIONS)
-    patient = admit(names[random.Random(seed).randrange(len(names))], seed)
+    condition = names[random.Random(seed).randrange(len(names))]
+    patient = admit(condition, seed)
     patient.label = f"mystery patient {seed}"
     _disguise(patient)
+    _remember(patient, condition)
     return patient
 
 
 _DISGUISES: dict[type, type] = {}
 
+#: the condition of each patient admitted, by ``id(patient)``, with a weak reference that
+#: tells a live patient from a new object at a recycled address: the answer is kept off the
+#: patient itself, so that no attribute of a mystery patient names its bug
+_TRUTH: dict[int, tuple[weakref.ref, str | None]] = {}
+
+
+def _remember(patient: Patient, condition: str | None) -> None:
+    key = id(patient)
+    _TRUTH[key] = (weakref.ref(patient, lambda _ref: _TRUTH.pop(key, None)), condition)
+
+
+def _condition_of(patient: Patient) -> str | None:
+    """The condition ``patient`` was admitted with (``None``: healthy).
+
+    Raises:
+        ValueError: ``patient`` was not made by :func:`admit` or :func:`mystery`.
+    """
+    entry = _TRUTH.get(id(patient))
+    if entry is None or entry[0]() is not patient:
+        raise ValueError(
+            "patient must come from clinic.admit or clinic.mystery, got another Patient"
+        )
+    return entry[1]
+
+
+def _anonymous(function: Callable, name: str, qualname: str, doc: str | None) -> Callable:
+    """A copy of ``function`` under a neutral name, qualified name and docstring, its code
+    compiled from an unnamed file: the same behaviour, nothing that names a bug (``inspect``
+    cannot find its source either)."""
+    code = function.__code__.replace(co_name=name, co_qualname=qualname, co_filename="<patient>")
+    copy = types.FunctionType(code, function.__globals__, name, function.__defaults__,
+                              function.__closure__)  # fmt: skip
+    copy.__qualname__, copy.__doc__ = qualname, doc
+    copy.__kwdefaults__ = function.__kwdefaults__
+    return copy
+
+
+def _disguised_class(cls: type) -> type:
+    """A class named, documented and derived like the healthy class that ``cls`` (a bug class
+    of ward 1) overrides, holding anonymous copies of the buggy methods: neither its name, its
+    ``__mro__`` nor its methods' names or source mention the bug class."""
+    if cls not in _DISGUISES:
+        buggy = [c for c in cls.__mro__ if c.__module__ == SeqFirstPositions.__module__]
+        base = next(c for c in cls.__mro__ if c.__module__ != SeqFirstPositions.__module__)
+        namespace: dict[str, object] = {"__module__": base.__module__,
+                                        "__qualname__": base.__qualname__, "__doc__": base.__doc__}  # fmt: skip
+        for owner in reversed(buggy):  # the most derived last, so that its methods win
+            for key, value in vars(owner).items():
+                if isinstance(value, types.FunctionType):
+                    healthy = getattr(base, key, None)
+                    namespace[key] = _anonymous(value, key, f"{base.__qualname__}.{key}",
+                                                getattr(healthy, "__doc__", None))  # fmt: skip
+        _DISGUISES[cls] = type(base.__name__, (base,), namespace)
+    return _DISGUISES[cls]
+
 
 def _disguise(patient: Patient) -> None:
-    """Hide the bug's name: every module of a bug class of ward 1 is given a subclass named
-    (and documented) like its healthy parent, and the adapter, loss and shift are wrapped in
-    functions of neutral names. The behaviour is unchanged: only the diagnostics tell."""
+    """Hide the bug's name: every module of a bug class of ward 1 becomes an instance of a
+    class built from the healthy parent (:func:`_disguised_class`), and the adapter, loss and
+    shift become anonymous copies named ``logits``, ``loss`` and ``shift``. The behaviour is
+    unchanged: only the diagnostics tell."""
     for module in patient.model.modules():
-        cls = type(module)
-        if cls.__module__ == SeqFirstPositions.__module__:  # a bug class of ward 1
-            if cls not in _DISGUISES:
-                base = cls.__mro__[1]
-                names = {"__module__": base.__module__, "__qualname__": base.__qualname__,
-                         "__doc__": base.__doc__}  # fmt: skip
-                _DISGUISES[cls] = type(base.__name__, (cls,), names)
-            module.__class__ = _DISGUISES[cls]
-    logits_fn, loss_fn, shift_fn = patient.logits, patient.loss, patient.shift
-
-    def logits(*ids: torch.Tensor) -> torch.Tensor:
-        return logits_fn(*ids)
-
-    def loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return loss_fn(logits, labels)
-
-    def shift(tgt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return shift_fn(tgt)
-
-    patient.logits, patient.loss, patient.shift = logits, loss, shift
+        if type(module).__module__ == SeqFirstPositions.__module__:  # a bug class of ward 1
+            module.__class__ = _disguised_class(type(module))
+    patient.logits = _anonymous(patient.logits, "logits", "logits", "(src, tgt_in) -> logits")
+    patient.loss = _anonymous(patient.loss, "loss", "loss", "(logits, labels) -> a scalar")
+    patient.shift = _anonymous(patient.shift, "shift", "shift", "tgt -> (tgt_in, labels)")
 
 
 def _words(text: str) -> str:
@@ -398,7 +445,7 @@ def check_diagnosis(patient: Patient, answer: str, verbose: bool = True) -> bool
     check_instance("patient", patient, Patient, "a clinic Patient (from mystery or admit)")
     if not isinstance(answer, str):
         raise TypeError(f"answer must be a str naming the bug, got {type(answer).__name__}")
-    truth = patient._condition
+    truth = _condition_of(patient)
     named = _named(answer)
     if truth is None:
         correct = not named and bool(re.search(r"healthy|no bug|none", answer.lower()))

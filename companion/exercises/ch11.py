@@ -36,7 +36,7 @@ from torch import Tensor
 import companion.attention as _attention
 import companion.decode as _decode
 from companion import clinic, positional
-from companion.clinic import patient, toolkit
+from companion.clinic import patient, registry, toolkit
 from companion.exercises._checker import (
     Case,
     CheckResult,
@@ -342,6 +342,11 @@ def _menu_text() -> str:
 
 def _mystery_problem(seed: int, answer: object) -> str | None:
     """None when ``answer`` is the name of the bug of ``clinic.mystery(seed)``, else why not."""
+    if isinstance(answer, (tuple, list, set)) and len(answer) == 1:
+        return (
+            f"write the name as a str, not a {type(answer).__name__} holding it ({answer!r}): "
+            f"{next(iter(answer))!r} rather than {answer!r}"
+        )
     if isinstance(answer, (tuple, list, set)):
         return (
             f"name one condition, not {len(answer)} ({answer!r}): a diagnosis that hedges "
@@ -353,7 +358,7 @@ def _mystery_problem(seed: int, answer: object) -> str | None:
     named = names.get(_normal(answer))
     if named is None:
         return f"{answer!r} is not on the menu; answer with one of: {_menu_text()}"
-    truth = clinic.mystery(seed)._condition
+    truth = registry._condition_of(clinic.mystery(seed))
     if named != truth and named in _SAME_ROW and truth in _SAME_ROW:
         return (
             f"not {named!r}. Both padding-mask slips fail padding invariance alone, so the "
@@ -454,6 +459,7 @@ class _BatchModel:
         "row 0 reads row 1": ((0, 1),),  # the last row is clean
         "row 2 reads row 3": ((2, 3),),  # the first two rows are clean
         "rows 1 and 3 read each other": ((1, 3), (3, 1)),  # symmetric under reversal of 5 rows
+        "the last row reads row 0": ((2, 0),),  # in a batch of 3: only the last row mixes
     }
 
     def __init__(self, number: int, how: str, strength: float = 0.5) -> None:
@@ -484,7 +490,11 @@ class _BatchModel:
                 if max(reader, source) < batch:  # a smaller batch (a sentence alone) is clean
                     mixed[reader] = h[reader] + s * h[source]
             h = mixed
-        return h @ self.out  # (batch, seq, vocab)
+        logits = h @ self.out  # (batch, seq, vocab)
+        if self.how == "one logit" and batch > 1:  # one logit of row 1 reads row 0, by < 1e-2
+            logits = logits.clone()
+            logits[1, -1, 0] += 1e-2 * torch.sigmoid(logits[0, 0, 0])
+        return logits
 
     def __repr__(self) -> str:
         return f"model {self.number} (a function from ids (batch, seq) to logits)"
@@ -506,9 +516,12 @@ def _batch_cases() -> list[Case]:
             ("row 2 reads row 3", 0.5, 4),  # misses: the first two sentences alone
             ("rows 1 and 3 read each other", 0.5, 5),  # misses: first alone + reversed batch
             ("batch mean at position 0", 0.5, 3),  # misses: the last position only
+            ("the last row reads row 0", 0.5, 3),  # misses: every row but the last
+            ("one logit", 0.5, 3),  # misses: a mean difference (1e-2 / 120 entries < 1e-4)
         ]
     ):
-        ids = torch.randint(0, _BatchModel.VOCAB, (batch, 5), generator=g)  # (batch, 5)
+        length = 10 if how == "one logit" else 5
+        ids = torch.randint(0, _BatchModel.VOCAB, (batch, length), generator=g)  # (batch, length)
         cases.append({"logits_fn": _BatchModel(number, how, strength), "ids": ids})
     return cases
 
@@ -521,9 +534,10 @@ def check_batch_independent(
     (one whose batched result rounds differently, by 1e-6 per row), and ones that mix the
     batch symmetrically (a batch mean, also a small one, or one at the first position only),
     make some rows read others (the first row read by the rest, row 0 reading row 1, row 2
-    reading row 3 of four, rows 1 and 3 of five reading each other), or add a position code
-    along the batch axis (``batch_first`` confusion): a test that watches only some rows or
-    positions, or only reverses the batch, misses one of them. A call into the clinic's toolkit
+    reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0),
+    move a single logit by less than ``1e-2``, or add a position code along the batch axis
+    (``batch_first`` confusion): a test that watches only some rows or positions, averages the
+    differences, or only reverses the batch, misses one of them. A call into the clinic's toolkit
     (``clinic.batch_independence``) fails."""
 
     guarded = refusing_calls(
