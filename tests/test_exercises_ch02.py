@@ -820,3 +820,45 @@ def test_scale_test_a_correct_candidate_fails_default_allclose_on_random_inputs(
         exact = _formula(q.double(), k.double(), v.double())
         assert torch.allclose(shifted(q, k, v).double(), exact, atol=1e-5), seed
         assert not torch.allclose(shifted(q, k, v), exact.float()), seed
+
+
+def test_gradient_crossover_explains_a_search_that_finds_nothing():
+    """The mean never crosses 1, so a search on it returns None: the message says no
+    crossover was found and points at the statistic, not at the return type."""
+    assert crossover_of_means(ch02.CROSSOVER_N_KEYS[0]) is None
+    result = ch02.check_gradient_crossover(crossover_of_means, verbose=False)
+    assert not result
+    assert "no crossover found" in result.message and "median" in result.message, result.message
+
+
+def scale_test_relative_only(attention, seed):  # rtol alone: right or wrong with the inputs
+    gen = torch.Generator().manual_seed(seed)
+    for lead, q_len, k_len, d_k, d_v in GOOD_SHAPES:
+        q = torch.randn(*lead, q_len, d_k, generator=gen)
+        k = torch.randn(*lead, k_len, d_k, generator=gen)
+        v = torch.randn(*lead, k_len, d_v, generator=gen)
+        exact = _formula(q.double(), k.double(), v.double())
+        if not torch.allclose(attention(q, k, v).double(), exact, rtol=1e-4, atol=0):
+            return False
+    return True
+
+
+def test_scale_test_a_relative_tolerance_depends_on_the_inputs():
+    """rtol alone (1e-4, atol=0) rejects the shifted-values candidate only when an output
+    entry lands near 0: the check's message says so, and the docstring claims no more."""
+    verdicts = {}
+    for seed in range(12):
+        result = ch02.check_scale_test(
+            lambda a, seed=seed: scale_test_relative_only(a, seed), verbose=False
+        )
+        verdicts[seed] = bool(result)
+        if not result:
+            assert "IS correct" in result.message, result.message
+            assert "passes or fails with the inputs it happens to draw" in result.message
+    assert any(verdicts.values()) and not all(verdicts.values()), verdicts
+    assert "whenever the test's inputs put an output entry near 0" in " ".join(
+        ch02.check_scale_test.__doc__.split()
+    )
+    assert "eleven with a classic slip" in " ".join(ch02.check_scale_test.__doc__.split())
+    slips = sum(not correct for _, _, correct, _ in ch02.SCALE_TEST_CANDIDATES)
+    assert slips == 11, slips

@@ -347,9 +347,11 @@ def check_scale_test(
     :func:`reference_scaled_attention`, the output only, as PyTorch's function returns it)
     and must say whether it computes ``softmax(q kᵀ/√d_k) v``. The check hands it the
     functions of :data:`SCALE_TEST_CANDIDATES`, five correct ones (with different float32
-    rounding, one of them about 1e-6 off, which a purely relative tolerance rejects) and ten with a classic slip (no scale, ``d_k``, a fixed ``√64``, ``√d_v``,
-    ``√k_len``, the softmax over axis 1, a multiplication, the scale after the softmax, and
-    two small ones that only a tight tolerance catches: ``√(d_k + 1)``, float16 weights). A
+    rounding, one of them about 1e-6 off, which a purely relative tolerance rejects whenever
+    the test's inputs put an output entry near 0) and eleven with a classic slip (no scale,
+    ``d_k``, a fixed ``√64``, ``√d_v``, ``√k_len``, the softmax over axis 1 or axis 2, a
+    multiplication, the scale after the softmax, and two small ones that only a tight
+    tolerance catches: ``√(d_k + 1)``, float16 weights). A
     wrong verdict is explained with the inputs the test used: a rejected correct function
     with its float32 rounding (the trap of exact equality), an accepted wrong one with the
     largest difference the test's inputs produced and what to vary. An ``AssertionError``
@@ -699,6 +701,17 @@ def check_gradient_crossover(
             got = got.item()
         if isinstance(got, float) and got.is_integer():
             got = int(got)
+        if got is None:
+            result = CheckResult(
+                name,
+                False,
+                count,
+                f"❌ {name}: {setting}: got None, no crossover found among the widths"
+                f" {CROSSOVER_D_KS[0]} to {CROSSOVER_D_KS[-1]}; yet at every number of keys"
+                " the check uses the crossover lies inside that range. Check the statistic:"
+                " the median over the queries, not the mean, which a few near ties carry.",
+            )
+            break
         if (
             not isinstance(got, (int, np.integer))
             or isinstance(got, bool)
