@@ -129,7 +129,11 @@ def scaled_dot_product_attention(
 
 
 class AdditiveScore(nn.Module):
-    r"""Additive (Bahdanau) relevance score ``α(q, k) = wᵀ tanh(W_q q + W_k k)``.
+    r"""Additive (Bahdanau) relevance score ``e_ij = tanh(a_i W_q + a_j W_k) w_a``.
+
+    Row vectors, as in the course's notation: ``a_i`` is row ``i`` of ``q``, ``a_j`` row ``j``
+    of ``k``; ``W_q``, ``W_k`` and ``w_a`` are ``query_proj``, ``key_proj`` and ``score_proj``
+    (``nn.Linear`` stores each weight transposed).
 
     The alternative to the dot product from chapter 1: a tiny one-hidden-layer network scores
     every (query, key) pair. It has parameters of its own and costs

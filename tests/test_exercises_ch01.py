@@ -408,6 +408,37 @@ def test_equivariance_test_with_one_random_draw_is_rejected(seed):
     assert not result, f"seed {seed}: {result.message}"
 
 
+def equivariance_test_one_seeded_draw(seed):  # one permutation, from a generator seeded inside
+    def test(layer, x):
+        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed))
+        return torch.allclose(layer(x[perm]), layer(x)[perm], atol=1e-5, rtol=1e-4)
+
+    return test
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_equivariance_test_with_one_seeded_draw_is_rejected(seed):
+    """A seeded draw gives the same permutation on every call of the same length: the parity
+    layer, at nine lengths, is missed only when all nine draws are even (1/512)."""
+    result = ch01.check_is_permutation_equivariant(
+        equivariance_test_one_seeded_draw(seed), verbose=False
+    )
+    assert not result, f"seed {seed}: {result.message}"
+
+
+def test_equivariance_parity_layer_changes_under_odd_reorderings_only():
+    layer = ch01.equivariance_test_layers()["attention plus the parity of the tokens' order"]
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(5))
+    out = layer(x)
+    three_cycle = torch.tensor([1, 2, 0, 3, 4, 5])  # even: two swaps
+    assert torch.allclose(layer(x[three_cycle]), out[three_cycle], atol=1e-5)
+    swap = _swap(6, 2, 4)  # odd: one swap
+    assert (layer(x[swap]) - out[swap]).abs().min() > 0.99, "an odd reordering moves it by 1"
+    cases = ch01._equivariance_cases()
+    lengths = [case["x"].shape[0] for case in cases if repr(case["layer"]) == repr(layer)]
+    assert sorted(lengths) == list(range(4, 13)), lengths
+
+
 def test_equivariance_cases_include_short_sequences():
     short = [case for case in ch01._equivariance_cases() if case["x"].shape[0] <= 3]
     assert len(short) == 5, [case["x"].shape for case in short]

@@ -425,6 +425,14 @@ def _position_codes(positions: Tensor, d: int) -> Tensor:
     return torch.sin(positions[:, None] * rates + phases)  # (seq_len, d)
 
 
+def _order_parity_sign(values: Tensor) -> Tensor:
+    """``+1`` when ``values (seq_len,)`` has an even number of inversions (pairs ``i < j`` with
+    ``values[i] > values[j]``), else ``-1``: reordering the tokens by a permutation multiplies it
+    by that permutation's sign."""
+    inversions = (values[:, None] > values[None, :]).triu(1).sum()  # pairs out of order
+    return 1.0 - 2.0 * (inversions % 2).float()  # scalar tensor: +1 or -1
+
+
 def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     """The layers the equivariance check feeds to the reader's test, by name.
 
@@ -435,7 +443,8 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     flattened sequence, two circular convolutions along the sequence (one commutes with
     cyclic shifts only; the other, with a symmetric kernel, also with the reversal), and
     attention whose output rows are then put in a wrong order (reversed, shifted by one,
-    each column sorted): the right rows, so only a comparison row by row catches them.
+    each column sorted): the right rows, so only a comparison row by row catches them; and
+    attention plus ±0.5 by the parity of the tokens' order, changed only by odd reorderings.
 
     Args:
         d: width of a token vector, ``d_in = d_out = d``.
@@ -447,6 +456,7 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     )
     token_layer = std * torch.randn(d, d, generator=g)  # (d, d)
     kernel = std * torch.randn(3, d, d, generator=g)  # (3, d, d): offsets -1, 0, +1
+    direction = torch.randn(d, generator=seeded_generator(114))  # (d,): reads one number per token
 
     def attention(x: Tensor) -> Tensor:
         return _attention(x, query_weight, key_weight, value_weight)  # (seq_len, d)
@@ -535,6 +545,12 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
         "attention, then each output column sorted": NamedLayer(
             "attention, then each output column sorted", lambda x: attention(x).sort(0).values
         ),
+        # changed only by the odd reorderings (an odd number of swaps): half of all
+        # permutations are even, so one random permutation misses it half of the time
+        "attention plus the parity of the tokens' order": NamedLayer(
+            "attention plus the parity of the tokens' order",
+            lambda x: attention(x) + 0.5 * _order_parity_sign(x @ direction),
+        ),
     }
 
 
@@ -544,8 +560,9 @@ def _equivariance_cases() -> list[Case]:
     x7 = torch.randn(7, 4, generator=g)  # (7, 4)
     x7[6] = x7[3]  # two equal tokens, like the two "learning"s
     cases: list[Case] = [{"layer": layers["self-attention"], "x": x7}]
+    parity = "attention plus the parity of the tokens' order"
     for name in layers:
-        if name != "self-attention":
+        if name not in ("self-attention", parity):
             cases.append({"layer": layers[name], "x": torch.randn(6, 4, generator=g)})
     # two tokens: the only reordering is the swap; three tokens: six reorderings, three of
     # them cyclic. A test that draws one random permutation draws the identity (and sees
@@ -559,6 +576,11 @@ def _equivariance_cases() -> list[Case]:
     ):
         cases.append({"layer": layers[name], "x": torch.randn(seq_len, 4, generator=g)})
     cases.append({"layer": layers["self-attention"], "x": 3 * torch.randn(9, 4, generator=g)})
+    # the parity layer at nine lengths: a test that draws one permutation per length (say
+    # from a generator seeded inside it) draws only even ones, and misses it, with
+    # probability 1/512 whatever its seed
+    for seq_len in range(4, 13):
+        cases.append({"layer": layers[parity], "x": torch.randn(seq_len, 4, generator=g)})
     return cases
 
 
