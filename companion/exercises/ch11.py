@@ -361,7 +361,7 @@ def _mystery_problem(seed: int, answer: object) -> str | None:
     truth = registry._condition_of(clinic.mystery(seed))
     if named != truth and named in _SAME_ROW and truth in _SAME_ROW:
         return (
-            f"not {named!r}. Both padding-mask slips fail padding invariance alone, so the "
+            f"not {named!r}. Both padding-mask bugs fail padding invariance alone, so the "
             "table cannot tell them apart: look at the mask the encoder builds, "
             "patient.model.encoder_mask(src)"
         )
