@@ -9,6 +9,18 @@ import torch
 from companion import masking
 from companion.exercises import ch05
 
+# The answers below are written by hand: the checks refuse any call into companion.masking
+# (the `*_via_companion` answers show that refusal).
+
+
+def _causal(n):  # (n, n): key j <= query i
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def _keys_real(tokens, pad_id):  # (batch, 1, 1, n): True where the key is not padding
+    return (tokens != pad_id)[:, None, None, :]
+
+
 # --------------------------------------------------------------------------------------------
 # lengths_padding_mask
 # --------------------------------------------------------------------------------------------
@@ -67,9 +79,19 @@ def lengths_as_integers(lengths, k_len, left):  # 0/1 instead of False/True
     return lengths_correct(lengths, k_len, left).long()
 
 
-def test_lengths_padding_mask_accepts_correct_and_companion():
+def lengths_flipped(lengths, k_len, left):  # right padding, flipped for the left side
+    real = torch.arange(k_len)[None, :] < lengths[:, None]  # (batch, k_len)
+    return (real.flip(-1) if left else real)[:, None, None, :]
+
+
+def test_lengths_padding_mask_accepts_correct():
     assert ch05.check_lengths_padding_mask(lengths_correct, verbose=False)
-    assert ch05.check_lengths_padding_mask(lengths_via_companion, verbose=False)
+    assert ch05.check_lengths_padding_mask(lengths_flipped, verbose=False)
+
+
+def test_lengths_padding_mask_refuses_companion_masking():
+    result = ch05.check_lengths_padding_mask(lengths_via_companion, verbose=False)
+    assert not result and "companion.masking" in result.message
 
 
 @pytest.mark.parametrize(
@@ -122,11 +144,12 @@ def window_top_left(q_len, k_len, window):  # right only when q_len == k_len
 
 
 def window_not_causal(q_len, k_len, window):  # a symmetric band: sees window - 1 keys ahead
-    return masking.sliding_window_mask(q_len, k_len, window=window, causal=False)
+    distance = torch.arange(q_len)[:, None] + (k_len - q_len) - torch.arange(k_len)[None, :]
+    return distance.abs() < window  # (q_len, k_len)
 
 
 def window_ignored(q_len, k_len, window):  # the plain causal mask
-    return masking.causal_mask(q_len, k_len)
+    return torch.ones(q_len, k_len, dtype=torch.bool).tril(diagonal=k_len - q_len)
 
 
 def window_inverted(q_len, k_len, window):  # True = blocked
@@ -137,13 +160,20 @@ def window_float(q_len, k_len, window):
     return window_correct(q_len, k_len, window).float()
 
 
-def test_causal_window_mask_accepts_correct_and_companion():
+def test_causal_window_mask_accepts_correct():
     assert ch05.check_causal_window_mask(window_correct, verbose=False)
 
+
+def test_causal_window_mask_refuses_companion_masking():
     def companion_window(q_len, k_len, window):
         return masking.sliding_window_mask(q_len, k_len, window=window, causal=True)
 
-    assert ch05.check_causal_window_mask(companion_window, verbose=False)
+    cases = ch05._causal_window_cases()
+    assert all(  # the package's mask is the right answer ...
+        torch.equal(companion_window(**c), ch05.reference_causal_window_mask(**c)) for c in cases
+    )
+    result = ch05.check_causal_window_mask(companion_window, verbose=False)
+    assert not result and "companion.masking" in result.message  # ... and it is refused
 
 
 @pytest.mark.parametrize(
@@ -185,26 +215,26 @@ def test_window_cases_include_the_plain_causal_mask():
 
 
 def prefix_correct(tokens, prefix_lens, pad_id):
-    """Built from companion.masking: the padding mask, and causal OR inside the prefix."""
+    """By hand: the keys that are real, and causal OR inside the prefix."""
     n = tokens.shape[1]
     in_prefix = torch.arange(n)[None, :] < prefix_lens[:, None]  # (batch, n)
-    return masking.padding_mask(tokens, pad_id) & (
-        masking.causal_mask(n) | in_prefix[:, None, None, :]
-    )
+    return _keys_real(tokens, pad_id) & (_causal(n) | in_prefix[:, None, None, :])
+
+
+def prefix_via_companion(tokens, prefix_lens, pad_id):  # the package's masks, one row at a time
+    n = tokens.shape[1]
+    rows = [masking.prefix_lm_mask(n, int(length)) for length in prefix_lens]  # (n, n) each
+    return masking.padding_mask(tokens, pad_id) & torch.stack(rows)[:, None]
 
 
 def prefix_causal_only(tokens, prefix_lens, pad_id):  # ignores the prefix: a decoder mask
-    return masking.combine_masks(
-        masking.padding_mask(tokens, pad_id), masking.causal_mask(tokens.shape[1])
-    )
+    return _keys_real(tokens, pad_id) & _causal(tokens.shape[1])
 
 
 def prefix_on_queries(tokens, prefix_lens, pad_id):  # prefix queries see the whole future
     n = tokens.shape[1]
     query_in_prefix = torch.arange(n)[None, :] < prefix_lens[:, None]  # (batch, n)
-    return masking.padding_mask(tokens, pad_id) & (
-        masking.causal_mask(n) | query_in_prefix[:, None, :, None]
-    )
+    return _keys_real(tokens, pad_id) & (_causal(n) | query_in_prefix[:, None, :, None])
 
 
 def prefix_off_by_one(tokens, prefix_lens, pad_id):  # j <= prefix: one answer token too many
@@ -222,9 +252,7 @@ def prefix_no_padding(tokens, prefix_lens, pad_id):  # the padded keys stay visi
 def prefix_or_padding(tokens, prefix_lens, pad_id):  # | instead of &: padding allows keys
     n = tokens.shape[1]
     in_prefix = torch.arange(n)[None, :] < prefix_lens[:, None]  # (batch, n)
-    return masking.padding_mask(tokens, pad_id) | (
-        masking.causal_mask(n) | in_prefix[:, None, None, :]
-    )
+    return _keys_real(tokens, pad_id) | (_causal(n) | in_prefix[:, None, None, :])
 
 
 def prefix_no_head_axis(tokens, prefix_lens, pad_id):  # (batch, n, n): broadcasts wrongly
@@ -245,11 +273,20 @@ def prefix_pads_queries(
     n = tokens.shape[1]
     in_prefix = torch.arange(n)[None, :] < prefix_lens[:, None]  # (batch, n)
     real_query = (tokens != pad_id)[:, None, :, None]  # (batch, 1, n, 1)
-    return (masking.causal_mask(n) | in_prefix[:, None, None, :]) & real_query
+    return (_causal(n) | in_prefix[:, None, None, :]) & real_query
 
 
 def test_prefix_lm_mask_accepts_correct():
     assert ch05.check_prefix_lm_mask(prefix_correct, verbose=False)
+
+
+def test_prefix_lm_mask_refuses_companion_masking():
+    cases = ch05._prefix_lm_cases()
+    assert all(  # the wrapper around the package is the right answer ...
+        torch.equal(prefix_via_companion(**c), ch05.reference_prefix_lm_mask(**c)) for c in cases
+    )
+    result = ch05.check_prefix_lm_mask(prefix_via_companion, verbose=False)
+    assert not result and "companion.masking" in result.message  # ... and it is refused
 
 
 @pytest.mark.parametrize(
@@ -520,6 +557,28 @@ def first_leak_loose(attend, x):  # atol=1e-2 instead of 1e-5: misses a small le
     return min(found) if found else None
 
 
+def first_leak_exact(attend, x):  # torch.equal: any change at all, even below 1e-5
+    before = attend(x)
+    found = []
+    for j in range(1, x.shape[1]):
+        changed = x.clone()
+        changed[:, j] = torch.randn_like(changed[:, j])
+        after = attend(changed)
+        found += [(i, j) for i in range(j) if not torch.equal(after[:, i], before[:, i])]
+    return min(found) if found else None
+
+
+def test_leak_case_below_the_tolerance_fails_an_exact_comparison():
+    tiny = {case["attend"].name: case for case in ch05._future_leak_cases()}[
+        "1e-6 tanh(x[3]) into 0"
+    ]
+    assert ch05.reference_first_leak(**tiny) is None
+    for seed in range(20):
+        torch.manual_seed(seed)
+        assert first_leak_exact(**tiny) == (0, 3), seed
+        assert first_leak_correct(**tiny) is None, seed
+
+
 def test_leak_case_missed_by_a_loose_tolerance():
     small = {case["attend"].name: case for case in ch05._future_leak_cases()}["1e-3 x[3] into 0"]
     assert ch05.reference_first_leak(**small) == (0, 3)
@@ -551,6 +610,7 @@ def test_first_leak_accepts_correct():
         first_leak_zeroed,
         first_leak_by_gradient,
         first_leak_loose,
+        first_leak_exact,
     ],
 )
 def test_first_leak_rejects_wrong(wrong):

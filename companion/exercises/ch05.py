@@ -74,6 +74,14 @@ def _returning(dtype_kind: str, name: str, fn: Callable[..., Any]) -> Callable[.
     return wrapped
 
 
+def _by_hand(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """``fn``, refused (``RuntimeError``) when it calls into :mod:`companion.masking`, which
+    holds every answer of this chapter."""
+    return refusing_calls(
+        fn, f"build the {what}", (masking,), why=": companion.masking holds the answer"
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Exercise 1: padding mask from the lengths, right or left padding
 # --------------------------------------------------------------------------------------------
@@ -122,7 +130,7 @@ def check_lengths_padding_mask(
     padding."""
     return run_check(
         "lengths_padding_mask",
-        _returning("bool", "lengths_padding_mask", lengths_padding_mask),
+        _returning("bool", "lengths_padding_mask", _by_hand(lengths_padding_mask, "padding mask")),
         reference_lengths_padding_mask,
         _lengths_cases(),
         verbose=verbose,
@@ -186,7 +194,7 @@ def check_causal_window_mask(
     with ``i - window < j <= i``."""
     return run_check(
         "causal_window_mask",
-        _returning("bool", "causal_window_mask", causal_window_mask),
+        _returning("bool", "causal_window_mask", _by_hand(causal_window_mask, "window mask")),
         reference_causal_window_mask,
         _causal_window_cases(),
         verbose=verbose,
@@ -296,7 +304,8 @@ def check_prefix_lm_mask(
     return run_check(
         "prefix_lm_mask",
         _blank_padded_queries_allowed(
-            _returning("bool", "prefix_lm_mask", prefix_lm_mask), reference_prefix_lm_mask
+            _returning("bool", "prefix_lm_mask", _by_hand(prefix_lm_mask, "prefix-LM mask")),
+            reference_prefix_lm_mask,
         ),
         reference_prefix_lm_mask,
         _prefix_lm_cases(),
@@ -347,12 +356,7 @@ def check_additive_from_blocked(
         _returning(
             "float",
             "additive_from_blocked",
-            refusing_calls(
-                additive_from_blocked,
-                "build the additive mask",
-                (masking,),
-                why=": companion.masking holds the answer",
-            ),
+            _by_hand(additive_from_blocked, "additive mask"),
         ),
         reference_additive_from_blocked,
         _additive_cases(),
@@ -497,6 +501,10 @@ def _thousandth(v: Tensor) -> Tensor:  # (batch, d): a leak of about 1e-3, 100 t
     return 1e-3 * v
 
 
+def _below_tolerance(v: Tensor) -> Tensor:  # (batch, d): a change of at most 2e-6 < 1e-5
+    return 1e-6 * torch.tanh(v)
+
+
 def _small_at(x: Tensor, j: int) -> Tensor:
     """``x`` with input ``j`` rescaled to norm 0.2: inside the closed gate of :func:`_gated`."""
     x = x.clone()  # (batch, seq_len, d)
@@ -598,6 +606,14 @@ def _future_leak_cases() -> list[Case]:
             ),
             "x": x(3, batch=1),
         },
+        # a change of about 1e-6, below the tolerance of 1e-5: no leak by the specification,
+        # so a test of exact equality (torch.equal) answers (0, 3) where None is asked for
+        {
+            "attend": _Elementwise(
+                "1e-6 tanh(x[3]) into 0", _add_at(causal, 0, 3, _below_tolerance)
+            ),
+            "x": x(5),
+        },  # None
     ]
 
 
@@ -609,7 +625,8 @@ def check_first_leak(
     that leak in several ways: full attention, an off-by-one diagonal, a single pair (0, 1), a
     leak two steps ahead only, a leak into a late position only, two leaks whose smallest ``j``
     is not the one with the smallest ``i``, a leak in the second sequence of the batch only,
-    a leak of about ``1e-3`` (missed by a loose tolerance), and leaks that a positive rescale, an added constant, a negation or a replacement by zeros
+    a leak of about ``1e-3`` (missed by a loose tolerance), a change of about ``1e-6`` below
+    the tolerance (reported by an exact comparison), and leaks that a positive rescale, an added constant, a negation or a replacement by zeros
     cannot reveal."""
     return run_check(
         "first_leak",
