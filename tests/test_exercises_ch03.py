@@ -110,6 +110,19 @@ def test_per_head_layout_is_a_row_permutation_of_the_companion_weights():
 # --------------------------------------------------------------------------------------------
 
 
+def gated(fn):
+    """Give an ungated attempt the exercise's head_gates, folded into W_O's head blocks of rows
+    (head r's output times g_r = the same head through g_r·W_O^(r)): a slip stays that slip."""
+
+    def run(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+        d_v = w_o.shape[0] // num_heads
+        w_o = w_o * head_gates.repeat_interleave(d_v)[:, None]  # row block r times g_r
+        return fn(query, key, value, w_q, w_k, w_v, w_o, num_heads)
+
+    run.__name__ = fn.__name__
+    return run
+
+
 def mha_loop(query, key, value, w_q, w_k, w_v, w_o, num_heads):
     """One head at a time, with the companion function: a different route to the same result."""
     d_k, d_v = w_q.shape[1] // num_heads, w_v.shape[1] // num_heads
@@ -189,8 +202,9 @@ def mha_averaged_weights(query, key, value, w_q, w_k, w_v, w_o, num_heads):
 
 
 def test_multi_head_attention_accepts_correct():
-    assert ch03.check_multi_head_attention(mha_loop, verbose=False)
-    assert ch03.check_multi_head_attention(mha_sum_of_heads, verbose=False)
+    assert ch03.check_multi_head_attention(ch03.reference_multi_head_attention, verbose=False)
+    assert ch03.check_multi_head_attention(gated(mha_loop), verbose=False)
+    assert ch03.check_multi_head_attention(gated(mha_sum_of_heads), verbose=False)
 
 
 @pytest.mark.parametrize(
@@ -204,7 +218,7 @@ def test_multi_head_attention_accepts_correct():
     ],
 )
 def test_multi_head_attention_rejects_wrong(wrong):
-    assert not ch03.check_multi_head_attention(wrong, verbose=False)
+    assert not ch03.check_multi_head_attention(gated(wrong), verbose=False)
 
 
 def test_cases_include_a_non_square_output_projection():
@@ -295,6 +309,7 @@ def test_gqa_with_one_group_per_head_is_multi_head_attention():
         if case["w_q"].shape != case["w_v"].shape:
             continue  # d_k != d_v: not a GQA shape
         heads = case["num_heads"]
+        case = {name: value for name, value in case.items() if name != "head_gates"}
         expected, _ = ch03.reference_multi_head_attention(**case)
         got = ch03.reference_grouped_query_attention(**case, num_kv_heads=heads)
         torch.testing.assert_close(got, expected)
@@ -391,6 +406,14 @@ def test_permute_heads_explains_what_changed():
     # the hint is for the inverse only: a different wrong answer does not get it
     result = ch03.check_permute_heads(permute_only_queries_and_keys, verbose=False)
     assert "inverse permutation" not in result.message
+    assert "only W_Q and W_K moved" in result.message, result.message
+    result = ch03.check_permute_heads(permute_w_o_columns, verbose=False)
+    assert "W_O's columns moved" in result.message, result.message
+    result = ch03.check_permute_heads(permute_forgets_w_o, verbose=False)
+    assert "W_O kept as it was" in result.message, result.message
+    # a wrong answer that is none of the three gets no name
+    result = ch03.check_permute_heads(permute_strided_blocks, verbose=False)
+    assert "this looks like" not in result.message, result.message
 
 
 def test_permute_heads_reports_a_stub_and_a_wrong_return():
@@ -470,6 +493,12 @@ def scores_strided(w_q, w_k, num_heads):
     return q @ k.transpose(-2, -1)
 
 
+def scores_weights_reshaped(w_q, w_k, num_heads):
+    # w_q.reshape(h, d_model, d_k): right shape, wrong numbers (section 3.4's bug on weights)
+    d_k = w_q.shape[1] // num_heads
+    return w_q.reshape(num_heads, -1, d_k) @ w_k.reshape(num_heads, -1, d_k).transpose(-2, -1)
+
+
 def scores_small_gram(w_q, w_k, num_heads):
     # W_Q^(r)ᵀ W_K^(r): a (d_k, d_k) matrix, not the (d_model, d_model) form of the scores
     d_k = w_q.shape[1] // num_heads
@@ -494,6 +523,7 @@ def test_head_score_matrices_accepts_correct():
         (scores_scaled, "scaled by 1/√d_k"),
         (scores_whole_layer, "of all heads together"),
         (scores_strided, "strided heads"),
+        (scores_weights_reshaped, "w_q.reshape(h, d_model, d_k)"),
         (scores_small_gram, None),
     ],
 )
@@ -590,7 +620,7 @@ def mha_values_as_wide_as_keys(query, key, value, w_q, w_k, w_v, w_o, num_heads)
     "wrong", [mha_unscaled, mha_head_width_from_d_model, mha_values_as_wide_as_keys]
 )
 def test_multi_head_attention_rejects_more_slips(wrong):
-    assert not ch03.check_multi_head_attention(wrong, verbose=False)
+    assert not ch03.check_multi_head_attention(gated(wrong), verbose=False)
 
 
 def gqa_kv_head_r_over_g(query, key, value, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
@@ -663,15 +693,15 @@ def test_split_fused_qkv_rejects_swapped_blocks():
 # --------------------------------------------------------------------------------------------
 
 
-def mha_merge_without_transpose(query, key, value, w_q, w_k, w_v, w_o, num_heads):
-    # splits right, but glues the heads back with a reshape that skips transpose(1, 2)
+def mha_merge_without_transpose(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    # splits and gates right, but glues the heads back with a reshape that skips transpose(1, 2)
     q, k, v = (
         _split(query @ w_q, num_heads),
         _split(key @ w_k, num_heads),
         _split(value @ w_v, num_heads),
     )
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    per_head = weights @ v  # (batch, h, q_len, d_v)
+    per_head = (weights @ v) * head_gates[:, None, None]  # (batch, h, q_len, d_v)
     batch, _, q_len, d_v = per_head.shape
     return per_head.reshape(batch, q_len, num_heads * d_v) @ w_o, weights
 
@@ -687,6 +717,76 @@ def mha_scaled_by_d_v(query, key, value, w_q, w_k, w_v, w_o, num_heads):
     return _merge(weights @ v) @ w_o, weights
 
 
+def _gated_heads(query, key, value, w_q, w_k, w_v, num_heads, gate):
+    """Right split and scale; ``gate(per_head (batch, h, q_len, d_v), weights)`` → per_head."""
+    q, k, v = (
+        _split(query @ w_q, num_heads),
+        _split(key @ w_k, num_heads),
+        _split(value @ w_v, num_heads),
+    )
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    return gate(weights @ v, weights), weights
+
+
+def mha_gates_repeated(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    # gates spread over the concatenation with repeat: feature j gets gate j mod h
+    per_head, weights = _gated_heads(
+        query, key, value, w_q, w_k, w_v, num_heads, lambda heads, _: heads
+    )
+    d_v = per_head.shape[-1]
+    return (_merge(per_head) * head_gates.repeat(d_v)) @ w_o, weights
+
+
+def mha_gates_ignored(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    # TinyMHA as it stands: every head on
+    return gated(mha_loop)(
+        query, key, value, w_q, w_k, w_v, w_o, num_heads, torch.ones_like(head_gates)
+    )
+
+
+def mha_gates_on_scores(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    # multiplies the scores, inside the softmax: a gate of 0 gives an even average, not nothing
+    q, k, v = (
+        _split(query @ w_q, num_heads),
+        _split(key @ w_k, num_heads),
+        _split(value @ w_v, num_heads),
+    )
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) * head_gates[:, None, None]
+    weights = torch.softmax(scores, dim=-1)
+    return _merge(weights @ v) @ w_o, weights
+
+
+def mha_gated_weights_returned(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    # the right output, but returns the gated weights instead of the softmax's
+    out, weights = gated(mha_loop)(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates)
+    return out, weights * head_gates[:, None, None]
+
+
+def mha_gates_on_w_o_columns(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    # the nn.Linear habit: gates W_O's columns (its rows in storage), which runs when W_O is
+    # square and d_model is a multiple of h
+    out, weights = mha_loop(query, key, value, w_q, w_k, w_v, w_o, num_heads)
+    if w_o.shape[1] % num_heads:
+        return out, weights
+    d = w_o.shape[1] // num_heads
+    gated_w_o = w_o * head_gates.repeat_interleave(d)[None, :]
+    return mha_loop(query, key, value, w_q, w_k, w_v, gated_w_o, num_heads)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [mha_gates_ignored, mha_gates_on_scores, mha_gated_weights_returned, mha_gates_on_w_o_columns],
+)
+def test_multi_head_attention_rejects_gate_slips(wrong):
+    assert not ch03.check_multi_head_attention(wrong, verbose=False)
+
+
+def test_multi_head_attention_cases_have_unequal_gates_and_a_zero_gate():
+    gates = [case["head_gates"] for case in ch03._mha_cases()]
+    assert any(bool((g == 0).any()) for g in gates)
+    assert any(len(set(g.tolist())) == len(g) > 2 for g in gates)
+
+
 @pytest.mark.parametrize(
     "wrong, hint",
     [
@@ -695,22 +795,26 @@ def mha_scaled_by_d_v(query, key, value, w_q, w_k, w_v, w_o, num_heads):
         (mha_scaled_by_d_model, "1/√d_model"),
         (mha_unscaled, "no scale"),
         (mha_split_without_transpose, "split by a reshape to (batch, h, len, d_k)"),
+        (mha_gates_repeated, "repeat_interleave(d_v)"),
     ],
 )
 def test_multi_head_attention_rejects_and_names_the_slip(wrong, hint):
-    result = ch03.check_multi_head_attention(wrong, verbose=False)
+    fn = wrong if "head_gates" in wrong.__code__.co_varnames else gated(wrong)
+    result = ch03.check_multi_head_attention(fn, verbose=False)
     assert not result
     assert hint in result.message, result.message
 
 
 def test_multi_head_attention_split_hint_does_not_name_the_merge_slip():
     # the split slip gets its own name, not the merge's (the two reshapes differ)
-    message = ch03.check_multi_head_attention(mha_split_without_transpose, verbose=False).message
+    message = ch03.check_multi_head_attention(
+        gated(mha_split_without_transpose), verbose=False
+    ).message
     assert "merged by a reshape" not in message, message
 
 
 def test_multi_head_attention_names_no_slip_for_an_unrelated_wrong_answer():
-    result = ch03.check_multi_head_attention(mha_output_transposed, verbose=False)
+    result = ch03.check_multi_head_attention(gated(mha_output_transposed), verbose=False)
     assert not result
     assert "this looks like" not in result.message, result.message
 
@@ -723,7 +827,7 @@ def test_multi_head_attention_cases_have_d_k_different_from_d_v():
 
 
 def test_a_stub_is_reported_not_raised():
-    def stub(query, key, value, w_q, w_k, w_v, w_o, num_heads):
+    def stub(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
         raise NotImplementedError
 
     result = ch03.check_multi_head_attention(stub, verbose=False)

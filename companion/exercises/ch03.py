@@ -10,7 +10,7 @@ in the notebook.
 =====================================  ============================================
 exercise                               check
 =====================================  ============================================
-1. multi-head attention, d_k != d_v    :func:`check_multi_head_attention`
+1. multi-head attention, head gates    :func:`check_multi_head_attention`
 2. reorder the heads, same layer       :func:`check_permute_heads`
 3. split a per-head fused projection   :func:`check_split_fused_qkv`
 4. what each head compares             :func:`check_head_score_matrices`
@@ -157,8 +157,10 @@ def reference_multi_head_attention(
     w_v: Tensor,
     w_o: Tensor,
     num_heads: int,
+    head_gates: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Multi-head attention without biases, weights in the math convention ``y = x W``.
+    """Multi-head attention without biases, weights in the math convention ``y = x W``,
+    head ``r``'s output multiplied by ``head_gates[r]`` before ``W_O``.
 
     Args:
         query: shape ``(batch, q_len, d_model)``.
@@ -170,10 +172,12 @@ def reference_multi_head_attention(
         w_v: shape ``(d_model, num_heads · d_v)``.
         w_o: shape ``(num_heads · d_v, d_model)``.
         num_heads: number of heads.
+        head_gates: shape ``(num_heads,)``; ``0`` removes a head (Michel et al., 2019), ``None``
+            keeps every head (all gates 1).
 
     Returns:
         ``(output, weights)`` of shapes ``(batch, q_len, d_model)`` and
-        ``(batch, num_heads, q_len, k_len)``.
+        ``(batch, num_heads, q_len, k_len)``; the weights are the softmax's, before the gates.
     """
     batch, q_len, _ = query.shape
     k_len = key.shape[1]
@@ -185,6 +189,8 @@ def reference_multi_head_attention(
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (batch, h, q_len, k_len)
     weights = torch.softmax(scores, dim=-1)  # (batch, h, q_len, k_len)
     heads = weights @ v  # (batch, h, q_len, d_v)
+    if head_gates is not None:
+        heads = heads * head_gates[:, None, None]  # head r times g_r
     merged = heads.transpose(1, 2).reshape(batch, q_len, num_heads * d_v)  # (batch, q_len, h·d_v)
     return merged @ w_o, weights  # (batch, q_len, d_model), (batch, h, q_len, k_len)
 
@@ -192,16 +198,17 @@ def reference_multi_head_attention(
 def _mha_cases() -> list[Case]:
     g = seeded_generator(303)
     shapes = [
-        # (batch, q_len, k_len, d_model, num_heads, d_k, d_v)
-        (2, 5, 5, 12, 3, 4, 4),  # self-attention, the chapter's sizes: every W is square
-        (2, 4, 6, 12, 3, 4, 4),  # cross-attention: q_len != k_len
-        (1, 4, 4, 8, 2, 3, 5),  # d_k != d_v and h·d_v = 10 != d_model: W_O is (10, 8)
-        (3, 2, 5, 6, 3, 2, 4),  # h·d_v = 12 > d_model = 6
-        (2, 3, 3, 8, 1, 8, 8),  # a single head: plain scaled dot-product attention
-        (1, 4, 4, 16, 4, 4, 4),  # q_len = heads = d_k: a split without transpose fits
+        # (batch, q_len, k_len, d_model, num_heads, d_k, d_v, head_gates)
+        (2, 5, 5, 12, 3, 4, 4, (1.0, 0.0, 0.5)),  # the chapter's sizes: every W is square
+        (2, 4, 6, 12, 3, 4, 4, (1.0, 1.0, 1.0)),  # cross-attention: q_len != k_len; all heads on
+        (1, 4, 4, 8, 2, 3, 5, (0.0, 1.0)),  # d_k != d_v and h·d_v = 10 != d_model: W_O is (10, 8)
+        (3, 2, 5, 6, 3, 2, 4, (0.3, 1.0, -2.0)),  # h·d_v = 12 > d_model = 6
+        (2, 3, 3, 8, 1, 8, 8, (1.0,)),  # a single head: plain scaled dot-product attention
+        (1, 4, 4, 16, 4, 4, 4, (1.0, 1.0, 1.0, 1.0)),  # q_len = heads = d_k: a split without
+        # transpose fits
     ]
     cases: list[Case] = []
-    for batch, q_len, k_len, d_model, heads, d_k, d_v in shapes:
+    for batch, q_len, k_len, d_model, heads, d_k, d_v, gates in shapes:
         std = 1 / math.sqrt(d_model)
         cases.append(
             {
@@ -213,6 +220,7 @@ def _mha_cases() -> list[Case]:
                 "w_v": std * torch.randn(d_model, heads * d_v, generator=g),
                 "w_o": torch.randn(heads * d_v, d_model, generator=g) / math.sqrt(heads * d_v),
                 "num_heads": heads,
+                "head_gates": torch.tensor(gates),
             }
         )
     return cases
@@ -223,9 +231,11 @@ def _mha_variant(
     scale_width: str = "d_k",
     merge_transposed: bool = True,
     split_transposed: bool = True,
+    gates_strided: bool = False,
 ) -> Tensor:
-    """The output of a classic slip: the scale 1/√width with another width, or the heads
-    split or merged by a reshape without the transpose."""
+    """The output of a classic slip: the scale 1/√width with another width, the heads
+    split or merged by a reshape without the transpose, or the gates spread over the
+    concatenation with ``repeat`` (feature ``j`` gets gate ``j mod h``)."""
     query, key, value, heads = case["query"], case["key"], case["value"], case["num_heads"]
     batch, q_len, d_model = query.shape
     d_k, d_v = case["w_q"].shape[1] // heads, case["w_v"].shape[1] // heads
@@ -241,10 +251,15 @@ def _mha_variant(
     v = split(value @ case["w_v"], d_v)  # (batch, h, k_len, d_v)
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(width), dim=-1)  # (batch, h, q, k)
     per_head = weights @ v  # (batch, h, q_len, d_v)
+    gates = case.get("head_gates")
+    if gates is not None and not gates_strided:
+        per_head = per_head * gates[:, None, None]
     if merge_transposed:
         merged = per_head.transpose(1, 2).reshape(batch, q_len, heads * d_v)
     else:
         merged = per_head.reshape(batch, q_len, heads * d_v)  # right shape, tokens mixed
+    if gates is not None and gates_strided:
+        merged = merged * gates.repeat(d_v)  # feature j gets gate j mod h
     return merged @ case["w_o"]  # (batch, q_len, d_model)
 
 
@@ -270,13 +285,22 @@ def _mha_hint(case: Case, got: object) -> str:
             "scale_width": "h·d_k"
         },
         "no scale: chapter 2's 1/√d_k is missing": {"scale_width": "1"},
+        "the gates spread over the concatenation with repeat(d_v), which gives feature j the "
+        "gate j mod h: head r's d_v features are contiguous, so use repeat_interleave(d_v) or "
+        "gate the (batch, h, q_len, d_v) outputs with head_gates[:, None, None]": {
+            "gates_strided": True
+        },
     }
     widths = {"d_k": d_k, "d_v": d_v, "d_model": d_model, "h·d_k": heads * d_k, "1": 1}
     for slip, change in slips.items():
         reshaped = (
             change.get("merge_transposed") is False or change.get("split_transposed") is False
         )
-        if widths[change.get("scale_width", "d_k")] == d_k and not reshaped:
+        gates = case.get("head_gates")
+        strided = change.get("gates_strided", False)
+        if strided and (gates is None or bool((gates == gates[0]).all()) or d_v == 1):
+            continue  # equal gates (or d_v = 1): repeat and repeat_interleave agree
+        if widths[change.get("scale_width", "d_k")] == d_k and not reshaped and not strided:
             continue  # this case cannot tell the slip from the right answer
         if change.get("merge_transposed") is False and (heads == 1 or case["query"].shape[1] == 1):
             continue
@@ -292,10 +316,12 @@ def _mha_hint(case: Case, got: object) -> str:
 def check_multi_head_attention(
     multi_head_attention: Callable[..., tuple[Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
-    """Check ``multi_head_attention(query, key, value, w_q, w_k, w_v, w_o, num_heads)`` →
-    ``(output (batch, q_len, d_model), weights (batch, heads, q_len, k_len))``, with ``d_k`` and
-    ``d_v`` read off the weights (cases with ``d_k != d_v`` and ``h·d_v != d_model``); names a
-    merge without the transpose and a wrong scale when the output is one of them."""
+    """Check ``multi_head_attention(query, key, value, w_q, w_k, w_v, w_o, num_heads,
+    head_gates)`` → ``(output (batch, q_len, d_model), weights (batch, heads, q_len, k_len))``,
+    with ``d_k`` and ``d_v`` read off the weights (cases with ``d_k != d_v`` and
+    ``h·d_v != d_model``) and head ``r``'s output times ``head_gates[r]`` (cases with gates 0,
+    fractional and negative); names a split or merge without the transpose, a wrong scale and
+    gates spread with ``repeat`` when the output is one of them."""
     return run_check(
         "multi_head_attention",
         multi_head_attention,
@@ -516,6 +542,32 @@ def _permute_cases() -> list[Case]:
     return cases
 
 
+def _permute_hint(case: Case, got: tuple) -> str:
+    """Name the classic slip that the four returned matrices reproduce, if any."""
+    heads, order = case["num_heads"], case["order"]
+    w_q, w_k, w_v, w_o = (case[k] for k in ("w_q", "w_k", "w_v", "w_o"))
+    q, k, v, o = reference_permute_heads(w_q, w_k, w_v, w_o, heads, order)
+    slips = {
+        "only W_Q and W_K moved: each head's map now averages another head's values; a head is "
+        "its columns of W_Q, W_K and W_V and its rows of W_O, moved together": (q, k, w_v, w_o),
+        "W_O kept as it was: it still expects the head outputs in the old order; move its "
+        "blocks of d_v rows too": (q, k, v, w_o),
+    }
+    if w_o.shape[1] % heads == 0:
+        cols = w_o.unflatten(1, (heads, -1))[:, torch.as_tensor(order)].flatten(1)
+        slips[
+            "W_O's columns moved: that is nn.Linear's stored (d_model, h·d_v) habit; in the math "
+            "convention head r owns d_v **rows** of W_O"
+        ] = (q, k, v, cols)
+    for slip, value in slips.items():
+        if all(
+            isinstance(a, Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=1e-6)
+            for a, b in zip(got, value)
+        ):
+            return f"\n   this looks like {slip}."
+    return ""
+
+
 def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = True) -> CheckResult:
     """Check ``permute_heads(w_q, w_k, w_v, w_o, num_heads, order)`` → ``(w_q, w_k, w_v, w_o)``.
 
@@ -564,6 +616,8 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
                         "\n   you applied the inverse permutation: old head r went to place "
                         "order[r]; new head r must be old head order[r]"
                     )
+                elif problem:
+                    problem += _permute_hint(case, got)
         if problem:
             result = CheckResult(
                 name,
@@ -648,6 +702,11 @@ def _score_matrix_hint(case: Case, got: object) -> str:
         ),
         "strided heads (features r, r + h, r + 2h, ...): head r owns a contiguous block of d_k "
         "columns": strided,
+        "w_q.reshape(h, d_model, d_k) (and w_k likewise): right shape, wrong numbers, section "
+        "3.4's reshape bug applied to the weights; head r's block is w_q[:, r·d_k:(r+1)·d_k], "
+        "i.e. w_q.unflatten(1, (h, d_k)).transpose(0, 1)": (
+            w_q.reshape(heads, -1, d_k) @ w_k.reshape(heads, -1, d_k).transpose(-2, -1)
+        ),
     }
     for slip, value in slips.items():
         if got.shape == value.shape and torch.allclose(got, value, atol=1e-5, rtol=1e-4):
