@@ -1104,3 +1104,10 @@ def test_port_references_match_companion():
     assert torch.equal(converted["q_proj.weight"], state["q_proj.weight"][rows_q])
     assert torch.equal(converted["k_proj.bias"], state["k_proj.bias"][rows_k])
     assert torch.equal(converted["v_proj.weight"], state["v_proj.weight"]), "values untouched"
+
+
+def test_half_to_interleaved_hints_at_num_kv_heads_when_keys_use_num_heads(capsys):
+    """Key rows built for num_heads heads index past W_K: the report names num_kv_heads."""
+    assert not ch04.check_half_to_interleaved(port_kv_with_num_heads)
+    out = capsys.readouterr().out
+    assert "IndexError" in out and "num_kv_heads" in out and "not num_heads" in out, out

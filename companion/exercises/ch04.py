@@ -465,7 +465,17 @@ def check_half_to_interleaved(
     ) -> Tensor:
         given = {name: tensor.clone() for name, tensor in state.items()}
         convert = _without_positional(half_to_interleaved, "build the reordering")
-        converted = convert(state=given, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        try:
+            converted = convert(state=given, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        except IndexError as error:  # the classic: the key rows built for num_heads heads
+            if num_kv_heads == num_heads:
+                raise
+            head_dim = state["o_proj.weight"].shape[1] // num_heads
+            raise IndexError(
+                f"{error}. Hint: k_proj and v_proj have num_kv_heads = {num_kv_heads} heads "
+                f"({num_kv_heads * head_dim} rows), not num_heads = {num_heads}; build the "
+                "key rows from num_kv_heads"
+            ) from error
         if not isinstance(converted, dict):
             raise TypeError(
                 f"half_to_interleaved must return a dict of tensors, got {type(converted).__name__}"
