@@ -407,10 +407,11 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         # moves for about 1 draw in 9: fifty draws miss it about 1 time in 400
         return q @ k * scale + 0.5 * (i % 17 == 0)
 
-    def small_sum_residue(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
-        # moves by 5e-5 or 1e-4 whenever the shift is not a multiple of 3, however large the
-        # shift: above atol=1e-5, at or below every tolerance from 1e-4 up
-        return q @ k * scale + 5e-5 * ((i + j) % 3)
+    def faint_odd_query(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        # moves by exactly 7.5e-5 whenever the shift is odd, however large: above every
+        # tolerance up to 5e-5, below every tolerance from 1e-4 up (margins of 2.5e-5, far
+        # above float32 rounding)
+        return q @ k * scale + 7.5e-5 * (i % 2)
 
     named = [
         ("no position information", no_positions, True),
@@ -437,7 +438,7 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         ("bias 0.5 on query positions divisible by 11", every_eleventh_query, False),
         ("bias 0.5 on key positions divisible by 13", every_thirteenth_key, False),
         ("bias 0.5 on query positions divisible by 17", every_seventeenth_query, False),
-        ("bias 5e-5·((i + j) mod 3)", small_sum_residue, False),
+        ("bias 7.5e-5 on odd query positions", faint_odd_query, False),
     ]
     return [(ScoreFunction(name, dim, fn), relative) for name, fn, relative in named]
 
@@ -640,12 +641,14 @@ def check_interpolated_rope(
 ) -> CheckResult:
     """Check ``interpolated_rope(x, window_len, train_len)`` → rotated ``x``, float64.
 
-    Compared with the reference to ``1e-9``, on cases that separate the classic slips: a factor
+    Compared with the reference to ``3e-5``, on cases that separate the classic slips: a factor
     ``(train_len - 1) / (window_len - 1)`` or ``window_len / train_len``, a factor taken from
     the sequence's own length instead of the window's, squeezing a window that already fits,
     integer positions (``RotaryEmbedding.rotate`` takes only those), positions in float32
     (near 4,096 they are off by the order of ``1e-4``, and so is the fastest pair's angle), and
-    the rotate-half pairing of ``m`` with ``m + head_dim/2`` instead of ``(2m, 2m+1)``.
+    the rotate-half pairing of ``m`` with ``m + head_dim/2`` instead of ``(2m, 2m+1)``. Float32
+    frequencies with float64 positions are right (off by at most ``3e-6``, ten times below the
+    tolerance; float32 positions are off by ``3e-4``, ten times above).
     """
     why = "float32 rounds a fractional position near 4,096 by the order of 1e-4"
     return run_check(
@@ -653,7 +656,7 @@ def check_interpolated_rope(
         _returning(torch.float64, "interpolated_rope", why, interpolated_rope),
         reference_interpolated_rope,
         _interpolation_cases(),
-        atol=1e-9,
+        atol=3e-5,
         rtol=0.0,
         verbose=verbose,
     )
