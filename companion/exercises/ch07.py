@@ -111,11 +111,12 @@ def _refuse(what: str, parts: str) -> Callable[..., Any]:
 
 class _ReportedLayer(DecoderLayer):
     """A :class:`~companion.layers.DecoderLayer` whose repr fits on one line of a check's
-    report (the module tree of ``nn.Module`` takes a screen)."""
+    report (the module tree of ``nn.Module`` takes a screen); the report writes the type name
+    before the repr, so the repr leaves it out."""
 
     def __repr__(self) -> str:
         return (
-            f"DecoderLayer(d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"(d_model={self.d_model}, num_heads={self.num_heads}, "
             f"d_ff={self.feed_forward.d_ff}, norm_first={self.norm_first}, dropout=0.0)"
         )
 
@@ -302,7 +303,8 @@ def _built_parameter_count(config: TransformerConfig) -> int:
 
 class _ReportedConfig(TransformerConfig):
     """A :class:`~companion.model.TransformerConfig` whose repr lists the sizes and only the
-    other fields that differ from their defaults, so that it fits in a check's report."""
+    other fields that differ from their defaults, so that it fits in a check's report (which
+    writes the type name before it)."""
 
     _ALWAYS = ("src_vocab", "tgt_vocab", "d_model", "num_heads", "num_layers", "d_ff")
 
@@ -312,7 +314,7 @@ class _ReportedConfig(TransformerConfig):
             for f in fields(self)
             if f.name in self._ALWAYS or getattr(self, f.name) != f.default
         ]
-        return f"TransformerConfig({', '.join(shown)})"
+        return f"({', '.join(shown)})"
 
 
 _ReportedConfig.__name__ = _ReportedConfig.__qualname__ = "TransformerConfig"
@@ -550,12 +552,13 @@ def reference_decode_step(
 
 
 class _ReportedModel(Transformer):
-    """A :class:`~companion.model.Transformer` whose repr fits on one line of a report."""
+    """A :class:`~companion.model.Transformer` whose repr fits on one line of a report (which
+    writes the type name before it)."""
 
     def __repr__(self) -> str:
         c = self.config
         return (
-            f"Transformer(src_vocab={c.src_vocab}, tgt_vocab={c.tgt_vocab}, d_model={c.d_model}, "
+            f"(src_vocab={c.src_vocab}, tgt_vocab={c.tgt_vocab}, d_model={c.d_model}, "
             f"num_heads={c.num_heads}, num_layers={c.num_layers}, norm_first={c.norm_first})"
         )
 
