@@ -237,44 +237,8 @@ def test_relative_updates_of_a_pre_ln_stack_shrink():
 
 
 # --------------------------------------------------------------------------------------------
-# log_log_slope and the measured slope of Pre-LN without its final LayerNorm
+# stream_size_slope: the measuring function, called on hidden configurations
 # --------------------------------------------------------------------------------------------
-
-
-def slope_correct(depths, values):
-    return float(np.polyfit(np.log(depths), np.log(values), 1)[0])
-
-
-def slope_log10(depths, values):  # another base for both logarithms: the same slope
-    return float(np.polyfit(np.log10(depths), np.log10(values), 1)[0])
-
-
-def slope_end_points(depths, values):  # only the first and the last point
-    return math.log(values[-1] / values[0]) / math.log(depths[-1] / depths[0])
-
-
-def slope_swapped_axes(depths, values):  # log L against log v: about 1 / slope
-    return float(np.polyfit(np.log(values), np.log(depths), 1)[0])
-
-
-def slope_no_logs(depths, values):  # a straight line through the raw values
-    return float(np.polyfit(depths, values, 1)[0])
-
-
-def slope_log_values_only(depths, values):  # semi-log: log v against L
-    return float(np.polyfit(depths, np.log(values), 1)[0])
-
-
-def test_log_log_slope_accepts_correct():
-    assert ch06.check_log_log_slope(slope_correct, verbose=False)
-    assert ch06.check_log_log_slope(slope_log10, verbose=False)
-
-
-@pytest.mark.parametrize(
-    "wrong", [slope_end_points, slope_swapped_axes, slope_no_logs, slope_log_values_only]
-)
-def test_log_log_slope_rejects_wrong(wrong):
-    assert not ch06.check_log_log_slope(wrong, verbose=False)
 
 
 def test_reference_slope_of_an_exact_power_law():
@@ -282,56 +246,124 @@ def test_reference_slope_of_an_exact_power_law():
     assert math.isclose(ch06.reference_log_log_slope(depths, 3 * depths**-0.5), -0.5)
 
 
-@pytest.mark.parametrize("slope", [0.0, -0.03, 0.02, np.float64(0.1), -0.15])
-def test_slope_band_accepts_a_flat_slope(slope):
-    assert ch06.verify_pre_ln_slope_without_final_norm(slope, verbose=False)
+def _stream(depth, norm_first, seed, final_norm=False, per_token=False):
+    """Section 6.3's encoder output at initialisation, the reader's route (norm_study)."""
+    from companion import norm_study
+
+    encoder = norm_study.init_encoder(depth, norm_first, seed, final_norm=final_norm)
+    x, _ = norm_study.init_inputs(seed)
+    with torch.no_grad():
+        y = encoder(x)  # (8, 16, 64)
+    if per_token:  # mean over tokens of ‖y‖ / √d
+        return (y.norm(dim=-1) / math.sqrt(y.shape[-1])).mean().item()
+    return y.pow(2).mean().sqrt().item()
+
+
+def _measure(depths, norm_first, seeds=(0, 1, 2), swapped=False, **options):
+    sizes = [float(np.mean([_stream(d, norm_first, s, **options) for s in seeds])) for d in depths]
+    if swapped:  # log depth against log size
+        return float(np.polyfit(np.log(sizes), np.log(depths), 1)[0]), sizes
+    return float(np.polyfit(np.log(depths), np.log(sizes), 1)[0]), sizes
+
+
+def stream_correct(depths, norm_first):
+    return _measure(depths, norm_first)
+
+
+def stream_numpy_types(depths, norm_first):  # NumPy results are fine
+    slope, sizes = _measure(depths, norm_first)
+    return np.float64(slope), np.array(sizes)
+
+
+def stream_final_norm_on(depths, norm_first):  # the package default: Pre-LN ends with a norm
+    return _measure(depths, norm_first, final_norm=norm_first)
+
+
+def stream_always_pre_ln(depths, norm_first):
+    return _measure(depths, True)
+
+
+def stream_other_seeds(depths, norm_first):
+    return _measure(depths, norm_first, seeds=(1, 2, 3))
+
+
+def stream_per_token(depths, norm_first):  # a mean of per-token sizes
+    return _measure(depths, norm_first, per_token=True)
+
+
+def stream_swapped_axes(depths, norm_first):
+    return _measure(depths, norm_first, swapped=True)
+
+
+def stream_typed_half(depths, norm_first):  # the predicted slope, typed in
+    _, sizes = _measure(depths, norm_first)
+    return 0.5, sizes
+
+
+def stream_frobenius(depths, norm_first):  # ‖x_2N‖_F, not divided by the number of entries
+    slope, sizes = _measure(depths, norm_first)
+    return slope, [s * math.sqrt(8 * 16 * 64) for s in sizes]
+
+
+def test_stream_size_slope_accepts_correct():
+    assert ch06.check_stream_size_slope(stream_correct, verbose=False)
+    assert ch06.check_stream_size_slope(stream_numpy_types, verbose=False)
 
 
 @pytest.mark.parametrize(
-    "slope",
+    "wrong",
     [
-        -0.53,  # the stack *with* its final LayerNorm (what the chapter printed)
-        -0.5,
-        0.5,  # a sign error
-        -1.0,
-        2.0,  # swapped axes of a shallow slope
-        float("nan"),
-        float("inf"),
+        stream_final_norm_on,
+        stream_always_pre_ln,
+        stream_other_seeds,
+        stream_per_token,
+        stream_swapped_axes,
+        stream_typed_half,
+        stream_frobenius,
     ],
 )
-def test_slope_band_rejects_the_classic_wrong_values(slope):
-    assert not ch06.verify_pre_ln_slope_without_final_norm(slope, verbose=False)
+def test_stream_size_slope_rejects_wrong(wrong):
+    assert not ch06.check_stream_size_slope(wrong, verbose=False)
 
 
-def test_slope_band_hints_at_the_final_norm(capsys):
-    assert not ch06.verify_pre_ln_slope_without_final_norm(-0.52)
-    assert "final_norm=False" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("value", [None, "0.0", True, [0.0], torch.tensor([0.0, 1.0])])
-def test_slope_band_reports_non_numbers_without_raising(value, capsys):
-    result = ch06.verify_pre_ln_slope_without_final_norm(value)
+@pytest.mark.parametrize("value", [0.5, (0.5, [1.0, 2.0, 3.0]), None])
+def test_stream_size_slope_rejects_a_number_instead_of_a_function(value, capsys):
+    result = ch06.check_stream_size_slope(value)
     assert not result
-    out = capsys.readouterr().out
-    assert ("not attempted yet" in out) == (value is None)
+    assert "expected a function" in capsys.readouterr().out
 
 
-def test_the_band_holds_for_the_real_measurement():
-    """Measure what the exercise asks (3 seeds, depths 2-24): inside the band without the
-    final norm, far outside with it."""
+def test_stream_size_slope_stub_and_misnamed_parameter_are_reported(capsys):
+    def stub(depths, norm_first):
+        raise NotImplementedError  # your code here
 
-    def last_grad(depth, final_norm, seed):
-        return ch06.last_layer_w2_gradient(depth, True, final_norm, seed)
+    assert not ch06.check_stream_size_slope(stub)
+    assert "not attempted yet" in capsys.readouterr().out
 
+    def misnamed(depth, norm_first):
+        return stream_correct(depth, norm_first)
+
+    assert not ch06.check_stream_size_slope(misnamed, verbose=False)
+
+
+def test_stream_size_slope_hints_at_the_final_norm():
+    result = ch06.check_stream_size_slope(stream_final_norm_on, verbose=False)
+    assert "final_norm=False" in result.message
+
+
+def test_stream_size_reference_values():
+    """Pre-LN's stream grows about like the square root of the depth; Post-LN's stays at 1;
+    and over the chapter's depths the two slopes, stream size and last-layer gradient, cancel."""
     depths = [2, 4, 8, 16, 24]
-    slopes = {
-        final_norm: ch06.reference_log_log_slope(
-            depths, [np.mean([last_grad(d, final_norm, s) for s in range(3)]) for d in depths]
-        )
-        for final_norm in (False, True)
-    }
-    assert ch06.verify_pre_ln_slope_without_final_norm(slopes[False], verbose=False)
-    assert not ch06.verify_pre_ln_slope_without_final_norm(slopes[True], verbose=False)
+    size_slope, sizes = ch06.reference_stream_size_slope(depths, True)
+    assert 0.4 < size_slope < 0.6 and sizes[-1] > 3 * sizes[0], (size_slope, sizes)
+    post_slope, post_sizes = ch06.reference_stream_size_slope([3, 6, 12], False)
+    assert abs(post_slope) < 1e-3 and all(abs(s - 1) < 1e-3 for s in post_sizes)
+    gradients = [
+        np.mean([ch06.last_layer_w2_gradient(d, True, True, s) for s in range(3)]) for d in depths
+    ]
+    gradient_slope = ch06.reference_log_log_slope(depths, gradients)
+    assert abs(size_slope + gradient_slope) < 0.1, (size_slope, gradient_slope)
 
 
 # --------------------------------------------------------------------------------------------
@@ -342,7 +374,7 @@ CHECKS = [
     ch06.check_layer_norm_backward,
     ch06.check_peri_ln_block,
     ch06.check_relative_updates,
-    ch06.check_log_log_slope,
+    ch06.check_stream_size_slope,
 ]
 
 
@@ -373,7 +405,6 @@ def test_crashing_answer_is_reported_not_raised(check):
         (ch06.check_layer_norm_backward, ch06.reference_layer_norm_backward),
         (ch06.check_peri_ln_block, ch06.reference_peri_ln_block),
         (ch06.check_relative_updates, ch06.reference_relative_updates),
-        (ch06.check_log_log_slope, ch06.reference_log_log_slope),
     ],
 )
 def test_reference_passes_its_own_check_on_several_cases(check, reference):
@@ -431,174 +462,3 @@ def test_peri_ln_output_norm_bounds_the_branch():
         big.weight.mul_(100)
     added = ch06.reference_peri_ln_block(x, big, nn.LayerNorm(16), nn.LayerNorm(16)) - x
     torch.testing.assert_close(added.pow(2).mean(-1).sqrt(), torch.ones(4), atol=1e-3, rtol=0)
-
-
-# --------------------------------------------------------------------------------------------
-# depth_slope: the measuring function, called on hidden configurations
-# --------------------------------------------------------------------------------------------
-
-
-def _last_layer_gradient(num_layers, norm_first, final_norm, seed, which="W2"):
-    """The last layer's ‖∂L/∂W₂‖ (or W₁'s, or the whole layer's) in section 6.3's setup."""
-    encoder = ch06._encoder_after_backward(num_layers, norm_first, final_norm, seed)
-    layer = encoder.layers[-1]
-    if which == "W2":
-        return layer.feed_forward.output_proj.weight.grad.norm().item()
-    if which == "W1":
-        return layer.feed_forward.hidden_proj.weight.grad.norm().item()
-    return torch.stack([p.grad.norm() for p in layer.parameters()]).norm().item()  # "layer"
-
-
-def _measure(depths, norm_first, final_norm, seeds=(0, 1, 2), which="W2"):
-    gradients = [
-        float(np.mean([_last_layer_gradient(d, norm_first, final_norm, s, which) for s in seeds]))
-        for d in depths
-    ]
-    return float(np.polyfit(np.log(depths), np.log(gradients), 1)[0]), gradients
-
-
-def depth_slope_correct(depths, norm_first, final_norm):
-    return _measure(depths, norm_first, final_norm)
-
-
-def depth_slope_numpy_types(depths, norm_first, final_norm):  # NumPy results are fine
-    slope, gradients = _measure(depths, norm_first, final_norm)
-    return np.float64(slope), np.array(gradients)
-
-
-def depth_slope_other_seeds(depths, norm_first, final_norm):  # not the seeds asked for
-    return _measure(depths, norm_first, final_norm, seeds=(7, 8, 9))
-
-
-def depth_slope_w1(depths, norm_first, final_norm):  # the first feed-forward matrix
-    return _measure(depths, norm_first, final_norm, which="W1")
-
-
-def depth_slope_whole_layer(depths, norm_first, final_norm):  # every parameter of the layer
-    return _measure(depths, norm_first, final_norm, which="layer")
-
-
-def depth_slope_typed_zero(depths, norm_first, final_norm):  # the measured number, typed in
-    return 0.0
-
-
-def depth_slope_typed_post_ln(depths, norm_first, final_norm):  # the chapter's Post-LN slope
-    return -0.02
-
-
-def depth_slope_slope_only(depths, norm_first, final_norm):  # the slope without the gradients
-    return _measure(depths, norm_first, final_norm)[0]
-
-
-def depth_slope_ignores_final_norm(depths, norm_first, final_norm):
-    return depth_slope_correct(depths, norm_first, final_norm=norm_first)  # the default
-
-
-def depth_slope_always_pre_ln(depths, norm_first, final_norm):
-    return depth_slope_correct(depths, True, final_norm)
-
-
-def depth_slope_swapped_axes(depths, norm_first, final_norm):
-    _, gradients = _measure(depths, norm_first, final_norm)
-    return float(np.polyfit(np.log(gradients), np.log(depths), 1)[0]), gradients
-
-
-def test_depth_slope_accepts_correct():
-    assert ch06.check_depth_slope(depth_slope_correct, verbose=False)
-    assert ch06.check_depth_slope(depth_slope_numpy_types, verbose=False)
-
-
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        depth_slope_typed_zero,
-        depth_slope_typed_post_ln,
-        depth_slope_slope_only,
-        depth_slope_ignores_final_norm,
-        depth_slope_always_pre_ln,
-        depth_slope_swapped_axes,
-        depth_slope_other_seeds,
-        depth_slope_w1,
-        depth_slope_whole_layer,
-    ],
-)
-def test_depth_slope_rejects_wrong(wrong):
-    assert not ch06.check_depth_slope(wrong, verbose=False)
-
-
-@pytest.mark.parametrize("value", [0.0, -0.53, None])
-def test_depth_slope_rejects_a_number_instead_of_a_function(value, capsys):
-    result = ch06.check_depth_slope(value)
-    assert not result
-    assert "expected a function" in capsys.readouterr().out
-
-
-def test_depth_slope_stub_and_misnamed_parameter_are_reported(capsys):
-    def stub(depths, norm_first, final_norm):
-        raise NotImplementedError
-
-    assert not ch06.check_depth_slope(stub)
-    assert "not attempted yet" in capsys.readouterr().out
-
-    def misnamed(depths, pre_ln, final_norm):
-        return 0.0
-
-    assert not ch06.check_depth_slope(misnamed, verbose=False)
-
-
-def test_depth_slope_reference_values():
-    """What the hidden cases expect: Pre-LN about 0 without its final norm, about -1/2 with it,
-    Post-LN about 0."""
-    assert abs(ch06.reference_depth_slope([2, 4, 8, 16], True, False)[0]) < 0.15
-    assert -0.7 < ch06.reference_depth_slope([2, 4, 8, 16], True, True)[0] < -0.3
-    assert abs(ch06.reference_depth_slope([3, 6, 12], False, True)[0]) < 0.15
-    slope, gradients = ch06.reference_depth_slope([3, 6, 12], True, True)
-    assert len(gradients) == 3 and math.isclose(
-        slope, ch06.reference_log_log_slope([3, 6, 12], gradients)
-    )
-
-
-def test_w1_and_w2_are_close_so_the_check_compares_gradients_at_fixed_seeds():
-    """W₁ and W₂ of the last layer get gradients of about the same size (within 10 %), so a
-    slope alone could not tell them apart; at the same seeds the averaged gradients differ by
-    more than the check's tolerance at some depth of every case it runs."""
-    for case in ch06._depth_slope_cases():
-        _, w2 = depth_slope_correct(**case)
-        _, w1 = depth_slope_w1(**case)
-        gaps = [abs(a / b - 1) for a, b in zip(w1, w2)]
-        assert max(gaps) < 0.1, (case, gaps)
-        assert max(gaps) > 5 * ch06.DEPTH_GRADIENT_RTOL, (case, gaps)
-
-
-def test_depth_slope_hints_at_w1_and_at_the_seeds():
-    result = ch06.check_depth_slope(depth_slope_w1, verbose=False)
-    assert "hint" in result.message and "output_proj" in result.message
-
-
-def _measure_with_norm_study(depths, norm_first, final_norm, loss_kind="random readout"):
-    """The reader's route: companion.norm_study's setup, as the exercise suggests."""
-    from companion import norm_study
-
-    gradients = []
-    for depth in depths:
-        per_seed = []
-        for seed in (0, 1, 2):
-            encoder = norm_study.init_encoder(depth, norm_first, seed, final_norm=final_norm)
-            x, loss_fn = norm_study.init_inputs(seed, loss_kind)
-            loss_fn(encoder(x)).backward()
-            per_seed.append(encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item())
-        gradients.append(float(np.mean(per_seed)))
-    return float(np.polyfit(np.log(depths), np.log(gradients), 1)[0]), gradients
-
-
-def test_depth_slope_accepts_the_norm_study_route():
-    assert ch06.check_depth_slope(_measure_with_norm_study, verbose=False)
-
-
-def test_depth_slope_rejects_the_cross_entropy_loss():
-    """Section 6.6.1's other loss (init_inputs(seed, "cross-entropy")) is not section 6.3's."""
-
-    def cross_entropy(depths, norm_first, final_norm):
-        return _measure_with_norm_study(depths, norm_first, final_norm, "cross-entropy")
-
-    assert not ch06.check_depth_slope(cross_entropy, verbose=False)

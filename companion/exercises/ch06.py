@@ -13,9 +13,7 @@ exercise                         check
 the gradient through LayerNorm   :func:`check_layer_norm_backward`
 a Peri-LN (sandwich) block       :func:`check_peri_ln_block`
 relative updates (6.6.3)         :func:`check_relative_updates`
-a depth slope, measured          :func:`check_log_log_slope`,
-                                 :func:`check_depth_slope` (the measuring function),
-                                 :func:`verify_pre_ln_slope_without_final_norm`
+the stream's size (Pre-LN)       :func:`check_stream_size_slope`
 ===============================  ==================================================
 """
 
@@ -43,10 +41,7 @@ __all__ = [
     "check_layer_norm_backward",
     "check_peri_ln_block",
     "check_relative_updates",
-    "check_depth_slope",
-    "check_log_log_slope",
-    "verify_pre_ln_slope_without_final_norm",
-    "PRE_LN_NO_FINAL_NORM_SLOPE_BAND",
+    "check_stream_size_slope",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -308,7 +303,7 @@ def check_relative_updates(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: measure a depth slope (Pre-LN without its final LayerNorm)
+# Exercise 3: the size of the stream that Pre-LN's final LayerNorm divides by
 # --------------------------------------------------------------------------------------------
 
 
@@ -328,57 +323,21 @@ def reference_log_log_slope(depths: Sequence[float], values: Sequence[float]) ->
     return float(np.polyfit(log_depths, log_values, 1)[0])
 
 
-def _slope_cases() -> list[Case]:
-    rng = np.random.default_rng(604)
-    cases: list[Case] = []
-    for depths, exponent, noise in [
-        ([2, 4, 8, 16, 24], -0.5, 0.0),  # an exact power law
-        ([2, 4, 8, 16, 24], 0.0, 0.05),  # flat, with noise
-        ([1, 3, 10, 30], 0.3, 0.1),  # noisy: least squares differs from the end points
-        ([2, 5, 6, 7, 50], -1.0, 0.2),  # unevenly spaced depths
-        ([3, 12], 2.0, 0.0),  # two points
-    ]:
-        log_noise = noise * rng.standard_normal(len(depths))
-        values = 1.7 * np.asarray(depths, dtype=float) ** exponent * np.exp(log_noise)
-        cases.append({"depths": list(depths), "values": values.tolist()})
-    return cases
-
-
-def check_log_log_slope(
-    log_log_slope: Callable[[Sequence[float], Sequence[float]], float], verbose: bool = True
-) -> CheckResult:
-    """Check ``log_log_slope(depths, values)`` → the least-squares slope of log values against
-    log depths (a float)."""
-    return run_check(
-        "log_log_slope",
-        log_log_slope,
-        reference_log_log_slope,
-        _slope_cases(),
-        atol=1e-6,
-        rtol=1e-6,
-        verbose=verbose,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 3 (continued): the measuring function, checked on hidden configurations
-# --------------------------------------------------------------------------------------------
-
 #: the seeds the reader's function averages over, as the reference does
-DEPTH_SLOPE_SEEDS: tuple[int, ...] = (0, 1, 2)
-#: relative tolerance on each averaged gradient (and on the slope). The same seeds and the same
-#: setup give the same numbers up to float rounding; measuring W₁ instead of W₂ is off by
-#: 1 % to 5 % at some depth of every case, the whole last layer by 75 % or more.
-DEPTH_GRADIENT_RTOL: float = 1e-3
+STREAM_SIZE_SEEDS: tuple[int, ...] = (0, 1, 2)
+#: relative tolerance on each averaged size (and absolute on the slope). The same seeds and the
+#: same setup give the same numbers up to float rounding; other seeds move a size by 1 % or
+#: more, per-token norms instead of the root mean square of all entries by about 1 % at depth 12.
+STREAM_SIZE_RTOL: float = 1e-3
 
 
-def _encoder_after_backward(
+def _init_encoder_and_inputs(
     num_layers: int, norm_first: bool, final_norm: bool, seed: int
-) -> nn.Module:
-    """Section 6.3's encoder at initialisation, after one backward pass of the read-out loss
-    (its parameters hold their ``.grad``). The same setup as ``companion.norm_study``'s
-    ``init_encoder`` and ``init_inputs`` (tests/test_norm_study.py checks it), written out here
-    because this module sits below ``norm_study`` in the package's layers."""
+) -> tuple[nn.Module, Tensor, Tensor]:
+    """Section 6.3's encoder at initialisation, its input ``(8, 16, 64)`` and the read-out
+    directions ``(8, 16, 64)``. The same setup as ``companion.norm_study``'s ``init_encoder``
+    and ``init_inputs`` (tests/test_norm_study.py checks it), written out here because this
+    module sits below ``norm_study`` in the package's layers."""
     from companion.model import Encoder, TransformerConfig  # the model, only when measured
 
     torch.manual_seed(seed)
@@ -395,99 +354,98 @@ def _encoder_after_backward(
     gen = torch.Generator().manual_seed(1000 + seed)
     x = torch.randn(8, 16, 64, generator=gen)  # (batch, seq_len, d_model)
     readout = torch.randn(8, 16, 64, generator=gen)  # one random direction per token
-    ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
-    return encoder
+    return encoder, x, readout
 
 
 def last_layer_w2_gradient(num_layers: int, norm_first: bool, final_norm: bool, seed: int) -> float:
-    """Chapter 6's section 6.3 setup: ``‖∂L/∂W₂‖_F`` of the last layer's second feed-forward
-    matrix, at initialisation.
-
-    An encoder of ``num_layers`` layers (``d_model`` 64, 4 heads, ``d_ff`` 256, no dropout),
-    Xavier-normal matrices and zero biases, inputs ``(8, 16, 64)`` with unit-variance entries
-    and the random read-out loss ``sum(r * y) / sqrt(8 * 16)``.
-    """
-    encoder = _encoder_after_backward(num_layers, norm_first, final_norm, seed)
+    """Chapter 6's section 6.3 measurement: ``‖∂L/∂W₂‖_F`` of the last layer's second
+    feed-forward matrix at initialisation, with the random read-out loss
+    ``sum(r * y) / sqrt(8 * 16)`` (used by the tests to check that this module's setup is
+    ``norm_study``'s)."""
+    encoder, x, readout = _init_encoder_and_inputs(num_layers, norm_first, final_norm, seed)
+    ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
     return encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item()
 
 
-_depth_slope_cache: dict[tuple, tuple[float, list[float]]] = {}
+def final_stream_size(num_layers: int, norm_first: bool, seed: int) -> float:
+    """Root mean square of all entries of the residual stream that leaves the last layer of
+    section 6.3's encoder at initialisation, with no final LayerNorm: for Pre-LN,
+    :math:`x_{2N}`, what the final norm would divide by its size."""
+    encoder, x, _ = _init_encoder_and_inputs(num_layers, norm_first, False, seed)
+    with torch.no_grad():
+        return encoder(x).pow(2).mean().sqrt().item()
 
 
-def reference_depth_slope(
-    depths: Sequence[int], norm_first: bool, final_norm: bool
+_stream_size_cache: dict[tuple, tuple[float, list[float]]] = {}
+
+
+def reference_stream_size_slope(
+    depths: Sequence[int], norm_first: bool
 ) -> tuple[float, list[float]]:
-    """The last layer's ``‖∂L/∂W₂‖_F`` at each depth (:func:`last_layer_w2_gradient`,
-    averaged over :data:`DEPTH_SLOPE_SEEDS`) and its log-log slope against the depth.
+    """The stream's size at each depth (:func:`final_stream_size`, averaged over
+    :data:`STREAM_SIZE_SEEDS`) and its log-log slope against the depth.
 
     Args:
         depths: numbers of layers, shape ``(k,)``, at least two distinct.
         norm_first: Pre-LN (``True``) or Post-LN (``False``).
-        final_norm: whether the stack ends with a LayerNorm.
 
     Returns:
-        ``(slope, gradients)``: the fitted exponent and the ``k`` averaged gradient norms.
+        ``(slope, sizes)``: the fitted exponent and the ``k`` averaged sizes.
     """
-    key = (tuple(int(d) for d in depths), bool(norm_first), bool(final_norm))
-    if key not in _depth_slope_cache:  # the check compares several answers with one reference
-        gradients = [
-            float(
-                np.mean(
-                    [
-                        last_layer_w2_gradient(d, norm_first, final_norm, s)
-                        for s in DEPTH_SLOPE_SEEDS
-                    ]
-                )
-            )
+    key = (tuple(int(d) for d in depths), bool(norm_first))
+    if key not in _stream_size_cache:  # the check compares several answers with one reference
+        sizes = [
+            float(np.mean([final_stream_size(d, norm_first, s) for s in STREAM_SIZE_SEEDS]))
             for d in key[0]
         ]
-        _depth_slope_cache[key] = (reference_log_log_slope(key[0], gradients), gradients)
-    slope, gradients = _depth_slope_cache[key]
-    return slope, list(gradients)
+        _stream_size_cache[key] = (reference_log_log_slope(key[0], sizes), sizes)
+    slope, sizes = _stream_size_cache[key]
+    return slope, list(sizes)
 
 
-def _depth_slope_cases() -> list[Case]:
-    # not the chapter's depths; Pre-LN with and without its final norm, Post-LN with an extra
-    # final norm (a function that always builds Pre-LN gets -0.5 there instead of about 0)
+def _stream_size_cases() -> list[Case]:
+    # not the chapter's depths; Post-LN too (a function that always builds Pre-LN fails there)
     return [
-        {"depths": [2, 4, 8, 16], "norm_first": True, "final_norm": False},
-        {"depths": [2, 4, 8, 16], "norm_first": True, "final_norm": True},
-        {"depths": [3, 6, 12], "norm_first": False, "final_norm": True},
-        {"depths": [3, 6, 12], "norm_first": True, "final_norm": True},
+        {"depths": [3, 6, 12], "norm_first": True},
+        {"depths": [2, 5, 10, 20], "norm_first": True},
+        {"depths": [3, 6, 12], "norm_first": False},
     ]
 
 
-def _depth_slope_hint(case: dict, got: object) -> str:
-    """Name the classic mistake when the gradients are near the reference's but not equal."""
-    slope, gradients = reference_depth_slope(**case)
+def _stream_size_hint(case: dict, got: object) -> str:
+    """Name the classic mistake when the sizes are near the reference's but not equal."""
+    slope, sizes = reference_stream_size_slope(**case)
     if not isinstance(got, (tuple, list)) or len(got) != 2 or not isinstance(got[1], list):
         return ""
-    ratios = [g / e for g, e in zip(got[1], gradients) if isinstance(g, float) and e > 0]
-    if len(ratios) == len(gradients) and all(abs(r - 1) < DEPTH_GRADIENT_RTOL for r in ratios):
-        return "\n   hint: the gradients match; fit the slope to them with log_log_slope."
-    if len(ratios) == len(gradients) and all(abs(r - 1) < 0.1 for r in ratios):
+    ratios = [g / e for g, e in zip(got[1], sizes) if isinstance(g, float) and e > 0]
+    if len(ratios) != len(sizes):
+        return ""
+    if all(abs(r - 1) < STREAM_SIZE_RTOL for r in ratios):
+        return "\n   hint: the sizes match; fit the slope of log size against log depth."
+    if case["norm_first"] and all(abs(g - 1) < 0.01 for g in got[1]):
+        return "\n   hint: every size is 1: the final norm is still on (final_norm=False)."
+    if all(abs(r - 1) < 0.1 for r in ratios):
         return (
-            "\n   hint: the gradients are close but not equal: use seeds 0, 1 and 2, section 6.3's"
-            " setup (norm_study.init_encoder, init_inputs), and W₂ = feed_forward.output_proj"
-            " (W₁, hidden_proj, gets a gradient of about the same size)."
+            "\n   hint: the sizes are close but not equal: use seeds 0, 1 and 2, section 6.3's"
+            " setup, and the root mean square of all entries (not a mean of per-token norms)."
         )
     return ""
 
 
-def check_depth_slope(
-    depth_slope: Callable[[Sequence[int], bool, bool], tuple[float, Sequence[float]]],
+def check_stream_size_slope(
+    stream_size_slope: Callable[[Sequence[int], bool], tuple[float, Sequence[float]]],
     verbose: bool = True,
 ) -> CheckResult:
-    """Check ``depth_slope(depths, norm_first, final_norm)`` → ``(slope, gradients)``: the
-    last layer's ``‖∂L/∂W₂‖_F`` at each depth, averaged over seeds 0, 1 and 2 (section 6.3's
-    setup), and the log-log slope fitted to them.
+    """Check ``stream_size_slope(depths, norm_first)`` → ``(slope, sizes)``: the root mean
+    square of the stream leaving the last layer of section 6.3's encoder, built without a
+    final norm, at each depth, averaged over seeds 0, 1 and 2, and the log-log slope fitted
+    to them.
 
-    The check *calls your function* on configurations the chapter did not print and accepts
-    gradients and slope within a relative :data:`DEPTH_GRADIENT_RTOL` of the reference's: a
-    typed number, a function that ignores ``norm_first`` or ``final_norm``, or one that
-    measures ``W₁`` or the whole last layer fails.
+    The check *calls your function* on depths the chapter did not print and accepts sizes and
+    slope within :data:`STREAM_SIZE_RTOL` of the reference's: a typed number, a function that
+    ignores ``norm_first``, leaves the final norm on or takes other seeds fails.
     """
-    name = "depth_slope"
+    name = "stream_size_slope"
 
     def as_float(value: object) -> object:  # a NumPy or 0-d tensor result is fine
         if isinstance(value, (np.floating, np.integer)):
@@ -496,80 +454,36 @@ def check_depth_slope(
             return float(value.item())
         return value
 
-    def as_result(value: object) -> object:  # (slope, gradients) with plain floats
+    def as_result(value: object) -> object:  # (slope, sizes) with plain floats
         if isinstance(value, (tuple, list)) and len(value) == 2:
-            slope, gradients = value
-            if isinstance(gradients, (np.ndarray, Tensor)):
-                gradients = gradients.tolist()
-            if isinstance(gradients, (tuple, list)):
-                return as_float(slope), [as_float(g) for g in gradients]
+            slope, sizes = value
+            if isinstance(sizes, (np.ndarray, Tensor)):
+                sizes = sizes.tolist()
+            if isinstance(sizes, (tuple, list)):
+                return as_float(slope), [as_float(s) for s in sizes]
         return value
 
-    if not callable(depth_slope):
+    if not callable(stream_size_slope):
         message = (
-            f"❌ {name}: expected a function depth_slope(depths, norm_first, final_norm), "
-            f"got {type(depth_slope).__name__} (the check measures by calling it)"
+            f"❌ {name}: expected a function stream_size_slope(depths, norm_first), "
+            f"got {type(stream_size_slope).__name__} (the check measures by calling it)"
         )
         result = CheckResult(name, False, 0, message)
         if verbose:
             report(result)
         return result
 
-    @functools.wraps(depth_slope)  # keeps the signature, so a misnamed parameter is reported
+    @functools.wraps(stream_size_slope)  # keeps the signature: a misnamed parameter is reported
     def user(**kwargs: object) -> object:
-        return as_result(depth_slope(**kwargs))
+        return as_result(stream_size_slope(**kwargs))
 
     return run_check(
         name,
         user,
-        reference_depth_slope,
-        _depth_slope_cases(),
-        atol=DEPTH_GRADIENT_RTOL,  # on the slope (about 0 or -0.5)
-        rtol=DEPTH_GRADIENT_RTOL,  # on the gradients (about 10 to 50)
+        reference_stream_size_slope,
+        _stream_size_cases(),
+        atol=STREAM_SIZE_RTOL,  # on the slope (about 0 or +0.5)
+        rtol=STREAM_SIZE_RTOL,  # on the sizes (about 1 to 5)
         verbose=verbose,
-        hint=_depth_slope_hint,
+        hint=_stream_size_hint,
     )
-
-
-#: The band for the slope of the last layer's ‖∂L/∂W²‖_F against depth in a Pre-LN encoder
-#: *without* its final LayerNorm (chapter 6's setup, depths 2-24, seeds 0-2). Measured: about
-#: 0.00 (per seed between -0.03 and +0.03); the same stack *with* the final norm gives about
-#: -0.53, Post-LN about -0.02.
-PRE_LN_NO_FINAL_NORM_SLOPE_BAND: tuple[float, float] = (-0.15, 0.15)
-
-
-def verify_pre_ln_slope_without_final_norm(slope: float, verbose: bool = True) -> CheckResult:
-    """Check a *measured value* (not a function, hence not a ``check_*``): the depth slope of
-    the last ``W²`` gradient of a Pre-LN encoder built with ``final_norm=False`` must lie in
-    :data:`PRE_LN_NO_FINAL_NORM_SLOPE_BAND`.
-
-    A slope near -1/2 is the stack *with* its final LayerNorm (the chapter's measurement); a
-    slope near +1/2 or -1 usually means swapped axes or a fit of the values instead of their
-    logarithms.
-    """
-    low, high = PRE_LN_NO_FINAL_NORM_SLOPE_BAND
-    name = "pre_ln_slope_without_final_norm"
-    if slope is None:
-        message = f"⏳ {name}: not attempted yet (the measurement is still None)."
-        passed = False
-    elif isinstance(slope, bool) or not isinstance(slope, (int, float, np.floating)):
-        message = f"❌ {name}: expected a number (the fitted slope), got {type(slope).__name__}"
-        passed = False
-    elif not math.isfinite(float(slope)):
-        message = f"❌ {name}: expected a finite number, got {slope}"
-        passed = False
-    else:
-        passed = low <= float(slope) <= high
-        if passed:
-            message = f"✅ {name}: {float(slope):+.3f} lies in [{low}, {high}]."
-        else:
-            hint = (
-                " (that is the stack *with* its final LayerNorm: build it with final_norm=False)"
-                if -0.7 < float(slope) < -0.35
-                else ""
-            )
-            message = f"❌ {name}: {float(slope):+.3f} is outside [{low}, {high}]{hint}."
-    result = CheckResult(name, passed, 1, message)
-    if verbose:
-        report(result)
-    return result
