@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from companion.data import masked_lm_example
+from companion.data import masked_lm_example, prefix_lm_example
 from companion.decode import sampling_distribution
 from companion.exercises import ch10
 from companion.masking import causal_mask, prefix_lm_mask
@@ -43,7 +43,7 @@ def prefix_loops(length, prefix_len):
 def prefix_causal_or_block(length, prefix_len):
     block = torch.zeros(length, length, dtype=torch.bool)
     block[:prefix_len, :prefix_len] = True
-    return causal_mask(length) | block
+    return torch.ones(length, length, dtype=torch.bool).tril() | block
 
 
 def prefix_causal_only(length, prefix_len):
@@ -105,7 +105,29 @@ def test_prefix_mask_accepts_correct():
         per_row(prefix_causal_or_block),
     ]:
         assert ch10.check_prefix_lm_mask(fn, verbose=False), fn.__name__
-    assert ch10.check_prefix_lm_mask(per_row(prefix_lm_mask))
+
+
+def prefix_example_masks(length, prefix_lens):  # the objective's mask, row by row
+    row = torch.arange(1, length + 2)  # no pad id
+    return torch.stack([prefix_lm_example(row, int(p)).mask for p in prefix_lens])
+
+
+def prefix_causal_mask_or_block(length, prefix_lens):  # broadcast, but calls causal_mask
+    key = torch.arange(length)[None, None, :]
+    return causal_mask(length)[None] | (key < prefix_lens[:, None, None])
+
+
+@pytest.mark.parametrize(
+    "via_package",
+    [per_row(prefix_lm_mask), prefix_example_masks, prefix_causal_mask_or_block],
+    ids=lambda fn: fn.__name__,
+)
+def test_prefix_mask_refuses_the_package(via_package):
+    for case in ch10._prefix_cases()[:3]:  # the package's masks are right ...
+        assert torch.equal(via_package(**case), ch10.reference_prefix_lm_mask(**case))
+    result = ch10.check_prefix_lm_mask(via_package, verbose=False)
+    assert not result, "... and refused"
+    assert "build the masks yourself" in result.message, result.message
 
 
 @pytest.mark.parametrize(
@@ -336,11 +358,19 @@ def test_bert_masking_accepts_correct():
         ch10.reference_bert_masking,
         bert_huggingface_style,
         bert_loops,
-        bert_via_companion,
         bert_never_the_original,
         _with("bert_rules_unchanged"),
     ]:
         assert ch10.check_bert_masking(fn, verbose=False), fn.__name__
+
+
+def test_bert_masking_refuses_the_package():
+    tokens = torch.tensor([[2, 5, 6, 7, 3, 0]])
+    inputs, targets = bert_via_companion(tokens, 4, 12, [0, 1, 2, 3, 4], torch.Generator())
+    assert inputs.shape == targets.shape == tokens.shape  # the package answers ...
+    result = ch10.check_bert_masking(bert_via_companion, verbose=False)
+    assert not result, "... and is refused"
+    assert "masked_lm_example" in result.message, result.message
 
 
 @pytest.mark.parametrize(

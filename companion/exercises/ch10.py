@@ -30,11 +30,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from companion import masking
 from companion._validation import check_callable as _check_callable
+from companion.data import objectives
 from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
+    refusing_calls,
     report,
     run_check,
     seeded_generator,
@@ -104,6 +107,8 @@ def check_prefix_lm_mask(
     integer 0/1 mask with the right values is rejected: PyTorch's
     ``scaled_dot_product_attention`` reads a float mask as a bias added to the scores (a 0 adds
     nothing, so a 0/1 float mask blocks nothing), and the course's masks are boolean everywhere.
+    A call into :mod:`companion.masking` or :mod:`companion.data.objectives` (whose
+    ``prefix_lm_mask`` and ``prefix_lm_example`` give the answer row by row) is refused.
     """
     _check_callable("prefix_lm_mask", prefix_lm_mask)
 
@@ -118,9 +123,15 @@ def check_prefix_lm_mask(
             )
         return mask
 
+    by_hand = refusing_calls(
+        boolean_only,
+        "build the masks",
+        (masking, objectives),
+        why=": companion.masking and companion.data.objectives hold the answer",
+    )
     return run_check(
         "prefix_lm_mask",
-        boolean_only,
+        by_hand,
         reference_prefix_lm_mask,
         _prefix_cases(),
         verbose=verbose,
@@ -357,8 +368,16 @@ def check_bert_masking(
     (about 20 draws of each are expected: a correct answer misses one with probability
     below 1e-7).
     Finally, two calls with generators seeded alike must agree (every random number comes
-    from ``generator``).
+    from ``generator``). A call into :mod:`companion.data.objectives` (whose
+    ``masked_lm_example`` is the answer) is refused.
     """
+    _check_callable("bert_mask", bert_mask)
+    bert_mask = refusing_calls(
+        bert_mask,
+        "select and corrupt the tokens",
+        (objectives,),
+        why=": companion.data.objectives (masked_lm_example) holds the answer",
+    )
     name = "bert_mask"
     count = 0
     result: CheckResult | None = None
@@ -614,7 +633,7 @@ def _patch_cases() -> list[Case]:
 def check_patchify(patchify: Callable[[Tensor, int], Tensor], verbose: bool = True) -> CheckResult:
     """Check ``patchify(images, patch_size)``: ``(batch, channels, height, width)`` →
     ``(batch, num_patches, channels · p · p)``, patches in reading order, each flattened
-    channel by channel, row by row. ``F.unfold`` (the answer section 10.4 shows) is refused:
+    channel by channel, row by row. ``F.unfold`` (the answer section 10.5 shows) is refused:
     the exercise asks for the reshapes and permutations behind it."""
     _check_callable("patchify", patchify)
 
