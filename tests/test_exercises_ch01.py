@@ -645,6 +645,9 @@ def test_offset_head_accepts_right_heads():
         (make_head(enough, lambda t, o: math.copysign(t, o) if o else 0.0), "most"),  # θ, not Δθ
         (make_head(enough, forward, key_turn=forward), "itself"),  # both turned: cancels
         (make_head(enough, forward, word_rows=1.0), "word"),  # reads the random words
+        # step_angle taken for degrees: the turn is converted once more
+        (make_head(enough, lambda t, o: math.radians(o * t)), "math.radians(offset"),
+        (make_head(enough, lambda t, o: math.degrees(o * t)), "math.degrees(offset"),
         (lambda d_content, step_angle, offset: tuple(  # (d_k, d_content + 2): transposed
             w.T for w in ch01.reference_offset_head(d_content, step_angle, offset)
         ), "rows"),
@@ -657,6 +660,19 @@ def test_offset_head_rejects_wrong_heads_and_says_why(wrong, why):
     result = ch01.check_offset_head(wrong, verbose=False)
     assert not result
     assert why in result.message, result.message
+
+
+def test_offset_head_units_hint_only_for_a_unit_mix_up():
+    """The units hint names radians; a head with the right turn but too small a stretch, or one
+    that turns both matrices, is not told about units."""
+    wrong_units = ch01.check_offset_head(
+        make_head(enough, lambda t, o: math.radians(o * t)), verbose=False
+    )
+    assert "already in radians" in wrong_units.message, wrong_units.message
+    assert "step_angle = 0.524 rad (30°)" in wrong_units.message, wrong_units.message
+    for wrong in (make_head(lambda t: 30.0, forward), make_head(enough, forward, key_turn=forward)):
+        message = ch01.check_offset_head(wrong, verbose=False).message
+        assert "radians" not in message.split("):", 1)[1], message
 
 
 def test_offset_head_message_for_a_stub_and_a_crash():

@@ -793,6 +793,51 @@ def _offset_head_cases() -> list[Case]:
     return cases
 
 
+def _position_turn(query_weight: Tensor, key_weight: Tensor, d_content: int) -> float | None:
+    """The angle by which the head turns a query's position relative to a key's, when its
+    position block ``W_Q[pos] W_K[pos]ᵀ`` is a stretched rotation; ``None`` otherwise.
+
+    With ``M = W_Q[pos] W_K[pos]ᵀ = κ [[cos t, sin t], [-sin t, cos t]]`` the score of
+    positions ``i`` and ``j`` is ``κ cos(iθ + t - jθ)``, so the query looks ``t / θ`` positions
+    ahead.
+    """
+    m = query_weight.detach().double()[d_content:] @ key_weight.detach().double()[d_content:].T
+    stretch = math.hypot(m[0, 0].item(), m[0, 1].item())
+    is_rotation = torch.allclose(m[1, 1], m[0, 0], atol=1e-4 * stretch) and torch.allclose(
+        m[1, 0], -m[0, 1], atol=1e-4 * stretch
+    )
+    if stretch == 0 or not is_rotation:
+        return None
+    return math.atan2(m[0, 1].item(), m[0, 0].item())
+
+
+def _same_angle(a: float, b: float) -> bool:
+    """Are the angles ``a`` and ``b`` (radians) equal modulo 2π, up to float32 rounding?"""
+    gap = math.remainder(a - b, 2 * math.pi)
+    return abs(gap) <= 1e-5 + 1e-3 * abs(b)
+
+
+def _units_hint(query_weight: Tensor, key_weight: Tensor, case: Case) -> str | None:
+    """A hint when the head's turn is ``offset · step_angle`` converted as if it were in the
+    wrong unit (``math.radians`` or ``math.degrees`` of a number already in radians)."""
+    offset, step_angle = case["offset"], case["step_angle"]
+    turn = _position_turn(query_weight, key_weight, case["d_content"])
+    if offset == 0 or turn is None:
+        return None
+    right = offset * step_angle
+    for wrong, conversion in (
+        (math.radians(right), "math.radians"),
+        (math.degrees(right), "math.degrees"),
+    ):
+        if _same_angle(turn, wrong) and not _same_angle(turn, right):
+            return (
+                f"your head turns the query by {conversion}(offset · step_angle) = {wrong:.4g} rad, "
+                f"not by offset · step_angle = {right:.4g} rad. step_angle is already in radians: "
+                "use it as it is"
+            )
+    return None
+
+
 def _offset_head_problem(got: object, case: Case) -> str | None:
     """Why the reader's ``(query_weight, key_weight)`` fails ``case``, or ``None`` when it passes."""
     d_content, offset, content = case["d_content"], case["offset"], case["content"]
@@ -826,6 +871,9 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
     i = failing[0]
     said = f"query {i} puts {weights[i, i + offset].item():.2f} of its weight on key {i + offset}"
     mirrored = [j for j in checked if 0 <= j - offset < seq_len]
+    units = _units_hint(query_weight, key_weight, case)
+    if units:
+        return f"{said}; {units}"
     if all(tops[j] == j + offset for j in checked):
         return (
             f"{said}: its largest weight, but under {OFFSET_HEAD_MIN_WEIGHT}. The scores are too "
@@ -860,9 +908,10 @@ def check_offset_head(
     The matrices, each ``(d_content + 2, d_k)``, are graded by what they do: on inputs laid
     out as in section 1.6 (the word's ``d_content`` numbers, then ``cos iθ``, ``sin iθ``) and
     unscaled attention, every query ``i`` whose key ``i + offset`` exists must put at least
-    :data:`OFFSET_HEAD_MIN_WEIGHT` of its weight on it. The cases mix offsets from -3 to +3
-    (0 included), angle steps from 2° to 36° (a stretch fixed for all of them falls short
-    unless it is huge) and random word vectors, large ones included.
+    :data:`OFFSET_HEAD_MIN_WEIGHT` of its weight on it (queries without that key are not
+    graded). The cases mix offsets from -3 to +3 (0 included), angle steps from 2° to 36°, in
+    radians, with ``θ·(seq_len - 1) <= 180°`` so that no angle wraps around (a stretch fixed for
+    all of them falls short unless it is huge) and random word vectors, large ones included.
     """
     name = "offset_head"
     result: CheckResult | None = None
@@ -881,7 +930,8 @@ def check_offset_head(
                 False,
                 count,
                 f"❌ {name}: case {count} (d_content={case['d_content']}, step_angle = "
-                f"{degrees:g}°, offset={case['offset']}, {seq_len} tokens): {problem}.",
+                f"{case['step_angle']:.3f} rad ({degrees:g}°), offset={case['offset']}, "
+                f"{seq_len} tokens): {problem}.",
             )
             break
     if result is None:
