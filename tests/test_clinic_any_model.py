@@ -188,7 +188,7 @@ def test_padding_invariance_catches_the_query_axis_mask(padded):
     )
     assert not finding and finding.details["gap"] > 1e-4
     torch.manual_seed(0)
-    unmasked = clinic.PaddingIdxEncoder(16, 16, 2)  # ward 2's bug 15 through the generic check
+    unmasked = clinic.PaddingIdxEncoder(16, 16, 2)  # ward 2's bug 11 through the generic check
     masked = clinic.MaskedPaddingEncoder(16, 16, 2)
     masked.load_state_dict(unmasked.state_dict())
     assert not clinic.padding_invariance(lambda ids: unmasked(ids), src, pad_id=PAD)

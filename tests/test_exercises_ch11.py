@@ -98,12 +98,17 @@ def attention_parts(q, k, v, mask, *, scale="sqrt", keep_mask=True, softmax=True
 def test_attention_accepts_correct():
     assert ch11.check_attention(ch11.reference_attention, verbose=False)
     assert ch11.check_attention(attention_parts, verbose=False)
-    assert ch11.check_attention(
-        lambda q, k, v, mask: torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask
-        ),
-        verbose=False,
-    )
+
+
+def test_attention_refuses_the_fused_call(capsys):
+    """One call to F.scaled_dot_product_attention scales and masks inside: it would pass without
+    fixing either bug, so the check refuses it and says why."""
+
+    def fused(q, k, v, mask):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    assert not ch11.check_attention(fused)
+    assert "scaled_dot_product_attention" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -111,8 +116,8 @@ def test_attention_accepts_correct():
     [
         {"after": True},  # bug 7a
         {"scale": "d_k"},  # bug 7b
-        {"keep_mask": False},  # bug 11
-        {"softmax": False},  # bug 12
+        {"keep_mask": False},  # bug 12
+        {"softmax": False},  # bug 13
         {"keep_mask": False, "after": True},  # the notebook's stub
     ],
     ids=["after-softmax", "by-d_k", "discarded-mask", "no-softmax", "stub"],
@@ -389,6 +394,20 @@ def test_mystery_rejects_the_first_row_of_the_table_that_matches(capsys):
     assert "patient 7" in out and "encoder_mask" in out
     assert not ch11.check_mystery({**RIGHT, 5: "padding mask forgotten"})
     assert "patient 5" in capsys.readouterr().out
+
+
+def test_mystery_hint_does_not_answer_by_elimination(capsys):
+    """A padding-mask name given for a patient with another bug gets the same hint as one given
+    for the other padding-mask patient: the hint names the diagnostic, not the answer."""
+    hints = []
+    for seed, answer in (
+        (7, "padding mask on the query axis"),
+        (0, "padding mask on the query axis"),
+    ):
+        assert not ch11.check_mystery({**RIGHT, seed: answer})
+        hints.append(capsys.readouterr().out.split(f"patient {seed}: ")[1])
+    assert hints[0] == hints[1] and "encoder_mask" in hints[0]
+    assert "padding mask forgotten" not in hints[0]
 
 
 @pytest.mark.parametrize(

@@ -35,31 +35,31 @@ __all__ = [
 
 
 def discarded_mask_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Bug 11: causal attention whose ``masked_fill`` result is thrown away.
+    """Bug 12: causal attention whose ``masked_fill`` result is thrown away.
 
     ``q``, ``k``, ``v``: ``(batch, n, d)`` → ``(batch, n, d)``.
     """
     n = q.shape[-2]
-    blocked = torch.tril(torch.ones(n, n)) == 1  # BUG 11b: True on the past and the diagonal
+    blocked = torch.tril(torch.ones(n, n)) == 1  # BUG 12b: True on the past and the diagonal
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (batch, n, n)
-    scores.masked_fill(blocked, float("-inf"))  # BUG 11a: not in place, the result is lost
+    scores.masked_fill(blocked, float("-inf"))  # BUG 12a: not in place, the result is lost
     return torch.softmax(scores, dim=-1) @ v  # (batch, n, d)
 
 
 def past_blocking_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Bug 11 half fixed: the result kept, the ``tril == 1`` mask still marks the past.
+    """Bug 12 half fixed: the result kept, the ``tril == 1`` mask still marks the past.
 
     ``q``, ``k``, ``v``: ``(batch, n, d)`` → ``(batch, n, d)`` (the last row is NaN: all blocked).
     """
     n = q.shape[-2]
-    blocked = torch.tril(torch.ones(n, n)) == 1  # BUG 11b: blocks the past, not the future
+    blocked = torch.tril(torch.ones(n, n)) == 1  # BUG 12b: blocks the past, not the future
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (batch, n, n)
     scores = scores.masked_fill(blocked, float("-inf"))  # kept now
     return torch.softmax(scores, dim=-1) @ v  # (batch, n, d)
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """The fix of bugs 11 and 12: scaled, masked (future blocked), softmax over the keys.
+    """The fix of bugs 12 and 13: scaled, masked (future blocked), softmax over the keys.
 
     ``q``, ``k``, ``v``: ``(batch, n, d)`` → ``(batch, n, d)``.
     """
@@ -71,7 +71,7 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 def no_softmax_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Bug 12: the scores used as weights, no softmax.
+    """Bug 13: the scores used as weights, no softmax.
 
     ``q``, ``k``, ``v``: ``(batch, n, d)`` → ``(batch, n, d)``.
     """
@@ -83,7 +83,7 @@ def no_softmax_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 
 
 class InlineNormBlock(nn.Module):
-    """Bug 13: a residual block whose LayerNorm is built inside ``forward`` (over the last two
+    """Bug 14: a residual block whose LayerNorm is built inside ``forward`` (over the last two
     axes, ``(len, d_model)``)."""
 
     def __init__(self, d_model: int) -> None:
@@ -97,7 +97,7 @@ class InlineNormBlock(nn.Module):
 
 
 class RegisteredNormBlock(nn.Module):
-    """The fix of bug 13: the LayerNorm is a registered sub-module over ``d_model``."""
+    """The fix of bug 14: the LayerNorm is a registered sub-module over ``d_model``."""
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
@@ -110,7 +110,7 @@ class RegisteredNormBlock(nn.Module):
 
 
 class DetachedPositions(nn.Module):
-    """Bug 14: learned positions added through ``.data``, which detaches them from autograd."""
+    """Bug 15: learned positions added through ``.data``, which detaches them from autograd."""
 
     def __init__(self, max_len: int, d_model: int) -> None:
         super().__init__()
@@ -122,7 +122,7 @@ class DetachedPositions(nn.Module):
 
 
 class LearnedPositions(DetachedPositions):
-    """The fix of bug 14: the parameter itself is added."""
+    """The fix of bug 15: the parameter itself is added."""
 
     def forward(self, x: Tensor) -> Tensor:
         """``(batch, len, d_model)`` → the same shape."""
@@ -130,7 +130,7 @@ class LearnedPositions(DetachedPositions):
 
 
 class PaddingIdxEncoder(nn.Module):
-    """Bug 15: ``padding_idx`` taken for a padding mask. It only zeroes the pads' embedding
+    """Bug 11: ``padding_idx`` taken for a padding mask. It only zeroes the pads' embedding
     (and its gradient); attention still gives the pads weight."""
 
     def __init__(self, vocab_size: int, d_model: int, num_heads: int, pad_id: int = PAD_ID) -> None:
@@ -146,7 +146,7 @@ class PaddingIdxEncoder(nn.Module):
 
 
 class MaskedPaddingEncoder(PaddingIdxEncoder):
-    """The fix of bug 15: a key padding mask built from the ids."""
+    """The fix of bug 11: a key padding mask built from the ids."""
 
     def forward(self, tokens: Tensor) -> Tensor:
         """``(batch, len)`` ids → ``(batch, len, d_model)``."""

@@ -13,7 +13,7 @@ notebook.
 exercise                                        check
 ==============================================  ===================================
 the heads split without a transpose (bug 4)     :func:`check_split_heads`
-the scale and the mask of attention (7, 11)     :func:`check_attention`
+the scale and the mask of attention (7, 12)     :func:`check_attention`
 the positional table (bug 8)                    :func:`check_positional_table`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
 four mystery patients: the bug's name         :func:`check_mystery`
@@ -26,6 +26,7 @@ are not exported.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -182,14 +183,52 @@ def _attention_cases() -> list[Case]:
     return cases
 
 
+def _refusing_fused_attention(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``fn``, failing (``RuntimeError``) when it calls PyTorch's fused
+    ``F.scaled_dot_product_attention``: one call scales and masks inside, so it would pass
+    without fixing either bug. A C function, so the profiler watches ``c_call`` events; the
+    profiler already installed (the refusal of the package's modules) still sees every event."""
+    fused = torch.nn.functional.scaled_dot_product_attention
+
+    @functools.wraps(fn)
+    def run(**kwargs: object) -> Tensor:
+        previous = sys.getprofile()
+        called: list[bool] = []
+
+        def profiler(frame: object, event: str, arg: object) -> None:
+            if previous is not None:
+                previous(frame, event, arg)
+            if event == "c_call" and arg is fused:
+                called.append(True)
+
+        sys.setprofile(profiler)
+        try:
+            value = fn(**kwargs)
+        finally:
+            sys.setprofile(previous)
+        if called:
+            raise RuntimeError(
+                "your code called torch.nn.functional.scaled_dot_product_attention, which "
+                "scales and masks inside; this exercise asks you to scale and mask the scores "
+                "yourself"
+            )
+        return value
+
+    return run
+
+
 def check_attention(attention: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
     """Check ``attention(q, k, v, mask)`` → ``(batch, heads, q_len, d_v)``. A call into the
-    clinic's model or :mod:`companion.attention` fails (PyTorch's own
-    ``F.scaled_dot_product_attention`` is allowed)."""
+    clinic's model, :mod:`companion.attention` or PyTorch's fused
+    ``F.scaled_dot_product_attention`` fails: each scales and masks for you."""
     guarded = attention
     if attention is not reference_attention:  # the reference passes its own check
-        modules = (patient, _attention, sys.modules[__name__])
-        guarded = refusing_calls(attention, "scale and mask the scores", modules)
+        guarded = refusing_calls(
+            _refusing_fused_attention(attention),
+            "scale and mask the scores",
+            (patient, _attention),
+            functions=(reference_attention,),  # not the module: the wrapper above lives here
+        )
     return run_check("attention", guarded, reference_attention, _attention_cases(), verbose=verbose)
 
 
@@ -359,11 +398,11 @@ def _mystery_problem(seed: int, answer: object) -> str | None:
     if named is None:
         return f"{answer!r} is not on the menu; answer with one of: {_menu_text()}"
     truth = registry._condition_of(clinic.mystery(seed))
-    if named != truth and named in _SAME_ROW and truth in _SAME_ROW:
+    if named != truth and named in _SAME_ROW:  # the same hint whatever the truth: no elimination
         return (
-            f"not {named!r}. Both padding-mask bugs fail padding invariance alone, so the "
-            "table cannot tell them apart: look at the mask the encoder builds, "
-            "patient.model.encoder_mask(src)"
+            f"not {named!r}. Before naming a padding-mask bug, look at the mask itself: "
+            "print patient.model.encoder_mask(src) for a padded src and ask which axis "
+            "it hides"
         )
     if named != truth:
         return (
