@@ -901,3 +901,32 @@ def test_split_fused_qkv_rejects_a_split_with_no_transpose_at_all():
         right = ch03.reference_split_fused_qkv(**case)
         assert got[0].shape == right[0].shape
         assert not torch.allclose(got[0], right[0])
+
+
+def test_head_score_matrices_runs_on_a_given_layer():
+    """With ``attention=``, the layer's own weights are one more case: an answer that is right
+    only on the random cases' sizes passes without it and fails with it."""
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(32, 16)  # the sizes of the chapter's counters[16].attention
+    reference = ch03.reference_head_score_matrices
+    without = ch03.check_head_score_matrices(reference, verbose=False)
+    result = ch03.check_head_score_matrices(reference, verbose=False, attention=layer)
+    assert result and result.cases_run == without.cases_run + 1, result.message
+
+    def right_but_not_for_32(w_q, w_k, num_heads):
+        forms = ch03.reference_head_score_matrices(w_q, w_k, num_heads)
+        return forms.transpose(-2, -1) if w_q.shape[0] == 32 else forms
+
+    assert ch03.check_head_score_matrices(right_but_not_for_32, verbose=False)
+    wrong = ch03.check_head_score_matrices(right_but_not_for_32, verbose=False, attention=layer)
+    assert not wrong and "the transpose" in wrong.message, wrong.message
+
+
+def test_head_score_matrices_refuses_a_bad_layer():
+    with pytest.raises(
+        TypeError, match=r"attention: expected a companion MultiHeadAttention.*got str"
+    ):
+        ch03.check_head_score_matrices(ch03.reference_head_score_matrices, attention="layer")
+    grouped = MultiHeadAttention(32, 16, num_kv_heads=4)
+    with pytest.raises(ValueError, match=r"attention: expected one key head per query head"):
+        ch03.check_head_score_matrices(ch03.reference_head_score_matrices, attention=grouped)

@@ -714,17 +714,46 @@ def _score_matrix_hint(case: Case, got: object) -> str:
     return ""
 
 
+def _layer_case(attention: object) -> Case:
+    """The case of a trained layer: its stored weights in the math convention, without biases."""
+    from companion.attention import MultiHeadAttention
+
+    if not isinstance(attention, MultiHeadAttention):
+        raise TypeError(
+            "attention: expected a companion MultiHeadAttention (e.g. counters[16].attention), "
+            f"got {type(attention).__name__}"
+        )
+    if attention.num_kv_heads != attention.num_heads:
+        raise ValueError(
+            "attention: expected one key head per query head (num_kv_heads == num_heads), got "
+            f"num_heads={attention.num_heads}, num_kv_heads={attention.num_kv_heads}"
+        )
+    return {
+        "w_q": attention.query_proj.weight.detach().T.contiguous(),  # (d_model, h·d_k)
+        "w_k": attention.key_proj.weight.detach().T.contiguous(),
+        "num_heads": attention.num_heads,
+    }
+
+
 def check_head_score_matrices(
-    head_score_matrices: Callable[[Tensor, Tensor, int], Tensor], verbose: bool = True
+    head_score_matrices: Callable[[Tensor, Tensor, int], Tensor],
+    verbose: bool = True,
+    *,
+    attention: object = None,
 ) -> CheckResult:
     """Check ``head_score_matrices(w_q, w_k, num_heads)`` → ``(num_heads, d_model, d_model)``,
     head ``r``'s ``W_Q^(r) W_K^(r)ᵀ``; names the transpose, the scale, the whole-layer product
-    and strided heads when the answer is one of them."""
+    and strided heads when the answer is one of them. ``attention``, a trained
+    ``MultiHeadAttention`` (the chapter passes ``counters[16].attention``), adds its weights
+    as one more case."""
+    cases = _score_matrix_cases()
+    if attention is not None:
+        cases.append(_layer_case(attention))
     result = run_check(
         "head_score_matrices",
         head_score_matrices,
         reference_head_score_matrices,
-        _score_matrix_cases(),
+        cases,
         verbose=verbose,
         hint=_score_matrix_hint,
     )
