@@ -1,6 +1,6 @@
 """Chapter 10's small BERT trained three times longer (CPU, 1 thread).
 
-Chapter 10 (section 10.3) trains a 2-layer encoder-only model with BERT's masked-LM objective
+Chapter 10 (section 10.4) trains a 2-layer encoder-only model with BERT's masked-LM objective
 on the English side of Multi30k for 600 steps and finds that a two-neighbour count model
 guesses more of the masked test words. This script trains the same model, with the same
 masking, data order and schedule shape (warm-up over 30 steps, then a linear decay to 10% over
@@ -95,7 +95,7 @@ def main() -> None:
                 hits += int((guess == targets[at_mask]).sum())
                 total += int(at_mask.sum())
     record = {
-        "what": "chapter 10's BERT (section 10.3) trained for `steps` steps instead of 600",
+        "what": "chapter 10's BERT (section 10.4) trained for `steps` steps instead of 600",
         "steps": steps,
         "epochs_started": epoch,
         "test_mask_accuracy": hits / total,

@@ -1,6 +1,6 @@
 """Chapter 10's small GPT trained three times longer (CPU, 1 thread).
 
-Chapter 10 (section 10.2) trains a 2-layer decoder-only model on the English side of Multi30k
+Chapter 10 (section 10.3) trains a 2-layer decoder-only model on the English side of Multi30k
 for 600 steps, about a CPU-minute, and compares its test perplexity with an interpolated
 Kneser–Ney trigram. This script trains the same model, with the same data order and the same
 schedule shape (warm-up over 30 steps, then a linear decay to 10% over the run), for
@@ -89,7 +89,7 @@ def main() -> None:
     val_ppl, _ = perplexity(gpt, data, "val")
     test_ppl, predictions = perplexity(gpt, data, TEST)
     record = {
-        "what": "chapter 10's GPT (section 10.2) trained for `steps` steps instead of 600",
+        "what": "chapter 10's GPT (section 10.3) trained for `steps` steps instead of 600",
         "steps": steps,
         "window": window,
         "rows": rows,
