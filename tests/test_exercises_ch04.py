@@ -800,7 +800,7 @@ def relative_tensor_verdict(layer, x):
     ids=lambda fn: fn.__name__,
 )
 def test_relative_test_accepts_correct(correct):
-    assert ch04.check_is_relative(correct, verbose=False)
+    assert ch04.check_shift_invariant(correct, verbose=False)
 
 
 @pytest.mark.parametrize(
@@ -816,7 +816,7 @@ def test_relative_test_accepts_correct(correct):
     ids=lambda fn: fn.__name__,
 )
 def test_relative_test_rejects_loose_or_narrow_tests(wrong):
-    assert not ch04.check_is_relative(wrong, verbose=False)
+    assert not ch04.check_shift_invariant(wrong, verbose=False)
 
 
 def _summary_test(summary, name):
@@ -842,7 +842,7 @@ WEAK_SUMMARIES = {
 @pytest.mark.parametrize("name", list(WEAK_SUMMARIES))
 def test_relative_test_rejects_a_summary_of_the_outputs(name):
     """Comparing a sum, a mean, one token or one batch element misses an absolute layer."""
-    result = ch04.check_is_relative(_summary_test(WEAK_SUMMARIES[name], name), verbose=False)
+    result = ch04.check_shift_invariant(_summary_test(WEAK_SUMMARIES[name], name), verbose=False)
     assert not result
     assert "Compare every output" in result.message
 
@@ -871,7 +871,7 @@ def test_relative_summary_layers_hide_from_their_summary():
 @pytest.mark.parametrize("too_strict", [relative_exact, relative_default_allclose])
 def test_relative_test_names_a_too_strict_comparison(too_strict):
     """A test that rejects RoPE attention (relative, up to float32 rounding) is told so."""
-    result = ch04.check_is_relative(too_strict, verbose=False)
+    result = ch04.check_shift_invariant(too_strict, verbose=False)
     assert not result
     assert "rejected attention with RoPE (relative)" in result.message
     assert "do NOT depend on the start" in result.message
@@ -879,12 +879,12 @@ def test_relative_test_names_a_too_strict_comparison(too_strict):
 
 
 def test_relative_test_explains_a_missed_dependence():
-    result = ch04.check_is_relative(relative_tolerance(1e-2), verbose=False)
+    result = ch04.check_shift_invariant(relative_tolerance(1e-2), verbose=False)
     assert (
         "accepted attention on tokens plus sinusoidal codes 10000 times fainter" in result.message
     )
     assert "stricter tolerance" in result.message
-    result = ch04.check_is_relative(relative_tolerance(1e-5, (2, 4, 100, 1000)), verbose=False)
+    result = ch04.check_shift_invariant(relative_tolerance(1e-5, (2, 4, 100, 1000)), verbose=False)
     assert "parity" in result.message and "Try several starts" in result.message
 
 
@@ -900,7 +900,7 @@ def test_relative_cases_are_what_they_say():
     rope = "attention with RoPE (relative)"
     assert 0 < gap(rope, 12345) < 1e-5  # rounding: not exactly equal
     for case in ch04._relative_cases():
-        assert ch04.reference_is_relative(case["layer"], case["x"]) == case["relative"]
+        assert ch04.reference_shift_invariant(case["layer"], case["x"]) == case["relative"]
     faint = "attention on tokens plus sinusoidal codes 10000 times fainter (absolute)"
     assert 1e-4 < gap(faint, 1000) < 1e-2
     parity = "attention on tokens plus ±1 by the parity of the position (period 2)"

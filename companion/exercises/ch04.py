@@ -15,7 +15,7 @@ porting a rotate-half checkpoint (GQA, biases)  :func:`check_half_to_interleaved
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
 capstone: ``MyMHA`` with optional RoPE           :func:`check_my_mha`
 capstone: ``encode(tokens, ..., starts)``        :func:`check_encode`
-capstone: a test that a layer is relative       :func:`check_is_relative`
+capstone: is a layer shift-invariant?          :func:`check_shift_invariant`
 ===============================================  ==================================
 
 The references are written from the formulas (in float64), independently of
@@ -58,7 +58,7 @@ __all__ = [
     "check_rope_rotate",
     "check_my_mha",
     "check_encode",
-    "check_is_relative",
+    "check_shift_invariant",
 ]
 
 #: The ``10000`` of "Attention Is All You Need"; every exercise of the chapter uses it.
@@ -860,7 +860,7 @@ def check_encode(encode: Callable[..., Tensor], verbose: bool = True) -> CheckRe
 RELATIVE_STARTS = (1, 2, 3, 7, 100, 1000, 12345)
 
 
-def reference_is_relative(layer: Callable[[Tensor, int], Tensor], x: Tensor) -> bool:
+def reference_shift_invariant(layer: Callable[[Tensor, int], Tensor], x: Tensor) -> bool:
     """Whether ``layer(x, start)`` is the same for every ``start`` (to float32 rounding).
 
     Args:
@@ -1069,11 +1069,11 @@ def _relative_verdict_problem(got: object, case: Case) -> str | None:
     )
 
 
-def check_is_relative(
-    is_relative: Callable[[Callable[[Tensor, int], Tensor], Tensor], bool],
+def check_shift_invariant(
+    shift_invariant: Callable[[Callable[[Tensor, int], Tensor], Tensor], bool],
     verbose: bool = True,
 ) -> CheckResult:
-    """Check the reader's test ``is_relative(layer, x) -> bool`` on layers whose answer is known.
+    """Check the reader's test ``shift_invariant(layer, x) -> bool`` on layers whose answer is known.
 
     ``layer(x, start)`` runs a layer with the tokens of ``x`` at positions ``start ..
     start + seq_len - 1``; a relative layer gives the same outputs for every start. Relative:
@@ -1089,11 +1089,11 @@ def check_is_relative(
     token misses it), and codes in batch element 1 only (a test of element 0 misses it). A
     wrong verdict is explained with the size of the difference.
     """
-    name = "is_relative"
+    name = "shift_invariant"
     cases = _relative_cases()
     return run_verdict_check(
         name,
-        is_relative,
+        shift_invariant,
         cases,
         lambda case: {"layer": case["layer"], "x": case["x"].clone()},
         _relative_verdict_problem,
