@@ -783,3 +783,15 @@ def test_beam_step_rejects_float_tokens():
 
     result = ch07.check_beam_step(float_tokens, verbose=False)
     assert not result and "tokens must be a torch.long tensor" in result.message
+
+
+@pytest.mark.parametrize(
+    ("wrong", "first_step"),
+    [(step_at_position_zero, 1), (step_one_position_late, 0), (step_no_final_norm, 0)],
+)
+def test_decode_step_report_names_the_first_wrong_step(wrong, first_step):
+    """A wrong row t of the stacked logits is a wrong step t: the report says which."""
+    result = ch07.check_decode_step(wrong, verbose=False)
+    assert not result and f"The first wrong step is step {first_step} " in result.message, (
+        result.message
+    )

@@ -694,4 +694,24 @@ def check_decode_step(decode_step: Callable[..., Tensor], verbose: bool = True) 
         _full_decode,
         _decode_cases(),
         verbose=verbose,
+        hint=_first_wrong_step,
+    )
+
+
+def _first_wrong_step(case: Case, got: Any) -> str:
+    """Name the first decoding step whose logits differ: the stacked rows are steps, so a
+    wrong row ``t`` is a wrong step ``t`` (row 0 is the step fed ``<bos>``)."""
+    if not isinstance(got, Tensor):
+        return ""
+    expected = _full_decode(**case)  # (batch, tgt_len, tgt_vocab)
+    if got.shape != expected.shape:
+        return ""
+    wrong = ~torch.isclose(got, expected, atol=1e-5, rtol=1e-4).all(dim=-1).all(dim=0)  # (tgt_len,)
+    if not bool(wrong.any()):
+        return ""
+    step = int(wrong.nonzero()[0])
+    before = "every earlier step matches" if step else "it is the first step, fed <bos>"
+    return (
+        f"\n   The first wrong step is step {step} (the call that fed token {step} of tgt_in, "
+        f"with {step} token(s) already cached); {before}."
     )
