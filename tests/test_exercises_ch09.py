@@ -170,6 +170,13 @@ def merge_through_exp(out_a, lse_a, out_b, lse_b):
     return output, torch.log(sum_a + sum_b)
 
 
+def merge_through_exp_float64(out_a, lse_a, out_b, lse_b):
+    # the same in float64 survives scores of 120 but not of 800 (exp overflows from about 709)
+    sum_a, sum_b = torch.exp(lse_a.double()), torch.exp(lse_b.double())
+    output = (sum_a[..., None] * out_a + sum_b[..., None] * out_b) / (sum_a + sum_b)[..., None]
+    return output.to(out_a.dtype), torch.log(sum_a + sum_b).to(lse_a.dtype)
+
+
 def merge_lse_by_max(out_a, lse_a, out_b, lse_b):
     output, _ = ch09.reference_merge_partial_attention(out_a, lse_a, out_b, lse_b)
     return output, torch.maximum(lse_a, lse_b)
@@ -199,6 +206,7 @@ def test_merge_accepts_correct():
         merge_rescaled_by_max_only,
         merge_unnormalised_sum,
         merge_through_exp,
+        merge_through_exp_float64,
         merge_lse_by_max,
         merge_lse_by_sum,
         merge_nan_when_both_empty,
@@ -216,6 +224,7 @@ def test_merge_cases_hold_empty_parts_and_huge_scores():
     assert any((b == -math.inf).any() and (b > -math.inf).any() for b in lse_b)
     assert any(((a == -math.inf) & (b == -math.inf)).any() for a, b in zip(lse_a, lse_b))
     assert any((a > 89).any() for a in lse_a)  # exp overflows float32
+    assert any((a > 710).all() and (b > 710).all() for a, b in zip(lse_a, lse_b))  # and float64
     assert any((a < -104).all() for a in lse_a)  # exp underflows float32 to 0
     for case in cases:
         output, _ = ch09.reference_merge_partial_attention(**case)
