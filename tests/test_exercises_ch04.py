@@ -257,6 +257,15 @@ def test_closest_codes_are_neighbours_from_d_model_12_on():
     assert closest_by_table(512, 12)[0] == 1 and closest_by_table(512, 10)[0] == 6
 
 
+def test_closest_codes_at_d_model_10_are_barely_closer_than_neighbours():
+    """The solution's claim at d_model = 10: offset 6 at 0.970, neighbours at 0.972."""
+    offset, distance = ch04.reference_closest_codes(512, 10)
+    table = sinusoidal_table(2, 10)  # positions 0 and 1
+    neighbours = (table[1] - table[0]).norm().item()
+    assert offset == 6 and round(distance, 3) == 0.970, (offset, distance)
+    assert round(neighbours, 3) == 0.972, neighbours
+
+
 # --------------------------------------------------------------------------------------------
 # rope_rotate
 # --------------------------------------------------------------------------------------------
