@@ -294,12 +294,37 @@ def gqa_scaled_by_kv_width(query, key, value, w_q, w_k, w_v, w_o, num_heads, num
     return _merge(weights @ v) @ w_o
 
 
+def gqa_d_k_from_d_model(query, key, value, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+    """Head width d_model // num_heads instead of w_q.shape[1] // num_heads."""
+    d_k = query.shape[-1] // num_heads
+    q = (query @ w_q).unflatten(-1, (-1, d_k)).transpose(1, 2)
+    k = (key @ w_k).unflatten(-1, (-1, d_k)).transpose(1, 2)
+    v = (value @ w_v).unflatten(-1, (-1, d_k)).transpose(1, 2)
+    r = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(r, dim=1), v.repeat_interleave(r, dim=1)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)
+    return _merge(weights @ v) @ w_o
+
+
+def test_gqa_cases_have_a_head_width_not_d_model_over_h():
+    assert any(c["w_q"].shape[1] != c["query"].shape[-1] for c in ch03._gqa_cases()), (
+        "one case should have num_heads · d_k != d_model"
+    )
+
+
+def test_gqa_hint_names_the_head_width():
+    message = ch03.check_grouped_query_attention(gqa_d_k_from_d_model, verbose=False).message
+    assert "w_q.shape[1] // num_heads" in message, message
+
+
 def test_gqa_accepts_correct():
     for fn in (gqa_loop, gqa_interleave, gqa_expand_reshape):
         assert ch03.check_grouped_query_attention(fn, verbose=False), fn
 
 
-@pytest.mark.parametrize("wrong", [gqa_repeat, gqa_only_first_kv_head, gqa_scaled_by_kv_width])
+@pytest.mark.parametrize(
+    "wrong", [gqa_repeat, gqa_only_first_kv_head, gqa_scaled_by_kv_width, gqa_d_k_from_d_model]
+)
 def test_gqa_rejects_wrong(wrong):
     assert not ch03.check_grouped_query_attention(wrong, verbose=False)
 
@@ -494,7 +519,7 @@ def scores_strided(w_q, w_k, num_heads):
 
 
 def scores_weights_reshaped(w_q, w_k, num_heads):
-    # w_q.reshape(h, d_model, d_k): right shape, wrong numbers (section 3.4's bug on weights)
+    # w_q.reshape(h, d_model, d_k): right shape, wrong numbers (section 3.3's bug on weights)
     d_k = w_q.shape[1] // num_heads
     return w_q.reshape(num_heads, -1, d_k) @ w_k.reshape(num_heads, -1, d_k).transpose(-2, -1)
 

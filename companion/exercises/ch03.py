@@ -386,17 +386,17 @@ def reference_grouped_query_attention(
 def _gqa_cases() -> list[Case]:
     g = seeded_generator(306)
     shapes = [
-        # (batch, q_len, k_len, d_model, num_heads, num_kv_heads)
-        (2, 5, 5, 16, 4, 2),  # two groups of two query heads
-        (2, 3, 6, 24, 6, 3),  # cross-attention, groups of two
-        (1, 4, 4, 32, 8, 2),  # groups of four: repeat and repeat_interleave differ
-        (2, 4, 4, 12, 6, 2),  # groups of three
-        (2, 3, 3, 16, 4, 1),  # multi-query attention: one key/value head
-        (1, 5, 5, 12, 3, 3),  # groups of one: ordinary multi-head attention
+        # (batch, q_len, k_len, d_model, num_heads, num_kv_heads, d_k)
+        (2, 5, 5, 16, 4, 2, 4),  # two groups of two query heads
+        (2, 3, 6, 24, 6, 3, 4),  # cross-attention, groups of two
+        (1, 4, 4, 32, 8, 2, 4),  # groups of four: repeat and repeat_interleave differ
+        (2, 4, 4, 12, 6, 2, 2),  # groups of three
+        (2, 3, 3, 16, 4, 1, 4),  # multi-query attention: one key/value head
+        (1, 5, 5, 12, 3, 3, 4),  # groups of one: ordinary multi-head attention
+        (2, 4, 4, 8, 4, 2, 5),  # h·d_k = 20 != d_model: d_k must be read off w_q
     ]
     cases: list[Case] = []
-    for batch, q_len, k_len, d_model, heads, kv_heads in shapes:
-        d_k = d_model // heads
+    for batch, q_len, k_len, d_model, heads, kv_heads, d_k in shapes:
         std = 1 / math.sqrt(d_model)
         cases.append(
             {
@@ -459,6 +459,12 @@ def _gqa_hint(case: Case, got: object) -> str:
                 f"{right[r]} (query heads {right[r] * group} to {right[r] * group + group - 1} "
                 f"share key/value head {right[r]}). This looks like {slip}."
             )
+    width, d_model = case["w_q"].shape[1], case["query"].shape[-1]
+    if width != d_model:
+        return (
+            f"\n   in this case num_heads · d_k = {width} is not d_model = {d_model}: read d_k "
+            "off the weights, w_q.shape[1] // num_heads, not d_model // num_heads."
+        )
     return ""
 
 
