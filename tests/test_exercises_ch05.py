@@ -557,6 +557,17 @@ def first_leak_loose(attend, x):  # atol=1e-2 instead of 1e-5: misses a small le
     return min(found) if found else None
 
 
+def first_leak_default_allclose(attend, x):  # default allclose: 1e-8 + 1e-5 * |b|, not a fixed 1e-5
+    before = attend(x)
+    found = []
+    for j in range(1, x.shape[1]):
+        changed = x.clone()
+        changed[:, j] = torch.randn_like(changed[:, j])
+        after = attend(changed)
+        found += [(i, j) for i in range(j) if not torch.allclose(after[:, i], before[:, i])]
+    return min(found) if found else None
+
+
 def first_leak_exact(attend, x):  # torch.equal: any change at all, even below 1e-5
     before = attend(x)
     found = []
@@ -611,6 +622,7 @@ def test_first_leak_accepts_correct():
         first_leak_by_gradient,
         first_leak_loose,
         first_leak_exact,
+        first_leak_default_allclose,
     ],
 )
 def test_first_leak_rejects_wrong(wrong):
