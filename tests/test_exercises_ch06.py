@@ -351,6 +351,16 @@ def test_stream_size_slope_hints_at_the_final_norm():
     assert "final_norm=False" in result.message
 
 
+def stream_typed_constants(depths, norm_first):  # numbers typed in, not measured
+    return (0.5 if norm_first else 0.0), [1.0] * len(depths)
+
+
+def test_stream_size_slope_rejects_typed_numbers_with_their_own_hint():
+    result = ch06.check_stream_size_slope(stream_typed_constants, verbose=False)
+    assert not result
+    assert "measure" in result.message and "final_norm=False" not in result.message
+
+
 def test_stream_size_reference_values():
     """Pre-LN's stream grows about like the square root of the depth; Post-LN's stays at 1;
     and over the chapter's depths the two slopes, stream size and last-layer gradient, cancel."""

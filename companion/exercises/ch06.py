@@ -422,6 +422,19 @@ def _stream_size_hint(case: dict, got: object) -> str:
         return ""
     if all(abs(r - 1) < STREAM_SIZE_RTOL for r in ratios):
         return "\n   hint: the sizes match; fit the slope of log size against log depth."
+    slope, measured = got[0], got[1]
+    if all(g == measured[0] for g in measured) and len(measured) > 1:
+        return (
+            "\n   hint: every size is the same number: type nothing in, measure the stream"
+            " of an encoder built at each depth."
+        )
+    if isinstance(slope, float) and all(g > 0 for g in measured):
+        fitted = float(np.polyfit(np.log(case["depths"]), np.log(measured), 1)[0])
+        if abs(fitted - slope) > 0.01:
+            return (
+                f"\n   hint: your slope {slope:+.3f} is not the log-log fit of your own sizes"
+                f" ({fitted:+.3f}): compute the slope from the measured sizes, do not type it in."
+            )
     if case["norm_first"] and all(abs(g - 1) < 0.01 for g in got[1]):
         return "\n   hint: every size is 1: the final norm is still on (final_norm=False)."
     if all(abs(r - 1) < 0.1 for r in ratios):
