@@ -184,42 +184,42 @@ def test_missing_transpose_fails_even_when_shapes_allow_it():
 # --------------------------------------------------------------------------------------------
 
 
-def additive_correct(q, k, w_q, w_k, w_a):
-    hidden = torch.tanh((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :])
+def additive_correct(x_q, x_k, w_q, w_k, w_a):
+    hidden = torch.tanh((x_q @ w_q)[..., :, None, :] + (x_k @ w_k)[..., None, :, :])
     return (hidden * w_a).sum(-1)
 
 
-def additive_tanh_separately(q, k, w_q, w_k, w_a):
-    hidden = torch.tanh(q @ w_q)[..., :, None, :] + torch.tanh(k @ w_k)[..., None, :, :]
+def additive_tanh_separately(x_q, x_k, w_q, w_k, w_a):
+    hidden = torch.tanh(x_q @ w_q)[..., :, None, :] + torch.tanh(x_k @ w_k)[..., None, :, :]
     return hidden @ w_a
 
 
-def additive_no_broadcast(q, k, w_q, w_k, w_a):
-    return torch.tanh(q @ w_q + k @ w_k) @ w_a  # pairs q_i with k_i only
+def additive_no_broadcast(x_q, x_k, w_q, w_k, w_a):
+    return torch.tanh(x_q @ w_q + x_k @ w_k) @ w_a  # pairs q_i with k_i only
 
 
-def additive_no_tanh(q, k, w_q, w_k, w_a):
-    return ((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :]) @ w_a
+def additive_no_tanh(x_q, x_k, w_q, w_k, w_a):
+    return ((x_q @ w_q)[..., :, None, :] + (x_k @ w_k)[..., None, :, :]) @ w_a
 
 
-def additive_swapped(q, k, w_q, w_k, w_a):
-    return additive_correct(q, k, w_q, w_k, w_a).transpose(-2, -1)
+def additive_swapped(x_q, x_k, w_q, w_k, w_a):
+    return additive_correct(x_q, x_k, w_q, w_k, w_a).transpose(-2, -1)
 
 
 def test_additive_scores_accepts_correct():
     assert ch01.check_additive_scores(additive_correct, verbose=False)
 
 
-def additive_w_before_tanh(q, k, w_q, w_k, w_a):
-    return torch.tanh(((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :]) @ w_a)
+def additive_w_before_tanh(x_q, x_k, w_q, w_k, w_a):
+    return torch.tanh(((x_q @ w_q)[..., :, None, :] + (x_k @ w_k)[..., None, :, :]) @ w_a)
 
 
-def additive_product(q, k, w_q, w_k, w_a):  # multiplies the projections instead of adding them
-    return torch.tanh((q @ w_q)[..., :, None, :] * (k @ w_k)[..., None, :, :]) @ w_a
+def additive_product(x_q, x_k, w_q, w_k, w_a):  # multiplies the projections instead of adding them
+    return torch.tanh((x_q @ w_q)[..., :, None, :] * (x_k @ w_k)[..., None, :, :]) @ w_a
 
 
-def additive_softmaxed(q, k, w_q, w_k, w_a):  # weights, not scores
-    return torch.softmax(additive_correct(q, k, w_q, w_k, w_a), dim=-1)
+def additive_softmaxed(x_q, x_k, w_q, w_k, w_a):  # weights, not scores
+    return torch.softmax(additive_correct(x_q, x_k, w_q, w_k, w_a), dim=-1)
 
 
 @pytest.mark.parametrize(
@@ -239,28 +239,28 @@ def test_additive_scores_rejects_wrong(wrong):
 
 
 def test_additive_scores_old_parameter_name_is_named_in_the_message():
-    def old_names(q, k, w_q, w_k, w):
-        return additive_correct(q, k, w_q, w_k, w)
+    def old_names(x_q, x_k, w_q, w_k, w):
+        return additive_correct(x_q, x_k, w_q, w_k, w)
 
     result = ch01.check_additive_scores(old_names, verbose=False)
     assert not result and "keep the parameter names" in result.message
 
 
-def additive_loop_over_pairs(q, k, w_q, w_k, w_a):  # right numbers, one pair at a time
-    scores = torch.empty(*q.shape[:-1], k.shape[-2])
-    for i in range(q.shape[-2]):
-        for j in range(k.shape[-2]):
-            scores[..., i, j] = torch.tanh(q[..., i, :] @ w_q + k[..., j, :] @ w_k) @ w_a
+def additive_loop_over_pairs(x_q, x_k, w_q, w_k, w_a):  # right numbers, one pair at a time
+    scores = torch.empty(*x_q.shape[:-1], x_k.shape[-2])
+    for i in range(x_q.shape[-2]):
+        for j in range(x_k.shape[-2]):
+            scores[..., i, j] = torch.tanh(x_q[..., i, :] @ w_q + x_k[..., j, :] @ w_k) @ w_a
     return scores
 
 
-def additive_loop_over_queries(q, k, w_q, w_k, w_a):  # right numbers, one query at a time
-    rows = [torch.tanh(q[..., i, None, :] @ w_q + k @ w_k) @ w_a for i in range(q.shape[-2])]
+def additive_loop_over_queries(x_q, x_k, w_q, w_k, w_a):  # right numbers, one query at a time
+    rows = [torch.tanh(x_q[..., i, None, :] @ w_q + x_k @ w_k) @ w_a for i in range(x_q.shape[-2])]
     return torch.stack(rows, dim=-2)  # (..., q_len, k_len)
 
 
-def additive_loop_over_hidden_units(q, k, w_q, w_k, w_a):  # right numbers, one unit at a time
-    hq, hk = q @ w_q, k @ w_k  # (..., q_len, d_a), (..., k_len, d_a)
+def additive_loop_over_hidden_units(x_q, x_k, w_q, w_k, w_a):  # right numbers, one unit at a time
+    hq, hk = x_q @ w_q, x_k @ w_k  # (..., q_len, d_a), (..., k_len, d_a)
     total = 0.0
     for c in range(w_a.shape[0]):
         total = total + torch.tanh(hq[..., :, None, c] + hk[..., None, :, c]) * w_a[c]
@@ -282,10 +282,10 @@ def test_additive_scores_rejects_a_python_loop_and_says_so(loop):
 
 
 def test_additive_scores_broadcast_answers_stay_under_the_call_budget():
-    def einsum_answer(q, k, w_q, w_k, w_a):
+    def einsum_answer(x_q, x_k, w_q, w_k, w_a):
         hidden = torch.tanh(
-            torch.einsum("...id,da->...ia", q, w_q)[..., :, None, :]
-            + torch.einsum("...jd,da->...ja", k, w_k)[..., None, :, :]
+            torch.einsum("...id,da->...ia", x_q, w_q)[..., :, None, :]
+            + torch.einsum("...jd,da->...ja", x_k, w_k)[..., None, :, :]
         )
         return torch.einsum("...ija,a->...ij", hidden, w_a)
 
@@ -441,7 +441,7 @@ def test_equivariance_parity_layer_changes_under_odd_reorderings_only():
 
 def test_equivariance_cases_include_short_sequences():
     short = [case for case in ch01._equivariance_cases() if case["x"].shape[0] <= 3]
-    assert len(short) == 5, [case["x"].shape for case in short]
+    assert len(short) == 5 + ch01.EQUIVARIANCE_TWO_TOKEN_CASES + 3, [c["x"].shape for c in short]
     for case in short:  # each short case is a layer that is NOT equivariant at its length
         assert not ch01.reference_is_permutation_equivariant(case["layer"], case["x"]), case
 
@@ -707,8 +707,8 @@ def test_offset_head_weights_match_the_chapter_layout():
     )
     weights = ch01.offset_head_weights(query_weight, key_weight, content, step_angle)
     assert torch.equal(weights[1:].argmax(dim=-1), torch.arange(6))  # the previous token
-    positions = ch01.angle_positions(7, step_angle)
-    assert torch.allclose(positions[3], torch.tensor([0.0, 1.0], dtype=torch.float64), atol=1e-12)
+    positions = ch01.angle_positions(7, step_angle)  # positions 1..7, as in section 1.6
+    assert torch.allclose(positions[2], torch.tensor([0.0, 1.0], dtype=torch.float64), atol=1e-12)
 
 
 # --------------------------------------------------------------------------------------------
@@ -716,16 +716,16 @@ def test_offset_head_weights_match_the_chapter_layout():
 # --------------------------------------------------------------------------------------------
 
 
-def additive_loop_over_keys_unbind(q, k, w_q, w_k, w_a):  # one key at a time, few calls each
-    hq = q @ w_q  # (..., q_len, d_a)
-    columns = [torch.tanh(hq + hk_j[..., None, :]) @ w_a for hk_j in (k @ w_k).unbind(-2)]
+def additive_loop_over_keys_unbind(x_q, x_k, w_q, w_k, w_a):  # one key at a time, few calls each
+    hq = x_q @ w_q  # (..., q_len, d_a)
+    columns = [torch.tanh(hq + hk_j[..., None, :]) @ w_a for hk_j in (x_k @ w_k).unbind(-2)]
     return torch.stack(columns, dim=-1)  # (..., q_len, k_len)
 
 
-def additive_loop_over_hidden_units_unbind(q, k, w_q, w_k, w_a):  # Python floats for w_a
+def additive_loop_over_hidden_units_unbind(x_q, x_k, w_q, w_k, w_a):  # Python floats for w_a
     hq, hk = (
-        (q @ w_q).unsqueeze(-2),
-        (k @ w_k).unsqueeze(-3),
+        (x_q @ w_q).unsqueeze(-2),
+        (x_k @ w_k).unsqueeze(-3),
     )  # (..., q_len, 1, d_a), (..., 1, k_len, d_a)
     total = 0.0
     for hq_c, hk_c, w_c in zip(hq.unbind(-1), hk.unbind(-1), w_a.tolist()):
@@ -733,10 +733,10 @@ def additive_loop_over_hidden_units_unbind(q, k, w_q, w_k, w_a):  # Python float
     return total  # (..., q_len, k_len)
 
 
-def additive_python_floats(q, k, w_q, w_k, w_a):  # every pair in pure Python, after .tolist()
+def additive_python_floats(x_q, x_k, w_q, w_k, w_a):  # every pair in pure Python, after .tolist()
     import math as _math
 
-    hq, hk, wa = (q @ w_q).tolist(), (k @ w_k).tolist(), w_a.tolist()
+    hq, hk, wa = (x_q @ w_q).tolist(), (x_k @ w_k).tolist(), w_a.tolist()
 
     def table(rows_q, rows_k):
         if isinstance(rows_q[0][0], list):  # a leading batch dimension
@@ -757,7 +757,7 @@ def test_additive_scores_rejects_unbind_loops_on_the_wide_case(loop):
     budget on 10 keys and 3 hidden units, over it on the case with 64 keys and 32 units."""
     cases = ch01._additive_cases()
     wide = cases[-1]
-    assert wide["k"].shape[-2] == 64 and wide["w_a"].shape[0] == 32, wide["k"].shape
+    assert wide["x_k"].shape[-2] == 64 and wide["w_a"].shape[0] == 32, wide["x_k"].shape
     for case in cases:  # the numbers are right
         torch.testing.assert_close(loop(**case), ch01.reference_additive_scores(**case))
     result = ch01.check_additive_scores(loop, verbose=False)
@@ -778,16 +778,16 @@ def test_additive_scores_rejects_scores_computed_from_python_floats():
     assert not result
     assert "ComputedOutsidePyTorch" in result.message and ".tolist()" in result.message
 
-    def detached(q, k, w_q, w_k, w_a):
-        return additive_correct(q, k, w_q, w_k, w_a).detach()
+    def detached(x_q, x_k, w_q, w_k, w_a):
+        return additive_correct(x_q, x_k, w_q, w_k, w_a).detach()
 
     assert not ch01.check_additive_scores(detached, verbose=False)
 
 
 def test_additive_scores_allows_in_place_operations_on_its_inputs():
-    def in_place(q, k, w_q, w_k, w_a):
-        q.mul_(1.0)
-        return additive_correct(q, k, w_q, w_k, w_a)
+    def in_place(x_q, x_k, w_q, w_k, w_a):
+        x_q.mul_(1.0)
+        return additive_correct(x_q, x_k, w_q, w_k, w_a)
 
     assert ch01.check_additive_scores(in_place, verbose=False)
 
@@ -839,3 +839,46 @@ def test_equivariance_check_rejects_two_permutations_that_do_not_generate_all(pe
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
     assert not ch01.reference_is_permutation_equivariant(layer, x), "the reference sees it"
     assert not ch01.check_is_permutation_equivariant(_equivariant_under(perms_of), verbose=False)
+
+
+# --------------------------------------------------------------------------------------------
+# is_permutation_equivariant: a few random draws, adjacent swaps, the one-token layers
+# --------------------------------------------------------------------------------------------
+
+
+def _k_random_draws(k):
+    """A weak test: k unseeded random permutations (the global generator)."""
+
+    def test(layer, x):
+        out = layer(x)
+        perms = [torch.randperm(x.shape[0]) for _ in range(k)]
+        return all(torch.allclose(layer(x[p]), out[p], atol=1e-5, rtol=1e-4) for p in perms)
+
+    return test
+
+
+@pytest.mark.parametrize(("k", "most_accepted"), [(2, 0), (3, 0), (5, 4)])
+def test_equivariance_few_random_draws_are_rejected_for_most_seeds(k, most_accepted):
+    """Over 100 two-token cases each miss k draws with probability 2^-k: k = 5 passes all of
+    them about 4% of the time, under 20 fixed seeds at most a few times."""
+    accepted = []
+    for seed in range(20):
+        torch.manual_seed(seed)
+        if ch01.check_is_permutation_equivariant(_k_random_draws(k), verbose=False):
+            accepted.append(seed)
+    assert len(accepted) <= most_accepted, f"k = {k}: accepted under seeds {accepted}"
+
+
+def test_equivariance_all_adjacent_swaps_are_accepted():
+    adjacent = _equivariant_under(lambda n: [_swap(n, i, i + 1) for i in range(n - 1)])
+    assert ch01.check_is_permutation_equivariant(adjacent, verbose=False)
+
+
+def test_equivariance_one_token_layer_breaks_only_when_its_token_moves():
+    layer = ch01._one_token_layer(1)
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(3))
+    out = layer(x)
+    keeps = torch.tensor([2, 1, 0, 3])  # token 1 stays at row 1
+    assert torch.allclose(layer(x[keeps]), out[keeps], atol=1e-5)
+    moves = _swap(4, 1, 3)
+    assert not torch.allclose(layer(x[moves]), out[moves], atol=1e-2)

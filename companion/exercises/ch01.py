@@ -213,17 +213,17 @@ def check_relevance_scores(
 
 
 def reference_additive_scores(
-    q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w_a: Tensor
+    x_q: Tensor, x_k: Tensor, w_q: Tensor, w_k: Tensor, w_a: Tensor
 ) -> Tensor:
     """Additive (Bahdanau) scores ``e_ij = tanh(a_i W_q + a_j W_k) w_a`` for every pair.
 
-    ``a_i`` is row ``i`` of ``q`` (the vector that asks) and ``a_j`` row ``j`` of ``k`` (the
+    ``a_i`` is row ``i`` of ``x_q`` (the vector that asks) and ``a_j`` row ``j`` of ``x_k`` (the
     vector that is scored): the inputs themselves, not projected queries and keys.
 
     Args:
-        q: the query-side vectors, shape ``(..., q_len, d_query)``.
-        k: the key-side vectors, shape ``(..., k_len, d_key)``, same leading dimensions as
-            ``q`` (input widths, not the projected width ``d_k``).
+        x_q: the query-side inputs, shape ``(..., q_len, d_query)``.
+        x_k: the key-side inputs, shape ``(..., k_len, d_key)``, same leading dimensions as
+            ``x_q`` (input widths, not the projected width ``d_k``).
         w_q: shape ``(d_query, d_hidden)``.
         w_k: shape ``(d_key, d_hidden)``.
         w_a: shape ``(d_hidden,)``.
@@ -231,15 +231,15 @@ def reference_additive_scores(
     Returns:
         Scores of shape ``(..., q_len, k_len)``.
     """
-    hq = (q @ w_q).unsqueeze(-2)  # (..., q_len, 1, d_hidden)
-    hk = (k @ w_k).unsqueeze(-3)  # (..., 1, k_len, d_hidden)
+    hq = (x_q @ w_q).unsqueeze(-2)  # (..., q_len, 1, d_hidden)
+    hk = (x_k @ w_k).unsqueeze(-3)  # (..., 1, k_len, d_hidden)
     return torch.tanh(hq + hk) @ w_a  # (..., q_len, k_len)
 
 
 def _additive_cases() -> list[Case]:
     g = seeded_generator(104)
     shapes = [
-        # (q shape, k shape, d_hidden)
+        # (x_q shape, x_k shape, d_hidden)
         ((3, 4), (5, 4), 6),
         ((4, 3), (4, 3), 5),  # q_len == k_len: pairing q_i with k_i only gives no error
         ((3, 2), (5, 4), 3),  # d_query != d_key
@@ -252,8 +252,8 @@ def _additive_cases() -> list[Case]:
     for q_shape, k_shape, d_hidden in shapes:
         cases.append(
             {
-                "q": torch.randn(q_shape, generator=g),
-                "k": torch.randn(k_shape, generator=g),
+                "x_q": torch.randn(q_shape, generator=g),
+                "x_k": torch.randn(k_shape, generator=g),
                 "w_q": torch.randn(q_shape[-1], d_hidden, generator=g),
                 "w_k": torch.randn(k_shape[-1], d_hidden, generator=g),
                 "w_a": torch.randn(d_hidden, generator=g),
@@ -294,7 +294,7 @@ def check_additive_scores(
     additive_scores: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor],
     verbose: bool = True,
 ) -> CheckResult:
-    """Check ``additive_scores(q, k, w_q, w_k, w_a)``: ``(..., q_len, d_query)``,
+    """Check ``additive_scores(x_q, x_k, w_q, w_k, w_a)``: ``(..., q_len, d_query)``,
     ``(..., k_len, d_key)`` → ``(..., q_len, k_len)``.
 
     The exercise asks for every pair at once, without a Python loop: the check counts the
@@ -312,7 +312,7 @@ def check_additive_scores(
         with _TorchCallCounter() as counter:
             result = additive_scores(**inputs)
         if counter.calls > ADDITIVE_MAX_TORCH_CALLS:
-            q_len, k_len = kwargs["q"].shape[-2], kwargs["k"].shape[-2]
+            q_len, k_len = kwargs["x_q"].shape[-2], kwargs["x_k"].shape[-2]
             d_hidden = kwargs["w_a"].shape[-1]
             raise PythonLoopSuspected(
                 f"your function made {counter.calls} PyTorch calls for {q_len} queries, "
@@ -333,7 +333,8 @@ def check_additive_scores(
                     "operations (autograd finds no path back): either the formula leaves "
                     "it out, or the scores were built from Python numbers (.tolist() or "
                     ".item() and a loop) or detached. Compute them with tensor operations "
-                    "on q, k, w_q, w_k and w_a"
+                    "on x_q, x_k, w_q, w_k and w_a (the result must stay differentiable: no copy "
+                    "into a module under torch.no_grad())"
                 )
             result = result.detach()
         return result
@@ -554,6 +555,32 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     }
 
 
+def _one_token_layer(position: int, d: int = 4) -> NamedLayer:
+    """Self-attention plus a fixed vector on output row ``position`` (from 0) only.
+
+    It commutes with exactly the reorderings that leave the token at ``position`` in place: on
+    two tokens that is the identity only, so each random draw misses it with probability 1/2.
+    """
+    layers = equivariance_test_layers(d)
+    marker = torch.randn(d, generator=seeded_generator(115))  # (d,)
+
+    def layer(x: Tensor) -> Tensor:
+        out = layers["self-attention"](x)  # (seq_len, d)
+        bump = torch.zeros_like(out)  # (seq_len, d)
+        bump[position] = marker
+        return out + bump
+
+    name = f"attention plus a fixed vector on output row {position} only (counting from 0)"
+    return NamedLayer(name, layer)
+
+
+#: How many two-token cases of the one-token layers the equivariance check adds: a test that
+#: draws k random permutations sees only the identity on one of them with probability 2^-k,
+#: so it misses all of them (and the check's other short cases) with probability under
+#: (1 - 2^-k) ** 100, 4% for k = 5.
+EQUIVARIANCE_TWO_TOKEN_CASES = 96
+
+
 def _equivariance_cases() -> list[Case]:
     g = seeded_generator(112)
     layers = equivariance_test_layers()
@@ -581,6 +608,14 @@ def _equivariance_cases() -> list[Case]:
     # probability 1/512 whatever its seed
     for seq_len in range(4, 13):
         cases.append({"layer": layers[parity], "x": torch.randn(seq_len, 4, generator=g)})
+    # layers that break only when one particular token moves, on two tokens (the swap is the
+    # only reordering) and on three (a random draw leaves the token in place one time in 3)
+    one_token = [_one_token_layer(0), _one_token_layer(1), _one_token_layer(2)]
+    for count in range(EQUIVARIANCE_TWO_TOKEN_CASES):
+        layer = one_token[count % 2]
+        cases.append({"layer": layer, "x": torch.randn(2, 4, generator=g)})
+    for layer in one_token:
+        cases.append({"layer": layer, "x": torch.randn(3, 4, generator=g)})
     return cases
 
 
@@ -707,16 +742,17 @@ OFFSET_HEAD_MIN_WEIGHT = 0.9
 
 
 def angle_positions(seq_len: int, step_angle: float) -> Tensor:
-    """Section 1.6's two position coordinates: row ``i`` is ``(cos iθ, sin iθ)``.
+    """Section 1.6's two position coordinates: position ``i = 1, ..., seq_len`` (row ``i - 1``)
+    is ``(cos iθ, sin iθ)``.
 
     Args:
-        seq_len: number of positions, counted from 0.
+        seq_len: number of positions, counted from 1 as in section 1.6.
         step_angle: the angle ``θ`` between two neighbouring positions, in radians.
 
     Returns:
         ``(seq_len, 2)``, float64.
     """
-    angles = step_angle * torch.arange(seq_len, dtype=torch.float64)  # (seq_len,)
+    angles = step_angle * torch.arange(1, seq_len + 1, dtype=torch.float64)  # (seq_len,)
     return torch.stack([angles.cos(), angles.sin()], dim=-1)  # (seq_len, 2)
 
 
@@ -725,8 +761,9 @@ def offset_head_weights(
 ) -> Tensor:
     """The attention weights of a head on inputs laid out as in section 1.6.
 
-    Row ``i`` of the input is the word's ``content[i]`` followed by ``(cos iθ, sin iθ)``; the
-    weights are ``softmax(X W_Q (X W_K)ᵀ)``, unscaled as in chapter 1, computed in float64.
+    Position ``i`` (from 1, Python row ``i - 1``) is the word's numbers followed by
+    ``(cos iθ, sin iθ)``; the weights are ``softmax(X W_Q (X W_K)ᵀ)``, unscaled as in
+    chapter 1, computed in float64.
 
     Args:
         query_weight: ``(d_content + 2, d_k)``.
@@ -735,7 +772,7 @@ def offset_head_weights(
         step_angle: ``θ`` in radians.
 
     Returns:
-        ``(seq_len, seq_len)``: row ``i`` is query ``i``'s weights over the keys.
+        ``(seq_len, seq_len)``: row ``i - 1`` is query ``i``'s weights over the keys.
     """
     seq_len = content.shape[0]
     x = torch.cat([content.double(), angle_positions(seq_len, step_angle)], dim=-1)
@@ -869,7 +906,11 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
     if not failing:
         return None
     i = failing[0]
-    said = f"query {i} puts {weights[i, i + offset].item():.2f} of its weight on key {i + offset}"
+    # messages count positions from 1, as section 1.6 does: query i + 1 is Python row i
+    said = (
+        f"query {i + 1} puts {weights[i, i + offset].item():.2f} of its weight on key "
+        f"{i + offset + 1}"
+    )
     mirrored = [j for j in checked if 0 <= j - offset < seq_len]
     units = _units_hint(query_weight, key_weight, case)
     if units:
@@ -882,7 +923,7 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
         )
     if offset != 0 and mirrored and all(tops[j] == j - offset for j in mirrored):
         return (
-            f"{said}; query {mirrored[0]} looks most at key {mirrored[0] - offset}: the head "
+            f"{said}; query {mirrored[0] + 1} looks most at key {mirrored[0] - offset + 1}: the head "
             "looks the other way. Turn by the opposite angle"
         )
     if offset != 0 and all(tops[j] == j for j in checked):
@@ -897,7 +938,7 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
         if reads_words
         else ""
     )
-    return f"{said} and most ({weights[i, tops[i]].item():.2f}) on key {tops[i]}{hint}"
+    return f"{said} and most ({weights[i, tops[i]].item():.2f}) on key {tops[i] + 1}{hint}"
 
 
 def check_offset_head(
@@ -909,8 +950,8 @@ def check_offset_head(
     out as in section 1.6 (the word's ``d_content`` numbers, then ``cos iθ``, ``sin iθ``) and
     unscaled attention, every query ``i`` whose key ``i + offset`` exists must put at least
     :data:`OFFSET_HEAD_MIN_WEIGHT` of its weight on it (queries without that key are not
-    graded). The cases mix offsets from -3 to +3 (0 included), angle steps from 2° to 36°, in
-    radians, with ``θ·(seq_len - 1) <= 180°`` so that no angle wraps around (a stretch fixed for
+    graded; positions and messages count from 1). The cases mix offsets from -3 to +3 (0
+    included), angle steps from 2° to 36°, in radians, with ``θ·(seq_len - 1) <= 180°`` so that no angle wraps around (a stretch fixed for
     all of them falls short unless it is huge) and random word vectors, large ones included.
     """
     name = "offset_head"
