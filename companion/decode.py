@@ -457,6 +457,7 @@ def sample_decode(
     max_len: int | Sequence[int] | Tensor = 100,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     src_mask: Tensor | None = None,
     generator: torch.Generator | None = None,
     bos_id: int = BOS_ID,
@@ -467,7 +468,10 @@ def sample_decode(
 
     ``temperature < 1`` sharpens the distribution towards the most likely token (``0`` *is*
     greedy decoding), ``> 1`` flattens it. ``top_k`` first removes every token but the ``k``
-    most likely ones (the rest of the probability is renormalised over those ``k``). The
+    most likely ones (the rest of the probability is renormalised over those ``k``).
+    ``top_p`` then keeps only the nucleus of that tempered distribution, as
+    :func:`top_p_distribution` does; the order is top-k, temperature, top-p, and at
+    ``temperature=0`` both filters leave the most likely token, so the result is greedy. The
     decoder uses the key/value cache, as :func:`greedy_decode` does.
 
     Args:
@@ -475,6 +479,8 @@ def sample_decode(
         temperature: ``>= 0``; ``0`` takes the most likely token (no randomness).
         top_k: sample among the ``top_k`` most likely tokens only (``>= 1``), or ``None``
             for all of them.
+        top_p: sample from the nucleus holding probability mass ``top_p`` (in ``(0, 1]``;
+            ``1`` keeps every token), or ``None`` for no nucleus filter.
         generator: a ``torch.Generator`` on the model's device, for reproducible samples.
 
     Returns:
@@ -486,6 +492,8 @@ def sample_decode(
     temperature = check_nonnegative_float("temperature", temperature)
     if top_k is not None:
         check_positive_int("top_k", top_k)
+    if top_p is not None:
+        top_p = _check_top_p(top_p)
     if generator is not None:
         check_instance("generator", generator, torch.Generator, "a torch.Generator")
     if generator is not None and generator.device.type != src.device.type:
@@ -511,6 +519,8 @@ def sample_decode(
                 next_token = logits.argmax(dim=-1)  # (batch,)
             else:
                 probs = _sampling_probs(logits, temperature, top_k)  # (batch, V)
+                if top_p is not None:
+                    probs = _nucleus(probs, top_p)  # (batch, V): 0 outside the nucleus
                 next_token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
                 # next_token: (batch,)
             next_token = next_token.masked_fill(finished, pad_id)  # (batch,)
@@ -541,19 +551,29 @@ def top_p_distribution(logits: Tensor, top_p: float, temperature: float = 1.0) -
     """
     check_floating("logits", logits)
     check_min_ndim("logits", logits, 1, "(..., vocab)")
+    top_p = _check_top_p(top_p)
+    temperature = check_nonnegative_float("temperature", temperature)
+    if temperature == 0:
+        raise ValueError("temperature must be > 0 for a distribution (0 means greedy: argmax)")
+    return _nucleus(_sampling_probs(logits, temperature, None), top_p)  # (..., vocab)
+
+
+def _check_top_p(top_p: object) -> float:
+    """``top_p`` as a float in ``(0, 1]``, or a clear error naming it."""
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
         raise TypeError(f"top_p must be a float in (0, 1], got {type(top_p).__name__}")
     if not 0.0 < float(top_p) <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    temperature = check_nonnegative_float("temperature", temperature)
-    if temperature == 0:
-        raise ValueError("temperature must be > 0 for a distribution (0 means greedy: argmax)")
-    probs = _sampling_probs(logits, temperature, None)  # (..., vocab)
-    if float(top_p) == 1.0:  # every token (a rounded cumulative sum could drop the tiny ones)
+    return float(top_p)
+
+
+def _nucleus(probs: Tensor, top_p: float) -> Tensor:
+    """Keep each row's nucleus of ``probs`` (``(..., vocab)``) and renormalise; unchecked."""
+    if top_p == 1.0:  # every token (a rounded cumulative sum could drop the tiny ones)
         return probs
     sorted_probs, order = probs.sort(dim=-1, descending=True)  # (..., vocab) each
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (..., vocab): mass of better ones
-    keep_sorted = mass_before < float(top_p)  # (..., vocab): the best token always (0 < top_p)
+    keep_sorted = mass_before < top_p  # (..., vocab): the best token always (0 < top_p)
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # (..., vocab)
     kept = probs.masked_fill(~keep, 0.0)  # (..., vocab)
     return kept / kept.sum(dim=-1, keepdim=True)  # (..., vocab): renormalised

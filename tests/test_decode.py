@@ -516,3 +516,60 @@ def one_hot_best(logits: torch.Tensor) -> torch.Tensor:
 def test_top_p_bad_input(kwargs, error, words):
     with pytest.raises(error, match=re.escape(words)):
         top_p_distribution(**kwargs)
+
+
+# ------------------------------------------------------------------ sample_decode(top_p=)
+
+
+def test_sampling_top_p_none_and_one_change_nothing():
+    model, src = make_sampling_model(), sources()
+
+    def draw(**kwargs: object) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(7)
+        return sample_decode(model, src, max_len=10, temperature=1.5, generator=generator, **kwargs)
+
+    plain = draw()
+    assert torch.equal(draw(top_p=None), plain), "top_p=None must keep the old samples"
+    assert torch.equal(draw(top_p=1.0), plain), "top_p=1 keeps every token: same samples"
+    assert torch.equal(draw(top_p=1.0, top_k=4), draw(top_k=4)), "top_p=1 composes as no-op"
+    assert not torch.equal(draw(top_p=0.3), plain), "a small nucleus must change the samples"
+
+
+def test_sampling_tiny_top_p_and_temperature_zero_are_greedy():
+    model, src = make_sampling_model(), sources()
+    greedy = greedy_decode(model, src, max_len=10)
+    generator = torch.Generator().manual_seed(3)
+    tiny = sample_decode(model, src, max_len=10, temperature=2.0, top_p=1e-6, generator=generator)
+    assert torch.equal(tiny, greedy), "a nucleus of mass 1e-6 holds only the best token"
+    cold = sample_decode(model, src, max_len=10, temperature=0, top_p=0.5)
+    assert torch.equal(cold, greedy), "temperature 0 is greedy whatever top_p is"
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), [(1.0, None, 0.7), (2.0, 6, 0.8)])
+def test_first_token_frequencies_follow_the_nucleus(temperature, top_k, top_p):
+    model = make_sampling_model(seed=2)
+    src = sources()[:1].repeat(4000, 1)  # one sentence, 4000 times: (4000, 6)
+    logits = first_step_logits(model, src[:1])[0]  # (vocab,)
+    logits[[PAD, BOS]] = -math.inf
+    if top_k is not None:  # top-k first, then the temperature, then the nucleus
+        logits[logits < logits.topk(top_k).values[-1]] = -math.inf
+    expected = top_p_distribution(logits, top_p, temperature)  # (vocab,)
+    assert 1 < int(expected.gt(0).sum()) < int(logits.isfinite().sum()), "a real nucleus"
+    out = sample_decode(
+        model, src, max_len=1, temperature=temperature, top_k=top_k, top_p=top_p,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    counts = torch.bincount(out[:, 0], minlength=expected.numel()).double()
+    observed = counts / counts.sum()
+    assert (observed - expected).abs().max() < 0.035  # > 4 standard errors, as above
+    assert observed[expected == 0].sum() == 0, "never a token outside the nucleus"
+
+
+@pytest.mark.parametrize(
+    ("top_p", "error"),
+    [(0.0, ValueError), (-0.2, ValueError), (1.5, ValueError), (math.nan, ValueError),
+     ("0.9", TypeError), (True, TypeError)],
+)  # fmt: skip
+def test_sampling_bad_top_p(top_p, error):
+    with pytest.raises(error, match="top_p"):
+        sample_decode(make_sampling_model(), sources(), top_p=top_p)
