@@ -1,7 +1,7 @@
 """The bug clinic of chapter 11: a compact from-scratch Transformer, its classic bugs, and the
 tests that find them.
 
-The model here is written the way blog posts write a Transformer from scratch: short classes
+The model here is written in the usual from-scratch style: short classes
 (:class:`PositionalEncoding`, :class:`MultiHeadAttention`, :class:`FeedForward`,
 :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`, :class:`Decoder`,
 :class:`Transformer`), Post-LN as in the paper, sinusoidal positions, no input checks inside
@@ -40,7 +40,7 @@ patients: the bug museum, :func:`museum_patients` (``tests/mutants/catalogue.py`
 Every public name is importable from here (``from companion import clinic``; ``clinic.build``);
 the files, in reading order:
 
-- :mod:`companion.clinic.patient`: the model, blog style (correct), and the toy task's ids;
+- :mod:`companion.clinic.patient`: the model, from-scratch style (correct), and the toy task's ids;
   the reader's model, the padded task and :class:`Patient`.
 - :mod:`companion.clinic.toolkit`: the toy task and the tests that examine the model; the
   diagnostics for any model.

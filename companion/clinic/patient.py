@@ -1,5 +1,5 @@
-"""The patient of chapter 11's bug clinic: a Transformer written the way blog posts write one
-from scratch (correct).
+"""The patient of chapter 11's bug clinic: a Transformer written in the usual from-scratch
+style (correct).
 
 Short classes (:class:`PositionalEncoding`, :class:`MultiHeadAttention`, :class:`FeedForward`,
 :class:`EncoderLayer`, :class:`DecoderLayer`, :class:`Encoder`, :class:`Decoder`,

@@ -96,7 +96,7 @@ class Bug:
     """One bug class of the clinic.
 
     Attributes:
-        number: 1-18 (ward 1: 1-10, ward 2: 11-18).
+        number: 1-18, as in chapter 11 (ward 1: 1-10, ward 2: 11-18).
         title: what is wrong, in a few words.
         symptom: what a learner sees.
         caught_by: the test that pinpoints it.
@@ -140,16 +140,16 @@ BUGS: dict[str, Bug] = {
             "greedy accuracy and batched decoding", last_token_greedy_decode, greedy_decode),
         Bug(10, "one attention module for self- and cross-attention", "fewer parameters",
             "parameter count", SharedAttentionLayer, DecoderLayer),
-        Bug(11, "masked_fill result discarded; tril == 1 mask", "future keys get weight",
-            "causal leak test", discarded_mask_attention, causal_attention),
-        Bug(12, "no softmax", "weights that do not sum to 1",
-            "constant-value test", no_softmax_attention, causal_attention),
-        Bug(13, "LayerNorm built inside forward", "γ, β missing from parameters and state_dict",
-            "state_dict and parameter count", InlineNormBlock, RegisteredNormBlock),
-        Bug(14, ".data detaches the learned positions", "zero gradient, frozen table",
-            "gradient check", DetachedPositions, LearnedPositions),
-        Bug(15, "padding_idx taken for a padding mask", "outputs change with the amount of padding",
+        Bug(11, "padding_idx taken for a padding mask", "outputs change with the amount of padding",
             "batch invariance", PaddingIdxEncoder, MaskedPaddingEncoder),
+        Bug(12, "masked_fill result discarded; tril == 1 mask", "future keys get weight",
+            "causal leak test", discarded_mask_attention, causal_attention),
+        Bug(13, "no softmax", "weights that do not sum to 1",
+            "constant-value test", no_softmax_attention, causal_attention),
+        Bug(14, "LayerNorm built inside forward", "γ, β missing from parameters and state_dict",
+            "state_dict and parameter count", InlineNormBlock, RegisteredNormBlock),
+        Bug(15, ".data detaches the learned positions", "zero gradient, frozen table",
+            "gradient check", DetachedPositions, LearnedPositions),
         Bug(16, "decoder layer l reads encoder layer l", "outputs differ from the reference",
             "parity after copying weights", interleaved_stacks, stacked),
         Bug(17, "dropout after the LayerNorm", "the residual stream itself is dropped",

@@ -180,7 +180,7 @@ class DoubledExponentPositions(PositionalEncoding):
 
     @staticmethod
     def build_table(max_len: int, d_model: int) -> Tensor:
-        """The table of the blog posts' double loop."""
+        """The table built by a double loop over positions and features."""
         table = torch.zeros(max_len, d_model)  # (max_len, d_model)
         for pos in range(max_len):
             for i in range(0, d_model, 2):  # i = 0, 2, 4, ...: i is already 2m, pair m's even index
@@ -199,7 +199,7 @@ class SlicedPositions(DoubledExponentPositions):
 
 
 def last_token_greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
-    """Bug 9: the inference loop of the blog posts. It feeds back only the last token, reads the
+    """Bug 9: a tempting inference loop. It feeds back only the last token, reads the
     prediction with ``.item()`` (a batch of one only) and loops for the *source* length,
     ignoring ``max_len``."""
     memory = model.encode(src, model.make_src_mask(src))  # (1, src_len, d_model)
