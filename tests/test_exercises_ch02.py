@@ -207,6 +207,27 @@ def test_blockwise_rejects_holding_all_scores_by_other_routes(cheat):
     assert "BlockRuleBroken" in result.message, result.message
 
 
+def blockwise_transposed_scores(q, k, v, block_size):  # the full softmax, keys first
+    scores_t = k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., k_len, q_len)
+    weights_t = torch.softmax(scores_t, dim=-2)  # over the keys, now axis -2
+    return (v.transpose(-2, -1) @ weights_t).transpose(-2, -1)  # (..., q_len, d_v)
+
+
+def test_blockwise_rejects_transposed_scores():
+    # right numbers outside the check ...
+    for case in ch02._blockwise_cases():
+        expected = ch02.reference_scaled_attention(case["q"], case["k"], case["v"])[0]
+        got = blockwise_transposed_scores(**case)
+        assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
+    # ... but all the scores exist at once, only transposed
+    result = ch02.check_blockwise_attention(blockwise_transposed_scores, verbose=False)
+    assert not result
+    assert "BlockRuleBroken" in result.message, result.message
+    assert "one block of keys at a time" in result.message, result.message
+    # the reference still passes the sharper watcher
+    assert ch02.check_blockwise_attention(ch02.reference_blockwise_attention, verbose=False)
+
+
 def test_blockwise_accepts_correct():
     assert ch02.check_blockwise_attention(blockwise_correct, verbose=False)
     assert ch02.check_blockwise_attention(blockwise_logsumexp, verbose=False)
@@ -241,6 +262,8 @@ def test_blockwise_cases_tell_scores_from_transposed_keys():
     for case in ch02._blockwise_cases():
         q_len, d_k, d_v = case["q"].shape[-2], case["q"].shape[-1], case["v"].shape[-1]
         assert q_len not in (d_k, d_v), (q_len, d_k, d_v)
+        # and k_len differs from q_len, so transposed scores end in (k_len, q_len) alone
+        assert case["k"].shape[-2] != q_len, (case["k"].shape, q_len)
 
 
 @pytest.mark.parametrize(

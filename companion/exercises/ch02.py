@@ -486,7 +486,8 @@ class _BlockRule(TorchFunctionMode):
     """Watches every PyTorch call while the reader's ``blockwise_attention`` runs.
 
     A call is refused (:class:`BlockRuleBroken`) when it returns a tensor ending in
-    ``(q_len, k_len)``, a score or weight matrix over all the keys (``q @ k.transpose``,
+    ``(q_len, k_len)`` or ``(k_len, q_len)``, a score or weight matrix over all the keys,
+    transposed or not (``q @ k.transpose``, ``k @ q.transpose``,
     ``torch.softmax`` of it, ``torch.cat`` of the blocks' scores, ...), or when it is
     PyTorch's fused ``scaled_dot_product_attention`` on more than ``block_size`` keys, or
     when it returns a float tensor ending in ``k_len`` (one query's scores over all the
@@ -526,7 +527,10 @@ class _BlockRule(TorchFunctionMode):
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", repr(func))
         for tensor in _tensors(result):
-            if tensor.dim() >= 2 and tuple(tensor.shape[-2:]) == (self.q_len, self.k_len):
+            if tensor.dim() >= 2 and tuple(tensor.shape[-2:]) in (
+                (self.q_len, self.k_len),
+                (self.k_len, self.q_len),  # the same scores transposed, k @ q.mT
+            ):
                 self._refuse(
                     f"{name} returned a tensor of shape {tuple(tensor.shape)}, the scores of"
                     f" all {self.k_len} keys for each of the {self.q_len} queries"
@@ -572,7 +576,8 @@ def check_blockwise_attention(
     last block, blocks of one key, one block for all keys, scores in the thousands and keys
     whose scores rise from block to block. While the reader's function runs, a
     :class:`~torch.overrides.TorchFunctionMode` refuses any PyTorch call that returns a
-    tensor ending in ``(q_len, k_len)`` (the scores or weights of all keys at once) or runs
+    tensor ending in ``(q_len, k_len)`` or ``(k_len, q_len)`` (the scores or weights of all
+    keys at once, transposed or not) or runs
     PyTorch's fused attention on more than ``block_size`` keys, so the plain full softmax is
     reported, not passed. (Work done outside PyTorch, in NumPy say, is not watched.)
     """
