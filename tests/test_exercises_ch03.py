@@ -955,3 +955,97 @@ def test_head_score_matrices_refuses_a_bad_layer():
     grouped = MultiHeadAttention(32, 16, num_kv_heads=4)
     with pytest.raises(ValueError, match=r"attention: expected one key head per query head"):
         ch03.check_head_score_matrices(ch03.reference_head_score_matrices, attention=grouped)
+
+
+def mha_scaled_by_true_d_model(query, key, value, w_q, w_k, w_v, w_o, num_heads):
+    # 1/√d_model with d_model read off the input (not off w_q)
+    q, k, v = (
+        _split(query @ w_q, num_heads),
+        _split(key @ w_k, num_heads),
+        _split(value @ w_v, num_heads),
+    )
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(query.shape[-1]), dim=-1)
+    return _merge(weights @ v) @ w_o, weights
+
+
+def test_scale_hint_says_d_model_and_h_d_k_coincide_when_they_do():
+    # case 1 has d_model = h·d_k = 12: a scale by either width is named with both
+    for wrong in (mha_scaled_by_d_model, mha_scaled_by_true_d_model):
+        result = ch03.check_multi_head_attention(gated(wrong), verbose=False)
+        assert not result and result.cases_run == 1, result.message
+        assert "1/√d_model (= 1/√(h·d_k) in this case" in result.message, result.message
+
+
+def test_scale_hint_names_h_d_k_where_it_differs_from_d_model():
+    case = ch03._mha_cases()[2]  # d_model = 8, h·d_k = 6
+    got = (ch03._mha_variant(case, scale_width="h·d_k"), None)
+    hint = ch03._mha_hint(case, got)
+    assert "1/√(h·d_k), the width of all heads together" in hint, hint
+    assert "1/√d_model" not in hint, hint
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (mha_gates_on_w_o_columns, "the gates put on the columns of W_O"),
+        (mha_gates_ignored, "the gates ignored"),
+    ],
+)
+def test_multi_head_attention_names_the_gate_slips(wrong, hint):
+    result = ch03.check_multi_head_attention(wrong, verbose=False)
+    assert not result
+    assert hint in result.message, result.message
+
+
+def mha_view_with_d_model_over_h(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    # TinyMHA's habit d_k = d_v = d_model // h inside .view: raises where h·d_k != d_model
+    batch, q_len, d_model = query.shape
+    k_len, d = key.shape[1], d_model // num_heads
+    q = (query @ w_q).view(batch, q_len, num_heads, d).transpose(1, 2)
+    k = (key @ w_k).view(batch, k_len, num_heads, d).transpose(1, 2)
+    v = (value @ w_v).view(batch, k_len, num_heads, d).transpose(1, 2)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1)
+    heads = weights @ v * head_gates[:, None, None]
+    return heads.transpose(1, 2).reshape(batch, q_len, -1) @ w_o, weights
+
+
+def gqa_view_with_d_model_over_h(query, key, value, w_q, w_k, w_v, w_o, num_heads, num_kv_heads):
+    batch, q_len, d_model = query.shape
+    k_len, d = key.shape[1], d_model // num_heads
+    q = (query @ w_q).view(batch, q_len, num_heads, d).transpose(1, 2)
+    k = (key @ w_k).view(batch, k_len, num_kv_heads, d).transpose(1, 2)
+    v = (value @ w_v).view(batch, k_len, num_kv_heads, d).transpose(1, 2)
+    group = num_heads // num_kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d), dim=-1)
+    return _merge(weights @ v) @ w_o
+
+
+@pytest.mark.parametrize(
+    "check, wrong, hint",
+    [
+        (
+            ch03.check_multi_head_attention,
+            mha_view_with_d_model_over_h,
+            "read d_k and d_v off the weights (w_q.shape[1] // num_heads, w_v.shape[1]",
+        ),
+        (
+            ch03.check_grouped_query_attention,
+            gqa_view_with_d_model_over_h,
+            "read d_k off the weights (w_q.shape[1] // num_heads)",
+        ),
+    ],
+)
+def test_a_raise_from_d_model_over_h_gets_the_width_hint(check, wrong, hint):
+    result = check(wrong, verbose=False)
+    assert not result and "raised" in result.message, result.message
+    assert hint in result.message, result.message
+
+
+def test_no_width_hint_for_a_raise_where_the_widths_are_d_model_over_h():
+    def raises(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+        raise RuntimeError("boom")
+
+    result = ch03.check_multi_head_attention(raises, verbose=False)
+    assert not result and result.cases_run == 1, result.message
+    assert "off the weights" not in result.message, result.message

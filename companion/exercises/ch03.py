@@ -143,6 +143,34 @@ def _fused_hint(case: Case, got: object) -> str:
     return ""
 
 
+def _width_hint_if_raised(
+    result: CheckResult, cases: list[Case], verbose: bool, grouped: bool = False
+) -> CheckResult:
+    """Append the "read d_k off the weights" hint when the answer raised on a case whose head
+    widths do not come from ``d_model // num_heads``; print the report unless ``verbose=False``.
+    ``grouped``: grouped-query attention, whose ``w_v`` has ``num_kv_heads · d_k`` columns."""
+    if not result.passed and f"case {result.cases_run} raised" in result.message:
+        case = cases[result.cases_run - 1]
+        d_model, heads = case["query"].shape[-1], case["num_heads"]
+        q_width, v_width = case["w_q"].shape[1], case["w_v"].shape[1]
+        if grouped and q_width != d_model:
+            result.message += (
+                f"\n   in this case d_model = {d_model} but w_q has {q_width} columns for "
+                f"{heads} heads: read d_k off the weights (w_q.shape[1] // num_heads), not "
+                "d_model // num_heads."
+            )
+        if not grouped and (q_width != d_model or v_width != d_model):
+            result.message += (
+                f"\n   in this case d_model = {d_model} but w_q has {q_width} columns and "
+                f"w_v {v_width} for {heads} heads: read d_k and d_v off the weights "
+                "(w_q.shape[1] // num_heads, w_v.shape[1] // num_heads), not "
+                "d_model // num_heads."
+            )
+    if verbose:
+        report(result)
+    return result
+
+
 # --------------------------------------------------------------------------------------------
 # Exercise 1: multi-head attention from weight matrices, d_k != d_v (exercise 2's check runs it)
 # --------------------------------------------------------------------------------------------
@@ -232,10 +260,13 @@ def _mha_variant(
     merge_transposed: bool = True,
     split_transposed: bool = True,
     gates_strided: bool = False,
+    gates: str = "heads",
 ) -> Tensor:
     """The output of a classic slip: the scale 1/√width with another width, the heads
-    split or merged by a reshape without the transpose, or the gates spread over the
-    concatenation with ``repeat`` (feature ``j`` gets gate ``j mod h``)."""
+    split or merged by a reshape without the transpose, the gates spread over the
+    concatenation with ``repeat`` (feature ``j`` gets gate ``j mod h``), put on ``W_O``'s
+    columns (``gates="w_o columns"``, output feature ``j`` gets gate ``j // d_v``) or ignored
+    (``gates="ignored"``)."""
     query, key, value, heads = case["query"], case["key"], case["value"], case["num_heads"]
     batch, q_len, d_model = query.shape
     d_k, d_v = case["w_q"].shape[1] // heads, case["w_v"].shape[1] // heads
@@ -251,16 +282,19 @@ def _mha_variant(
     v = split(value @ case["w_v"], d_v)  # (batch, h, k_len, d_v)
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(width), dim=-1)  # (batch, h, q, k)
     per_head = weights @ v  # (batch, h, q_len, d_v)
-    gates = case.get("head_gates")
-    if gates is not None and not gates_strided:
-        per_head = per_head * gates[:, None, None]
+    head_gates = case.get("head_gates")
+    if head_gates is not None and not gates_strided and gates == "heads":
+        per_head = per_head * head_gates[:, None, None]
     if merge_transposed:
         merged = per_head.transpose(1, 2).reshape(batch, q_len, heads * d_v)
     else:
         merged = per_head.reshape(batch, q_len, heads * d_v)  # right shape, tokens mixed
-    if gates is not None and gates_strided:
-        merged = merged * gates.repeat(d_v)  # feature j gets gate j mod h
-    return merged @ case["w_o"]  # (batch, q_len, d_model)
+    if head_gates is not None and gates_strided:
+        merged = merged * head_gates.repeat(d_v)  # feature j gets gate j mod h
+    w_o = case["w_o"]  # (h·d_v, d_model)
+    if head_gates is not None and gates == "w_o columns":  # needs h·d_v = d_model
+        w_o = w_o * head_gates.repeat_interleave(d_v)[None, :]  # output feature j: gate j // d_v
+    return merged @ w_o  # (batch, q_len, d_model)
 
 
 def _mha_hint(case: Case, got: object) -> str:
@@ -278,9 +312,12 @@ def _mha_hint(case: Case, got: object) -> str:
         "then transpose(1, 2)": {"split_transposed": False},
         "the scale 1/√d_v: the scores are dot products of d_k-wide queries and keys, so the "
         "scale is 1/√d_k": {"scale_width": "d_v"},
-        "the scale 1/√d_model: the scale uses the width of one head, d_k": {
-            "scale_width": "d_model"
-        },
+        (
+            "the scale 1/√d_model (= 1/√(h·d_k) in this case, the width of all heads "
+            "together): the scale uses the width of one head, d_k"
+            if d_model == heads * d_k
+            else "the scale 1/√d_model: the scale uses the width of one head, d_k"
+        ): {"scale_width": "d_model"},
         "the scale 1/√(h·d_k), the width of all heads together: use one head's d_k": {
             "scale_width": "h·d_k"
         },
@@ -290,6 +327,14 @@ def _mha_hint(case: Case, got: object) -> str:
         "gate the (batch, h, q_len, d_v) outputs with head_gates[:, None, None]": {
             "gates_strided": True
         },
+        "the gates put on the columns of W_O (the nn.Linear habit: out_proj.weight's columns "
+        "are W_O's rows): in the math convention y = x W, head r owns W_O's rows "
+        "r·d_v … (r+1)·d_v - 1, so gate those rows, or the (batch, h, q_len, d_v) outputs": {
+            "gates": "w_o columns"
+        },
+        "the gates ignored: multiply head r's output by head_gates[r] before W_O": {
+            "gates": "ignored"
+        },
     }
     widths = {"d_k": d_k, "d_v": d_v, "d_model": d_model, "h·d_k": heads * d_k, "1": 1}
     for slip, change in slips.items():
@@ -298,9 +343,19 @@ def _mha_hint(case: Case, got: object) -> str:
         )
         gates = case.get("head_gates")
         strided = change.get("gates_strided", False)
+        gate_slip = change.get("gates", "heads") != "heads"
         if strided and (gates is None or bool((gates == gates[0]).all()) or d_v == 1):
             continue  # equal gates (or d_v = 1): repeat and repeat_interleave agree
-        if widths[change.get("scale_width", "d_k")] == d_k and not reshaped and not strided:
+        if gate_slip and (gates is None or bool((gates == 1).all())):
+            continue  # all gates 1: ignoring them changes nothing
+        if change.get("gates") == "w_o columns" and heads * d_v != d_model:
+            continue  # W_O's columns cannot take h gates of d_v features each
+        if (
+            widths[change.get("scale_width", "d_k")] == d_k
+            and not reshaped
+            and not strided
+            and not gate_slip
+        ):
             continue  # this case cannot tell the slip from the right answer
         if change.get("merge_transposed") is False and (heads == 1 or case["query"].shape[1] == 1):
             continue
@@ -322,14 +377,16 @@ def check_multi_head_attention(
     ``h·d_v != d_model``) and head ``r``'s output times ``head_gates[r]`` (cases with gates 0,
     fractional and negative); names a split or merge without the transpose, a wrong scale and
     gates spread with ``repeat`` when the output is one of them."""
-    return run_check(
+    cases = _mha_cases()
+    result = run_check(
         "multi_head_attention",
         multi_head_attention,
         reference_multi_head_attention,
-        _mha_cases(),
-        verbose=verbose,
+        cases,
+        verbose=False,
         hint=_mha_hint,
     )
+    return _width_hint_if_raised(result, cases, verbose)
 
 
 # --------------------------------------------------------------------------------------------
@@ -475,14 +532,16 @@ def check_grouped_query_attention(
     num_kv_heads)`` → ``(batch, q_len, d_model)``; when the answer pairs query heads with the
     wrong key/value heads (``repeat`` for ``repeat_interleave``, ...) the message says which
     key/value head a query head used and which it should have used."""
-    return run_check(
+    cases = _gqa_cases()
+    result = run_check(
         "grouped_query_attention",
         grouped_query_attention,
         reference_grouped_query_attention,
-        _gqa_cases(),
-        verbose=verbose,
+        cases,
+        verbose=False,
         hint=_gqa_hint,
     )
+    return _width_hint_if_raised(result, cases, verbose, grouped=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -709,7 +768,7 @@ def _score_matrix_hint(case: Case, got: object) -> str:
         "strided heads (features r, r + h, r + 2h, ...): head r owns a contiguous block of d_k "
         "columns": strided,
         "w_q.reshape(h, d_model, d_k) (and w_k likewise): right shape, wrong numbers, section "
-        "3.4's reshape bug applied to the weights; head r's block is w_q[:, r·d_k:(r+1)·d_k], "
+        "3.3's reshape bug applied to the weights; head r's block is w_q[:, r·d_k:(r+1)·d_k], "
         "i.e. w_q.unflatten(1, (h, d_k)).transpose(0, 1)": (
             w_q.reshape(heads, -1, d_k) @ w_k.reshape(heads, -1, d_k).transpose(-2, -1)
         ),
