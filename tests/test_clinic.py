@@ -4,7 +4,9 @@ would fail if a "bug" were accidentally correct."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 
 import pytest
 import torch
@@ -110,6 +112,17 @@ def test_registry_lists_the_eighteen_bugs():
     assert [b.number for b in bugs] == list(range(1, 19))
     assert [b.ward for b in bugs] == [1] * 10 + [2] * 8
     assert all(b.buggy is not b.fixed and b.symptom and b.caught_by for b in bugs)
+
+
+def test_registry_numbers_match_the_docstrings_and_the_chapter():
+    """Each bug's docstring opens with its registry number (a variant letter allowed), as the
+    chapter numbers it: bug 11 is the padding_idx encoder of section 11.5, 12-18 the appendix."""
+    for bug in clinic.BUGS.values():
+        opening = (inspect.getdoc(bug.buggy) or "").split(":")[0]
+        assert re.fullmatch(rf"Bug {bug.number}[a-c]?", opening), (bug.number, opening)
+    by_number = {b.number: b.buggy for b in clinic.BUGS.values()}
+    assert by_number[11] is clinic.PaddingIdxEncoder
+    assert by_number[12] is clinic.discarded_mask_attention
 
 
 def test_build_rejects_unknown_bugs():
