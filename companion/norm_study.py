@@ -209,7 +209,7 @@ def train_run(
 
     * ``loss`` ``(steps,)``;
     * ``grad_ratio`` ``(steps,)``: gradient norm of the bottom decoder layer / the top one;
-    * ``delta_f`` ``(FIRST_STEPS,)``: ‖ΔF‖ / ‖F‖, the relative change of the logits on the
+    * ``delta_f`` ``(FIRST_STEPS,)``: ‖Δz‖ / ‖z‖, the relative change of the logits z on the
       probe batch (:func:`probe_batch` by default) made by each of the first updates;
     * ``adam_step`` ``(FIRST_STEPS,)``: mean |Δθ| / lr over all weights, for each of them.
 
