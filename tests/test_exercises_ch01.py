@@ -882,3 +882,57 @@ def test_equivariance_one_token_layer_breaks_only_when_its_token_moves():
     assert torch.allclose(layer(x[keeps]), out[keeps], atol=1e-5)
     moves = _swap(4, 1, 3)
     assert not torch.allclose(layer(x[moves]), out[moves], atol=1e-2)
+
+
+# --------------------------------------------------------------------------------------------
+# shape errors in the reader's function come back with a one-line hint
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:The use of `x.T`")
+@pytest.mark.parametrize(
+    ("check", "wrong", "received", "returns"),
+    [
+        # ex 2: k.T reverses every dimension of a batched tensor
+        (
+            ch01.check_relevance_scores,
+            lambda q, k: q @ k.T,
+            "q (2, 4, 3), k (2, 5, 3)",
+            "(..., q_len, k_len)",
+        ),
+        # ex 2: no transpose; the first case is not square, so the product cannot run
+        (
+            ch01.check_relevance_scores,
+            lambda q, k: q @ k,
+            "q (4, 3), k (6, 3)",
+            "(..., q_len, k_len)",
+        ),
+        # ex 2: permute(0, 2, 1) fits only three dimensions
+        (
+            ch01.check_relevance_scores,
+            lambda q, k: q @ k.permute(0, 2, 1),
+            "q (4, 3), k (6, 3)",
+            "(..., q_len, k_len)",
+        ),
+        # ex 1: softmax over the first axis with a sum that drops the batch dimension
+        (
+            ch01.check_row_softmax,
+            lambda scores: scores.exp() / scores.exp().sum(dim=-1),
+            "scores (",
+            "(..., k_len)",
+        ),
+        # ex 5: no new axes; query and key lengths differ in the first case
+        (ch01.check_additive_scores, additive_no_broadcast, "x_q (", "(..., q_len, k_len)"),
+    ],
+)
+def test_shape_errors_get_a_hint_naming_the_shapes(check, wrong, received, returns):
+    result = check(wrong, verbose=False)
+    assert not result, "a shape error must fail the check"
+    assert "ShapeMismatch" in result.message, result.message
+    assert received in result.message and returns in result.message, result.message
+
+
+def test_the_checks_own_errors_are_not_turned_into_shape_hints():
+    """A forbidden built-in softmax is still reported by name, not as a shape problem."""
+    result = ch01.check_row_softmax(lambda scores: torch.softmax(scores, dim=-1), verbose=False)
+    assert not result and "ShapeMismatch" not in result.message, result.message

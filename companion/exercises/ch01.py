@@ -51,6 +51,33 @@ __all__ = [
     "offset_head_weights",
 ]
 
+
+class ShapeMismatch(RuntimeError):
+    """A PyTorch shape error in the reader's function, re-raised with the shapes it got and owes."""
+
+
+def _with_shape_hint(fn: Callable[..., Tensor], returns: str) -> Callable[..., Tensor]:
+    """Wrap the reader's ``fn`` so that a raw PyTorch shape error (``RuntimeError`` or
+    ``IndexError``, not the check's own subclasses) comes back as :class:`ShapeMismatch`, one line
+    naming the shapes the function received and the shape ``returns`` it must produce."""
+
+    @functools.wraps(fn)
+    def hinted(**kwargs: Tensor) -> Tensor:
+        try:
+            return fn(**kwargs)
+        except (RuntimeError, IndexError) as exc:
+            if type(exc) not in (RuntimeError, IndexError):
+                raise  # the check's own reports (a forbidden call, a loop) stay as they are
+            got = ", ".join(f"{name} {tuple(value.shape)}" for name, value in kwargs.items())
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ShapeMismatch(
+                f"{first_line}. Your function received {got} and must return {returns}: "
+                "check which dimensions each product pairs"
+            ) from exc
+
+    return hinted
+
+
 # --------------------------------------------------------------------------------------------
 # Exercise 1: softmax over the last dimension, safe for large scores
 # --------------------------------------------------------------------------------------------
@@ -153,7 +180,7 @@ def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = T
 
     return run_check(
         "row_softmax",
-        without_builtin_softmax,
+        _with_shape_hint(without_builtin_softmax, "scores' shape (..., k_len)"),
         reference_row_softmax,
         _row_softmax_cases(),
         verbose=verbose,
@@ -200,7 +227,7 @@ def check_relevance_scores(
     ``(..., q_len, k_len)``."""
     return run_check(
         "relevance_scores",
-        relevance_scores,
+        _with_shape_hint(relevance_scores, "(..., q_len, k_len)"),
         reference_relevance_scores,
         _relevance_cases(),
         verbose=verbose,
@@ -310,7 +337,7 @@ def check_additive_scores(
         leaves = {name: value.detach().requires_grad_(True) for name, value in kwargs.items()}
         inputs = {name: leaf.clone() for name, leaf in leaves.items()}  # in-place ops allowed
         with _TorchCallCounter() as counter:
-            result = additive_scores(**inputs)
+            result = _with_shape_hint(additive_scores, "(..., q_len, k_len)")(**inputs)
         if counter.calls > ADDITIVE_MAX_TORCH_CALLS:
             q_len, k_len = kwargs["x_q"].shape[-2], kwargs["x_k"].shape[-2]
             d_hidden = kwargs["w_a"].shape[-1]
