@@ -276,3 +276,85 @@ def head_split_diagram(
     ax.set_xlim(-3.0, x + 0.5)
     ax.set_ylim(-3.2, stack_height + 1.2)
     return ax
+
+
+def head_split_scramble_diagram(
+    d_model: int = 12, num_heads: int = 3, seq_len: int = 5, ax: Axes | None = None
+) -> Axes:
+    """Draw the right split next to the classic wrong one, each square coloured by its token.
+
+    Left to right: the projected queries ``(seq_len, d_model)``, row ``i`` in token ``i``'s
+    colour; the heads after ``view`` and a swap of the token and head axes, where each row of
+    every head is one token; the heads after ``reshape(num_heads, seq_len, d_k)`` without the
+    swap, which reads memory in order, so a "head"'s rows come from the wrong tokens (with
+    ``d_model = 12``, ``h = 3``, ``n = 5``: head 0's rows are tokens 0, 0, 0, 1, 1). The batch axis is left out. One square is one number.
+
+    Args:
+        d_model: width of a token vector; ``num_heads`` must divide it.
+        num_heads: number of heads ``h``.
+        seq_len: number of tokens ``n`` (rows).
+        ax: axes to draw on; a new figure is created when omitted.
+    """
+    check_positive_int("d_model", d_model)
+    check_positive_int("num_heads", num_heads)
+    check_positive_int("seq_len", seq_len)
+    check_divisible("d_model", d_model, "num_heads", num_heads)
+    head_dim = d_model // num_heads
+    colours = (
+        sns.color_palette("tab10", seq_len) if seq_len <= 10 else sns.color_palette("husl", seq_len)
+    )
+    gap, stage_gap = 1.3, 4.0
+    stack_height = num_heads * seq_len + (num_heads - 1) * gap
+    low = stack_height / 2 - seq_len / 2  # bottom of the one-matrix stage
+    if ax is None:
+        width = d_model + 2 * head_dim + 2 * stage_gap
+        _, ax = plt.subplots(figsize=(0.36 * width + 1.6, 0.3 * stack_height + 1.4))
+    ax.set_axis_off()
+    ax.set_aspect("equal")
+
+    def square(x0: float, y0: float, token: int) -> None:
+        ax.add_patch(
+            plt.Rectangle(
+                (x0, y0), 1, 1, facecolor=colours[token], edgecolor="white", linewidth=0.8
+            )
+        )
+
+    for i in range(seq_len):  # 1. the projected queries, one colour per token
+        for c in range(d_model):
+            square(c, low + seq_len - 1 - i, i)
+        ax.text(-0.3, low + seq_len - 0.5 - i, f"token {i}", ha="right", va="center", fontsize=7)
+    ax.text(
+        d_model / 2,
+        low - 0.6,
+        f"Q (n, d_model) = ({seq_len}, {d_model})",
+        ha="center",
+        va="top",
+        fontsize=9,
+    )
+    flat = torch.arange(seq_len * d_model)  # memory order of Q: token i, feature c at i·d + c
+    right = flat.view(seq_len, num_heads, head_dim).transpose(0, 1)  # (h, n, d_k)
+    wrong = flat.reshape(num_heads, seq_len, head_dim)  # (h, n, d_k): right shape, wrong numbers
+    titles = (
+        "view + swap n and h:\nrow i is token i",
+        "reshape (h, n, d_k)\nwithout the swap:\nrows from the wrong tokens",
+    )
+    x = d_model + stage_gap
+    for stack, title in zip((right, wrong), titles):
+        for r in range(num_heads):
+            y0 = stack_height - (r + 1) * seq_len - r * gap
+            for i in range(seq_len):
+                for c in range(head_dim):
+                    square(x + c, y0 + seq_len - 1 - i, int(stack[r, i, c]) // d_model)
+            ax.text(
+                x + head_dim / 2,
+                y0 + seq_len + 0.15,
+                f"head {r}",
+                ha="center",
+                va="bottom",
+                fontsize=7.5,
+            )
+        ax.text(x + head_dim / 2, -0.6, title, ha="center", va="top", fontsize=8.5)
+        x += head_dim + stage_gap
+    ax.set_xlim(-3.0, x - stage_gap + 0.5)
+    ax.set_ylim(-3.4, stack_height + 1.2)
+    return ax

@@ -35,3 +35,27 @@ def test_grid_shape():
     with pytest.raises(ValueError, match="rows, cols, q_len, k_len"):
         attention_grid(torch.rand(5, 5))
     plt.close("all")
+
+
+def test_scramble_diagram_rows_are_one_token_only_for_the_right_split():
+    from companion.viz import head_split_scramble_diagram
+
+    d_model, heads, n = 12, 3, 5
+    ax = head_split_scramble_diagram(d_model, heads, n)
+    colours = [tuple(p.get_facecolor()) for p in ax.patches]  # Q, then right, then wrong
+    assert len(colours) == 3 * n * d_model, len(colours)
+    d_k, block = d_model // heads, n * d_model
+
+    def row_tokens(stage):  # per head, the colour of each of its n rows (rows are uniform)
+        part = colours[stage * block : (stage + 1) * block]
+        rows = [part[j : j + d_k] for j in range(0, block, d_k)]
+        assert all(len(set(row)) == 1 for row in rows), "a row of d_k features is one token"
+        return [[row[0] for row in rows[r * n : (r + 1) * n]] for r in range(heads)]
+
+    token_colour = [colours[i * d_model] for i in range(n)]  # Q's rows
+    assert all(head == token_colour for head in row_tokens(1)), "right split: row i is token i"
+    wrong = row_tokens(2)
+    assert wrong[0] == [token_colour[t] for t in (0, 0, 0, 1, 1)], "wrong split: head 0's rows"
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="num_heads"):
+        head_split_scramble_diagram(10, 3, 5)
