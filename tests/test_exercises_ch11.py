@@ -718,3 +718,19 @@ def test_split_heads_and_attention_refuse_the_clinics_correct_code():
         assert not result and "yourself" in result.message, result.message
     assert ch11.check_split_heads(ch11.reference_split_heads, verbose=False)
     assert ch11.check_attention(ch11.reference_attention, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (batch_exact, "rounding, not a leak"),
+        (batch_others_replaced, "depends on the row index"),
+        (batch_reversed_only, "reads the batch mean"),
+        (lambda logits_fn, ids: False, "is batch-independent"),
+    ],
+    ids=["exact", "others replaced", "reversed only", "never"],
+)
+def test_batch_independent_failure_names_what_the_model_does(wrong, hint):
+    result = ch11.check_batch_independent(wrong, verbose=False)
+    assert not result, result.message
+    assert "hint: " in result.message and hint in result.message, result.message

@@ -175,7 +175,7 @@ class ScaleByDk(MultiHeadAttention):
 
 
 class DoubledExponentPositions(PositionalEncoding):
-    """Bug 8: the loop index ``i`` already steps by 2, yet the exponent doubles it again; and
+    """Bug 8: the loop index ``two_m`` already steps by 2, yet the exponent doubles it again; and
     the cosine takes the frequency of the next index."""
 
     @staticmethod
@@ -183,9 +183,11 @@ class DoubledExponentPositions(PositionalEncoding):
         """The table built by a double loop over positions and features."""
         table = torch.zeros(max_len, d_model)  # (max_len, d_model)
         for pos in range(max_len):
-            for i in range(0, d_model, 2):  # i = 0, 2, 4, ...: i is already 2m, pair m's even index
-                table[pos, i] = math.sin(pos / 10000 ** (2 * i / d_model))  # BUG: 2·i
-                table[pos, i + 1] = math.cos(pos / 10000 ** (2 * (i + 1) / d_model))  # BUG: i + 1
+            for two_m in range(0, d_model, 2):  # 2m = 0, 2, 4, ...: pair m's even index
+                sin_base = 10000 ** (2 * two_m / d_model)  # BUG: 2·2m, the exponent doubled
+                cos_base = 10000 ** (2 * (two_m + 1) / d_model)  # BUG: 2m + 1, the next pair's
+                table[pos, two_m] = math.sin(pos / sin_base)
+                table[pos, two_m + 1] = math.cos(pos / cos_base)
         return table
 
 

@@ -133,7 +133,7 @@ def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) 
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: attention, scaled and masked (bugs 7, 11)
+# Exercise 3: attention, scaled and masked (bugs 7 and 12)
 # --------------------------------------------------------------------------------------------
 
 
@@ -565,6 +565,28 @@ def _batch_cases() -> list[Case]:
     return cases
 
 
+#: one line per kind of model, added to a failing report: what the case's model does
+_BATCH_HINTS = {
+    "healthy": "this model is batch-independent: each sentence alone gives its batched logits",
+    "rounding": "this model only rounds differently in a batch (1e-6 per row): rounding, not a leak",
+    "batch mean": "every row of this model reads the batch mean, so reversing the batch hides it",
+    "reads the first row": "the rows after the first read row 0; row 0 itself is clean",
+    "batch-axis positions": "this model's output depends on the row index of the batch",
+    "batch mean at position 0": "only the first position mixes the batch: compare every position",
+    "one logit": "a single logit moves by 1e-2: compare the largest difference, not the mean",
+}
+
+
+def _batch_hint(case: Case, got: object) -> str:
+    """One line saying what the failing case's model does (any rows that read other rows share
+    a line: run every sentence alone)."""
+    how = case["logits_fn"].how
+    line = _BATCH_HINTS.get(
+        how, "only some rows of this model read others: run every sentence alone"
+    )
+    return f"\n   hint: {line}"
+
+
 def check_batch_independent(
     batch_independent: Callable[..., bool], verbose: bool = True
 ) -> CheckResult:
@@ -590,5 +612,10 @@ def check_batch_independent(
         return bool(verdict) if isinstance(verdict, (bool, torch.Tensor)) else verdict
 
     return run_check(
-        "batch_independent", as_bool, reference_batch_independent, _batch_cases(), verbose=verbose
+        "batch_independent",
+        as_bool,
+        reference_batch_independent,
+        _batch_cases(),
+        verbose=verbose,
+        hint=_batch_hint,
     )
