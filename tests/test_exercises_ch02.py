@@ -885,3 +885,16 @@ def test_scale_test_a_relative_tolerance_depends_on_the_inputs():
     assert "eleven with a classic slip" in " ".join(ch02.check_scale_test.__doc__.split())
     slips = sum(not correct for _, _, correct, _ in ch02.SCALE_TEST_CANDIDATES)
     assert slips == 11, slips
+
+
+def test_blockwise_check_refuses_the_packages_blockwise_attention():
+    """The package's own blockwise_attention is the answer, so calling it is refused (a
+    reviewer found it passing)."""
+    from companion.efficient_attention import blockwise_attention as package_blockwise
+
+    def answer(q, k, v, block_size):
+        return package_blockwise(q, k, v, block_size=block_size)
+
+    result = ch02.check_blockwise_attention(answer, verbose=False)
+    assert not result.passed, "calling companion.efficient_attention should be refused"
+    assert "efficient_attention" in result.message, result.message

@@ -26,11 +26,13 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from companion import efficient_attention
 from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
+    refusing_calls,
     report,
     run_check,
     seeded_generator,
@@ -579,7 +581,9 @@ def check_blockwise_attention(
     tensor ending in ``(q_len, k_len)`` or ``(k_len, q_len)`` (the scores or weights of all
     keys at once, transposed or not) or runs
     PyTorch's fused attention on more than ``block_size`` keys, so the plain full softmax is
-    reported, not passed. (Work done outside PyTorch, in NumPy say, is not watched.)
+    reported, not passed. (Work done outside PyTorch, in NumPy say, is not watched.) A call
+    into :mod:`companion.efficient_attention`, whose ``blockwise_attention`` is the answer, is
+    refused.
     """
 
     @functools.wraps(blockwise_attention)
@@ -591,9 +595,15 @@ def check_blockwise_attention(
         with _BlockRule(q_len, k_len, block_size, q.shape[-1], v.shape[-1], rows):
             return blockwise_attention(q, k, v, block_size)
 
+    refused = refusing_calls(
+        one_block_at_a_time,
+        "compute attention one block of keys at a time",
+        (efficient_attention,),
+        why=": companion.efficient_attention.blockwise_attention holds the answer",
+    )
     return run_check(
         "blockwise_attention",
-        one_block_at_a_time,
+        refused,
         lambda q, k, v, block_size: reference_scaled_attention(q, k, v)[0],
         _blockwise_cases(),
         verbose=verbose,
