@@ -470,7 +470,7 @@ def sample_cumsum_at_least(logits, temperature, top_k, uniform):
     if temperature == 0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(_top_k_keep_ties(logits, top_k) / temperature, dim=-1)
-    return (probs.cumsum(-1) < uniform[:, None]).sum(-1)  # first t with cumsum >= u
+    return (probs.cumsum(-1) < uniform[:, None]).sum(-1)  # first t with cumsum >= u: wrong at u = 0
 
 
 def sample_power_of_probabilities(logits, temperature, top_k, uniform):
@@ -604,7 +604,6 @@ def test_sampling_accepts_correct():
         ch10.reference_sample_next_token,
         sample_float32,
         sample_from_companion,
-        sample_cumsum_at_least,
         sample_power_of_probabilities,
     ]:
         assert ch10.check_sample_next_token(fn, verbose=False), fn.__name__
@@ -672,7 +671,10 @@ def test_sampling_cases_hold_the_traps():
         probs = sampling_distribution(case["logits"].double(), case["temperature"], case["top_k"])
         edges = torch.cat([torch.zeros(len(probs), 1, dtype=torch.float64), probs.cumsum(-1)], -1)
         distance = (edges - case["uniform"].double()[:, None]).abs().min(-1).values
-        assert float(distance.min()) >= ch10.UNIFORM_MARGIN
+        # the one exception: u = 0 exactly on a row whose first id is blocked (the ">= u" trap)
+        on_purpose = (case["uniform"] == 0) & torch.isinf(case["logits"][:, 0])
+        assert float(distance[~on_purpose].min()) >= ch10.UNIFORM_MARGIN
+    assert any(bool(((c["uniform"] == 0) & torch.isinf(c["logits"][:, 0])).any()) for c in cases)
 
 
 # --------------------------------------------------------------------------------------------
@@ -823,3 +825,23 @@ def test_reference_passes_its_own_check(check, reference, capsys):
 def test_only_the_checks_are_exported():
     assert sorted(ch10.__all__) == sorted(name for name in dir(ch10) if name.startswith("check_"))
     assert all(name.startswith("check_") for name in ch10.__all__)
+
+
+def test_sampling_check_rejects_the_greater_or_equal_rule():
+    """``searchsorted`` with its default side finds the first cumulative probability >= u, so at
+    u = 0 it draws a blocked token of probability 0; the spec says "exceeds u"."""
+
+    def greater_or_equal(logits, temperature, top_k, uniform):
+        if temperature == 0:
+            return logits.argmax(dim=-1)
+        logits = logits.double()
+        if top_k is not None:
+            kth = logits.topk(top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, -math.inf)
+        cumulative = torch.softmax(logits / temperature, dim=-1).cumsum(dim=-1)
+        ids = torch.searchsorted(cumulative, uniform.double()[:, None].contiguous())[:, 0]
+        return ids.clamp(max=logits.shape[-1] - 1)
+
+    assert not ch10.check_sample_next_token(greater_or_equal, verbose=False)
+    assert not ch10.check_sample_next_token(sample_cumsum_at_least, verbose=False)
+    assert ch10.check_sample_next_token(ch10.reference_sample_next_token, verbose=False)

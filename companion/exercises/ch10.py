@@ -556,6 +556,14 @@ def _sampling_cases() -> list[Case]:
         cases.append(
             {"logits": logits, "temperature": temperature, "top_k": top_k, "uniform": uniform}
         )
+    # u = 0 exactly (torch.rand can return it) with id 0 blocked: its cumulative probability is
+    # exactly 0, so "the first id whose cumulative probability exceeds u" skips it, while the
+    # classic ">= u" slip (searchsorted's default side) draws a token of probability 0
+    logits = 2.0 * torch.randn(16, 8, generator=g)  # (16, 8)
+    logits[:, 0] = -math.inf
+    uniform = _keep_away_from_boundaries(logits, 1.0, None, g)  # (16,)
+    uniform[:8] = 0.0
+    cases.append({"logits": logits, "temperature": 1.0, "top_k": None, "uniform": uniform})
     return cases
 
 
@@ -566,7 +574,9 @@ def check_sample_next_token(
     :func:`reference_sample_next_token` describes (inverse-CDF sampling in id order).
 
     The uniform numbers are never within :data:`UNIFORM_MARGIN` of a cumulative probability,
-    so rounding cannot change the token; among the cases are greedy rows with tied maxima,
+    so rounding cannot change the token, except ``u = 0`` exactly on rows whose first id is
+    blocked (a cumulative probability of exactly 0, which ``>= u`` would draw); among the
+    cases are greedy rows with tied maxima,
     ties at the ``top_k``-th logit, blocked (``-inf``) tokens and a temperature high enough
     that most of the probability lies outside the top ``k``.
     """
