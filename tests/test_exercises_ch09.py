@@ -822,3 +822,30 @@ def test_a_float32_slip_is_reported_with_its_largest_difference(capsys):
     assert 3e-5 < gap < 1e-3, out
     expected, got = out.split("expected ")[1].split(", got ")
     assert expected != got.split(" ")[0], f"the printed values must differ: {out}"
+
+
+def test_mean_pool_rejects_head_dim_from_d_model():
+    """head_dim read as d_model / num_heads fits only when d_model = num_heads·head_dim."""
+
+    def from_d_model(weight, num_heads, num_kv_heads):
+        head_dim = weight.shape[1] // num_heads
+        group = num_heads // num_kv_heads
+        return weight.unflatten(0, (num_kv_heads, group, head_dim)).mean(1).flatten(0, 1)
+
+    assert not ch09.check_mean_pool_kv_heads(from_d_model, verbose=False)
+
+
+def test_mean_pool_rejects_changing_the_weight_in_place():
+    """Writing the pooled heads into the trained weight corrupts the model being converted."""
+
+    def in_place(weight, num_heads, num_kv_heads):
+        group = num_heads // num_kv_heads
+        head_dim = weight.shape[0] // num_heads
+        blocks = weight.view(num_kv_heads, group, head_dim, weight.shape[1])
+        blocks[:, 0] = blocks.mean(1)
+        return blocks[:, 0].reshape(num_kv_heads * head_dim, weight.shape[1])
+
+    result = ch09.check_mean_pool_kv_heads(in_place, verbose=False)
+    assert not result
+    assert "in place" in result.message, result.message
+    assert ch09.check_mean_pool_kv_heads(ch09.reference_mean_pool_kv_heads, verbose=False)

@@ -22,6 +22,7 @@ too, written from the formulas; they are not exported.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -107,6 +108,7 @@ def _pool_cases() -> list[Case]:
         (4, 1, 4, 16),  # multi-query attention: one group holds every head
         (4, 4, 2, 8),  # groups of one: the weight is returned unchanged
         (6, 2, 1, 6),  # head_dim 1: a head is a single row
+        (4, 2, 3, 8),  # d_model ≠ num_heads·head_dim: head_dim must come from the rows
     ]
     return [
         {
@@ -122,10 +124,24 @@ def check_mean_pool_kv_heads(
     mean_pool_kv_heads: Callable[[Tensor, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``mean_pool_kv_heads(weight, num_heads, num_kv_heads)``:
-    ``(num_heads·head_dim, d_model)`` → ``(num_kv_heads·head_dim, d_model)``."""
+    ``(num_heads·head_dim, d_model)`` → ``(num_kv_heads·head_dim, d_model)``. One case has
+    ``d_model ≠ num_heads·head_dim`` (``head_dim`` must come from the rows), and changing
+    ``weight`` in place is refused."""
+
+    @functools.wraps(mean_pool_kv_heads)
+    def leaves_weight_alone(weight: Tensor, num_heads: int, num_kv_heads: int) -> Tensor:
+        before = weight.clone()
+        pooled = mean_pool_kv_heads(weight=weight, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        if not torch.equal(weight, before):
+            raise ValueError(
+                "mean_pool_kv_heads changed `weight` in place: converting a trained model must "
+                "leave its multi-head weights as they were (work on a copy, or build a new tensor)"
+            )
+        return pooled
+
     return run_check(
         "mean_pool_kv_heads",
-        mean_pool_kv_heads,
+        leaves_weight_alone,
         reference_mean_pool_kv_heads,
         _pool_cases(),
         verbose=verbose,
