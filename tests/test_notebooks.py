@@ -462,3 +462,13 @@ def test_every_term_is_in_the_glossary(path):
     terms = glossary_terms(GLOSSARY.read_text(encoding="utf-8"))
     unknown = sorted({t for t in term_targets(_page_markdown(path)) if t.lower() not in terms})
     assert not unknown, f"{path.name}: {{term}} targets missing from book/glossary.md: {unknown}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_glue_key_is_written_twice(path):
+    """myst-nb warns on a key glued twice in one page, and the build runs with -W: a literal
+    key must appear in one glue(...) call only."""
+    code = "\n".join(_source(c) for c in _code_cells(path))
+    keys = re.findall(r"""glue\(\s*["']([A-Za-z0-9_]+)["']""", code)
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    assert twice == [], f"{path.name}: glued more than once: {twice}"
