@@ -397,33 +397,16 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         # shifts under 25 and below 0.1 for every shift in range
         return q @ k * scale + 2e-5 * (i + j)
 
-    def every_third_query(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
-        # moves only when a shift takes i onto or off a multiple of 3: 4 draws in 9 on average
-        return q @ k * scale + 0.5 * (i % 3 == 0)
+    def every_nth(n: int, axis: str) -> Callable[[Tensor, Tensor, int, int], Tensor]:
+        """A bias of 0.5 on query (``axis="query"``) or key positions divisible by ``n``: it
+        moves a score only when a shift takes that position onto or off a multiple of ``n``,
+        for about one draw in ``n / 2`` (1 in 9 for ``n = 17``: fifty draws miss it about 1
+        time in 400, five draws 6 times in 10)."""
 
-    def every_fourth_key(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
-        # moves only when a shift takes j onto or off a multiple of 4: about 3 draws in 8
-        return q @ k * scale + 0.5 * (j % 4 == 0)
+        def score(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+            return q @ k * scale + 0.5 * ((i if axis == "query" else j) % n == 0)
 
-    def every_sixth_query(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
-        # moves only when a shift takes i onto or off a multiple of 6: about 3 draws in 10
-        return q @ k * scale + 0.5 * (i % 6 == 0)
-
-    def every_seventh_key(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
-        # moves only when a shift takes j onto or off a multiple of 7: about 1 draw in 4
-        return q @ k * scale + 0.5 * (j % 7 == 0)
-
-    def every_eleventh_query(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
-        # rarer: moves for about 1 draw in 6, so five draws miss it about 4 times in 10
-        return q @ k * scale + 0.5 * (i % 11 == 0)
-
-    def every_thirteenth_key(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
-        # moves for about 1 draw in 7
-        return q @ k * scale + 0.5 * (j % 13 == 0)
-
-    def every_seventeenth_query(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
-        # moves for about 1 draw in 9: fifty draws miss it about 1 time in 400
-        return q @ k * scale + 0.5 * (i % 17 == 0)
+        return score
 
     def faint_odd_query(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
         # moves by exactly 7.5e-5 whenever the shift is odd, however large: above every
@@ -449,13 +432,13 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         ("bias 0.05·i·sum(q - k)", content_gated_bias, False),
         ("RoPE score minus itself one position on (0 up to rounding)", rope_minus_next, True),
         ("bias 2e-5·(i + j)", tiny_sum_bias, False),
-        ("bias 0.5 on query positions divisible by 3", every_third_query, False),
-        ("bias 0.5 on key positions divisible by 4", every_fourth_key, False),
-        ("bias 0.5 on query positions divisible by 6", every_sixth_query, False),
-        ("bias 0.5 on key positions divisible by 7", every_seventh_key, False),
-        ("bias 0.5 on query positions divisible by 11", every_eleventh_query, False),
-        ("bias 0.5 on key positions divisible by 13", every_thirteenth_key, False),
-        ("bias 0.5 on query positions divisible by 17", every_seventeenth_query, False),
+        ("bias 0.5 on query positions divisible by 3", every_nth(3, "query"), False),
+        ("bias 0.5 on key positions divisible by 4", every_nth(4, "key"), False),
+        ("bias 0.5 on query positions divisible by 6", every_nth(6, "query"), False),
+        ("bias 0.5 on key positions divisible by 7", every_nth(7, "key"), False),
+        ("bias 0.5 on query positions divisible by 11", every_nth(11, "query"), False),
+        ("bias 0.5 on key positions divisible by 13", every_nth(13, "key"), False),
+        ("bias 0.5 on query positions divisible by 17", every_nth(17, "query"), False),
         ("bias 7.5e-5 on odd query positions", faint_odd_query, False),
     ]
     return [(ScoreFunction(name, dim, fn), relative) for name, fn, relative in named]
