@@ -154,6 +154,14 @@ def attention_grid(
     return fig
 
 
+def _check_head_split(d_model: int, num_heads: int, seq_len: int) -> None:
+    """The arguments both head-split diagrams take: positive, ``num_heads`` dividing ``d_model``."""
+    check_positive_int("d_model", d_model)
+    check_positive_int("num_heads", num_heads)
+    check_positive_int("seq_len", seq_len)
+    check_divisible("d_model", d_model, "num_heads", num_heads)
+
+
 def head_split_diagram(
     d_model: int = 12, num_heads: int = 3, seq_len: int = 5, ax: Axes | None = None
 ) -> Axes:
@@ -173,10 +181,7 @@ def head_split_diagram(
         seq_len: number of tokens ``n`` (rows).
         ax: axes to draw on; a new figure is created when omitted.
     """
-    check_positive_int("d_model", d_model)
-    check_positive_int("num_heads", num_heads)
-    check_positive_int("seq_len", seq_len)
-    check_divisible("d_model", d_model, "num_heads", num_heads)
+    _check_head_split(d_model, num_heads, seq_len)
     head_dim = d_model // num_heads
     colours = sns.color_palette("Set2", num_heads)
     gap, arrow_gap = 1.3, 5.6  # between the stacked heads; between two stages
@@ -295,10 +300,7 @@ def head_split_scramble_diagram(
         seq_len: number of tokens ``n`` (rows).
         ax: axes to draw on; a new figure is created when omitted.
     """
-    check_positive_int("d_model", d_model)
-    check_positive_int("num_heads", num_heads)
-    check_positive_int("seq_len", seq_len)
-    check_divisible("d_model", d_model, "num_heads", num_heads)
+    _check_head_split(d_model, num_heads, seq_len)
     head_dim = d_model // num_heads
     colours = (
         sns.color_palette("tab10", seq_len) if seq_len <= 10 else sns.color_palette("husl", seq_len)
