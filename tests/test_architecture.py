@@ -66,11 +66,11 @@ LAYERS: dict[str, int] = {
     "companion.train": 7,
     "companion.history": 8,
     "companion.metrics": 8,
-    "companion.exercises.ch06": 6,
     "companion.exercises.ch07": 8,
     "companion.exercises.ch11": 8,
     "companion.families": 8,
     "companion.norm_study": 8,
+    "companion.exercises.ch06": 9,  # measures with companion.norm_study's setup (layer 8)
     "companion.trainer": 9,
     "companion.run": 10,
     "companion": 11,

@@ -333,28 +333,14 @@ STREAM_SIZE_RTOL: float = 1e-3
 
 def _init_encoder_and_inputs(
     num_layers: int, norm_first: bool, final_norm: bool, seed: int
-) -> tuple[nn.Module, Tensor, Tensor]:
-    """Section 6.3's encoder at initialisation, its input ``(8, 16, 64)`` and the read-out
-    directions ``(8, 16, 64)``. The same setup as ``companion.norm_study``'s ``init_encoder``
-    and ``init_inputs`` (tests/test_norm_study.py checks it), written out here because this
-    module sits below ``norm_study`` in the package's layers."""
-    from companion.model import Encoder, TransformerConfig  # the model, only when measured
+) -> tuple[nn.Module, Tensor, Callable[[Tensor], Tensor]]:
+    """Section 6.3's encoder at initialisation, its input ``(8, 16, 64)`` and the random
+    read-out loss: ``companion.norm_study``'s ``init_encoder`` and ``init_inputs``."""
+    from companion import norm_study  # the model and its data, only when measured
 
-    torch.manual_seed(seed)
-    config = TransformerConfig(
-        num_layers=num_layers, d_model=64, num_heads=4, d_ff=256, dropout=0.0,
-        norm_first=norm_first, final_norm=final_norm,
-    )  # fmt: skip
-    encoder = Encoder(config)
-    for name, parameter in encoder.named_parameters():
-        if parameter.dim() > 1:
-            nn.init.xavier_normal_(parameter)
-        elif name.endswith("bias"):
-            nn.init.zeros_(parameter)
-    gen = torch.Generator().manual_seed(1000 + seed)
-    x = torch.randn(8, 16, 64, generator=gen)  # (batch, seq_len, d_model)
-    readout = torch.randn(8, 16, 64, generator=gen)  # one random direction per token
-    return encoder, x, readout
+    encoder = norm_study.init_encoder(num_layers, norm_first, seed, final_norm=final_norm)
+    x, loss_fn = norm_study.init_inputs(seed)
+    return encoder, x, loss_fn
 
 
 def last_layer_w2_gradient(num_layers: int, norm_first: bool, final_norm: bool, seed: int) -> float:
@@ -362,8 +348,8 @@ def last_layer_w2_gradient(num_layers: int, norm_first: bool, final_norm: bool, 
     feed-forward matrix at initialisation, with the random read-out loss
     ``sum(r * y) / sqrt(8 * 16)`` (used by the tests to check that this module's setup is
     ``norm_study``'s)."""
-    encoder, x, readout = _init_encoder_and_inputs(num_layers, norm_first, final_norm, seed)
-    ((readout * encoder(x)).sum() / math.sqrt(8 * 16)).backward()
+    encoder, x, loss_fn = _init_encoder_and_inputs(num_layers, norm_first, final_norm, seed)
+    loss_fn(encoder(x)).backward()
     return encoder.layers[-1].feed_forward.output_proj.weight.grad.norm().item()
 
 
