@@ -221,6 +221,24 @@ def test_multi_head_attention_rejects_wrong(wrong):
     assert not ch03.check_multi_head_attention(gated(wrong), verbose=False)
 
 
+def mha_returns_gated_weights(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    """The right output, but the weights returned after the gates: head r's map times g_r."""
+    output, weights = ch03.reference_multi_head_attention(
+        query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates
+    )
+    return output, weights * head_gates[:, None, None]
+
+
+def test_multi_head_attention_names_gated_weights():
+    result = ch03.check_multi_head_attention(mha_returns_gated_weights, verbose=False)
+    assert not result
+    assert "weights returned after gating" in result.message, result.message
+    # a different wrong answer does not get that hint
+    other = ch03.check_multi_head_attention(gated(mha_averaged_weights), verbose=False)
+    assert not other
+    assert "after gating" not in other.message, other.message
+
+
 def test_cases_include_a_non_square_output_projection():
     shapes = [tuple(case["w_o"].shape) for case in ch03._mha_cases()]
     assert any(rows != cols for rows, cols in shapes)

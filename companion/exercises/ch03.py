@@ -71,9 +71,11 @@ def reference_split_fused_qkv(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tens
     Returns:
         ``(q, k, v)``, each of shape ``(batch, num_heads, len, head_dim)``.
     """
-    batch, length, width = qkv.shape
+    batch, seq_len, width = qkv.shape
     head_dim = width // (3 * num_heads)
-    per_head = qkv.view(batch, length, num_heads, 3 * head_dim)  # (batch, len, heads, 3·head_dim)
+    per_head = qkv.view(
+        batch, seq_len, num_heads, 3 * head_dim
+    )  # (batch, seq_len, heads, 3·head_dim)
     per_head = per_head.transpose(1, 2)  # (batch, heads, len, 3·head_dim)
     q, k, v = per_head.chunk(3, dim=-1)  # each (batch, heads, len, head_dim)
     return q, k, v
@@ -91,8 +93,8 @@ def _fused_cases() -> list[Case]:
         (2, 1, 6, 1),  # head_dim = 1
     ]
     return [
-        {"qkv": torch.randn(batch, length, 3 * heads * dim, generator=g), "num_heads": heads}
-        for batch, length, heads, dim in shapes
+        {"qkv": torch.randn(batch, seq_len, 3 * heads * dim, generator=g), "num_heads": heads}
+        for batch, seq_len, heads, dim in shapes
     ]
 
 
@@ -119,12 +121,14 @@ def _fused_hint(case: Case, got: object) -> str:
     if not all(isinstance(part, Tensor) for part in got):
         return ""
     qkv, heads = case["qkv"], case["num_heads"]
-    batch, length, width = qkv.shape
+    batch, seq_len, width = qkv.shape
 
-    def heads_of(part: Tensor) -> Tensor:  # (batch, len, d_model) → (batch, heads, len, d_k)
-        return part.view(batch, length, heads, -1).transpose(1, 2)
+    def heads_of(
+        part: Tensor,
+    ) -> Tensor:  # (batch, seq_len, d_model) → (batch, heads, seq_len, d_k)
+        return part.view(batch, seq_len, heads, -1).transpose(1, 2)
 
-    no_transpose = qkv.reshape(batch, heads, length, width // heads).chunk(3, dim=-1)
+    no_transpose = qkv.reshape(batch, heads, seq_len, width // heads).chunk(3, dim=-1)
     slips = {
         "the split of the stacked layout [all q | all k | all v] (chunk into three first): "
         "these features are laid out head by head, [q_0 | k_0 | v_0 | q_1 | ...]": tuple(
@@ -304,6 +308,16 @@ def _mha_hint(case: Case, got: object) -> str:
     heads = case["num_heads"]
     d_k, d_v = case["w_q"].shape[1] // heads, case["w_v"].shape[1] // heads
     d_model = case["query"].shape[-1]
+    gates = case.get("head_gates")
+    if isinstance(got[1], Tensor) and gates is not None and not bool((gates == 1).all()):
+        weights = reference_multi_head_attention(**case)[1]  # (batch, h, q_len, k_len)
+        gated = weights * gates[:, None, None]  # head r's weights times g_r
+        if got[1].shape == gated.shape and torch.allclose(got[1], gated, atol=1e-5, rtol=1e-4):
+            return (
+                "\n   this looks like the attention weights returned after gating: return the "
+                "softmax's weights as they are (each row sums to 1); the gates multiply the "
+                "heads' outputs, not the weights that are returned."
+            )
     slips = {
         "the heads merged by a reshape without transpose(1, 2): right shape, but it glues "
         "the outputs of different tokens together": {"merge_transposed": False},
@@ -359,8 +373,8 @@ def _mha_hint(case: Case, got: object) -> str:
             continue  # this case cannot tell the slip from the right answer
         if change.get("merge_transposed") is False and (heads == 1 or case["query"].shape[1] == 1):
             continue
-        lengths = (case["query"].shape[1], case["key"].shape[1])
-        if change.get("split_transposed") is False and (heads == 1 or lengths == (1, 1)):
+        seq_lens = (case["query"].shape[1], case["key"].shape[1])
+        if change.get("split_transposed") is False and (heads == 1 or seq_lens == (1, 1)):
             continue
         value = _mha_variant(case, **change)
         if got[0].shape == value.shape and torch.allclose(got[0], value, atol=1e-5, rtol=1e-4):
