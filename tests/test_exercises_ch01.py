@@ -238,6 +238,24 @@ def test_additive_scores_rejects_wrong(wrong):
     assert not ch01.check_additive_scores(wrong, verbose=False)
 
 
+def additive_through_the_package(x_q, x_k, w_q, w_k, w_a):
+    """Right numbers and a live graph, but AdditiveScore.forward (the withheld answer) does the
+    pairing: the reader's weights are swapped into the package's module."""
+    module = AdditiveScore(d_query=x_q.shape[-1], d_key=x_k.shape[-1], d_hidden=w_a.shape[0])
+    weights = {"query_proj.weight": w_q.T, "key_proj.weight": w_k.T, "score_proj.weight": w_a[None]}
+    return torch.func.functional_call(module, weights, (x_q, x_k))
+
+
+def test_additive_scores_refuses_the_package_forward_and_says_so():
+    case = ch01._additive_cases()[-1]
+    torch.testing.assert_close(
+        additive_through_the_package(**case), ch01.reference_additive_scores(**case)
+    )
+    result = ch01.check_additive_scores(additive_through_the_package, verbose=False)
+    assert not result and "AdditiveScore.forward" in result.message, result.message
+    assert ch01.check_additive_scores(additive_correct, verbose=False), "the reference passes"
+
+
 def test_additive_scores_old_parameter_name_is_named_in_the_message():
     def old_names(x_q, x_k, w_q, w_k, w):
         return additive_correct(x_q, x_k, w_q, w_k, w)

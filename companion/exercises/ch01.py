@@ -25,11 +25,13 @@ import torch
 from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
+from companion import attention as _attention_module  # AdditiveScore.forward: exercise 5's answer
 from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
+    refusing_calls,
     report,
     run_check,
     run_verdict_check,
@@ -329,15 +331,22 @@ def check_additive_scores(
     :data:`ADDITIVE_MAX_TORCH_CALLS` (one case has 12 queries and 10 keys, another 64 keys
     and 32 hidden units). The inputs require gradients, and scores that do not depend on
     every input through autograd (a loop over Python floats after ``.tolist()``, which makes
-    few PyTorch calls) are reported too.
+    few PyTorch calls) are reported too. So is a call into :mod:`companion.attention`, whose
+    ``AdditiveScore.forward`` holds the answer (e.g. through ``torch.func.functional_call``).
     """
+    guarded = refusing_calls(
+        additive_scores,
+        "pair every query with every key",
+        (_attention_module,),
+        why=": companion.attention.AdditiveScore.forward holds the answer",
+    )
 
     @functools.wraps(additive_scores)
     def counted(**kwargs: Tensor) -> Tensor:
         leaves = {name: value.detach().requires_grad_(True) for name, value in kwargs.items()}
         inputs = {name: leaf.clone() for name, leaf in leaves.items()}  # in-place ops allowed
         with _TorchCallCounter() as counter:
-            result = _with_shape_hint(additive_scores, "(..., q_len, k_len)")(**inputs)
+            result = _with_shape_hint(guarded, "(..., q_len, k_len)")(**inputs)
         if counter.calls > ADDITIVE_MAX_TORCH_CALLS:
             q_len, k_len = kwargs["x_q"].shape[-2], kwargs["x_k"].shape[-2]
             d_hidden = kwargs["w_a"].shape[-1]
