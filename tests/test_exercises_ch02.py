@@ -898,3 +898,54 @@ def test_blockwise_check_refuses_the_packages_blockwise_attention():
     result = ch02.check_blockwise_attention(answer, verbose=False)
     assert not result.passed, "calling companion.efficient_attention should be refused"
     assert "efficient_attention" in result.message, result.message
+
+
+# ---------------------------------------------------------------------------------------------
+# the module's own answers are refused when a reader's function calls them
+# ---------------------------------------------------------------------------------------------
+
+
+def test_blockwise_refuses_a_call_to_the_reference():
+    def calls_reference(q, k, v, block_size):
+        return ch02.reference_blockwise_attention(q, k, v, block_size)
+
+    result = ch02.check_blockwise_attention(calls_reference, verbose=False)
+    assert not result
+    assert "reference_blockwise_attention" in result.message, result.message
+    assert "one block of keys at a time yourself" in result.message, result.message
+
+
+def test_scale_test_refuses_a_call_to_the_reference():
+    def calls_reference(attention):
+        return ch02.reference_is_scaled_attention(attention)
+
+    result = ch02.check_scale_test(calls_reference, verbose=False)
+    assert not result
+    assert "reference_is_scaled_attention" in result.message, result.message
+    # the reference handed in as is still passes (tests/test_exercises.py relies on it)
+    assert ch02.check_scale_test(ch02.reference_is_scaled_attention, verbose=False)
+
+
+def test_attention_backward_refuses_a_call_to_the_reference():
+    def calls_reference(q, k, v, grad_output):
+        return ch02.reference_attention_backward(q, k, v, grad_output)
+
+    result = ch02.check_attention_backward(calls_reference, verbose=False)
+    assert not result
+    assert "reference_attention_backward" in result.message, result.message
+    assert ch02.check_attention_backward(ch02.reference_attention_backward, verbose=False)
+
+
+def test_gradient_crossover_refuses_the_modules_gap():
+    """crossover_gap measures the gap the exercise asks for; an answer that calls it is
+    refused, even when the remembered gap makes the call cost nothing."""
+    ch02.crossover_gap(2, 3)  # the check's cache now holds this setting
+
+    def calls_gap(n_keys):
+        ch02.crossover_gap(2, 3)
+        return crossover_correct(n_keys)
+
+    result = ch02.check_gradient_crossover(calls_gap, verbose=False)
+    assert not result
+    assert "crossover_gap" in result.message, result.message
+    assert "measure the gradient gap yourself" in result.message, result.message

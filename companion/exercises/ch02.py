@@ -32,6 +32,7 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
+    calls_into,
     refusing_calls,
     report,
     run_check,
@@ -56,6 +57,30 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # The reference of scaled dot-product attention, over any leading dimensions
 # ---------------------------------------------------------------------------------------------
+
+
+def _refusing_reference(
+    fn: Callable[..., Any], task: str, references: tuple[Callable[..., Any], ...]
+) -> Callable[..., Any]:
+    """``fn``, failing (``RuntimeError``) when it calls one of ``references``, this module's
+    own answers to the exercise (a lambda around the reference would otherwise pass its
+    check). Positional arguments are passed on as given. A reference handed to its check as
+    is passes: the generic tests of ``tests/test_exercises.py`` run every check on it."""
+    if fn in references:
+        return fn
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with calls_into(functions=references) as calls:
+            value = fn(*args, **kwargs)
+        if calls:
+            raise RuntimeError(
+                f"your code called {calls[0]}, this module's own answer; this exercise asks"
+                f" you to {task} yourself"
+            )
+        return value
+
+    return run
 
 
 def reference_scaled_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -357,10 +382,14 @@ def check_scale_test(
     wrong verdict is explained with the inputs the test used: a rejected correct function
     with its float32 rounding (the trap of exact equality), an accepted wrong one with the
     largest difference the test's inputs produced and what to vary. An ``AssertionError``
-    raised by the test counts as the verdict ``False``.
+    raised by the test counts as the verdict ``False``. A test that calls
+    :func:`reference_is_scaled_attention` is refused.
     """
     name = "is_scaled_attention"
     _check_callable("the function to check", is_scaled_attention)
+    own_test = _refusing_reference(
+        is_scaled_attention, "write the test", (reference_is_scaled_attention,)
+    )
     result: CheckResult | None = None
     count = 0
     for count, (what, fn, correct, hint) in enumerate(SCALE_TEST_CANDIDATES, start=1):
@@ -368,7 +397,7 @@ def check_scale_test(
 
         def verdict(attention: _Recorded) -> object:
             try:
-                return is_scaled_attention(attention)
+                return own_test(attention)
             except AssertionError:  # a pytest-style test: a failed assert is the verdict False
                 return False
 
@@ -583,7 +612,7 @@ def check_blockwise_attention(
     PyTorch's fused attention on more than ``block_size`` keys, so the plain full softmax is
     reported, not passed. (Work done outside PyTorch, in NumPy say, is not watched.) A call
     into :mod:`companion.efficient_attention`, whose ``blockwise_attention`` is the answer, is
-    refused.
+    refused, and so is a call to :func:`reference_blockwise_attention`.
     """
 
     @functools.wraps(blockwise_attention)
@@ -599,7 +628,11 @@ def check_blockwise_attention(
         one_block_at_a_time,
         "compute attention one block of keys at a time",
         (efficient_attention,),
-        why=": companion.efficient_attention.blockwise_attention holds the answer",
+        why=": companion.efficient_attention.blockwise_attention and this module's"
+        " reference_blockwise_attention hold the answer",
+        functions=()
+        if blockwise_attention is reference_blockwise_attention
+        else (reference_blockwise_attention,),
     )
     return run_check(
         "blockwise_attention",
@@ -676,14 +709,20 @@ CROSSOVER_N_KEYS = (3, 6, 12, 24, 40)
 CROSSOVER_D_KS = tuple(2**e for e in range(1, 12))
 
 
-@functools.cache
 def crossover_gap(d_k: int, n_keys: int) -> float:
     """The median gradient gap: median ``‖∂L/∂q‖`` with ``1/√d_k`` over the median without it.
 
     Measured with :func:`sampled_query_gradient_norms` on 50 000 queries per scale (about 2 %
     sampling noise); :func:`check_gradient_crossover` uses it only at settings where the gap
     is at least 10 % away from 1. Above 1 the typical unscaled query gets less gradient.
+    The check refuses an answer that calls it.
     """
+    return _crossover_gap(d_k, n_keys)
+
+
+@functools.cache
+def _crossover_gap(d_k: int, n_keys: int) -> float:
+    """:func:`crossover_gap`, remembered (the check asks for the same settings again)."""
     generator = seeded_generator(3)
     scaled = sampled_query_gradient_norms(d_k, n_keys, 1 / math.sqrt(d_k), 50_000, generator)
     unscaled = sampled_query_gradient_norms(d_k, n_keys, 1.0, 50_000, generator)
@@ -701,10 +740,16 @@ def check_gradient_crossover(
     gradient without the ``√d_k``. Called at every number of keys of :data:`CROSSOVER_N_KEYS`,
     few and many, so that only a measurement passes; an answer ``d`` is right when the gap
     measured by :func:`crossover_gap` is above 1 at ``d`` and not above 1 at ``d / 2``. A
-    message on a wrong answer says on which side the crossover lies, not where.
+    message on a wrong answer says on which side the crossover lies, not where. An answer
+    that calls :func:`crossover_gap` is refused.
     """
     name = "gradient_crossover"
     _check_callable("the function to check", gradient_crossover)
+    gradient_crossover = _refusing_reference(
+        gradient_crossover,
+        "measure the gradient gap",
+        (crossover_gap,),
+    )
     result = None
     count = 0
     for count, n_keys in enumerate(CROSSOVER_N_KEYS, start=1):
@@ -743,12 +788,12 @@ def check_gradient_crossover(
             break
         d_k = int(got)
         problem = None
-        if crossover_gap(d_k, n_keys) <= 1:
+        if _crossover_gap(d_k, n_keys) <= 1:
             problem = (
                 f"at d_k = {d_k} the typical unscaled query still gets at least as much gradient"
                 " as the scaled one: the crossover lies at a larger width"
             )
-        elif d_k > CROSSOVER_D_KS[0] and crossover_gap(d_k // 2, n_keys) > 1:
+        elif d_k > CROSSOVER_D_KS[0] and _crossover_gap(d_k // 2, n_keys) > 1:
             problem = (
                 f"already at d_k = {d_k // 2} the typical unscaled query gets less gradient than"
                 " the scaled one: the crossover lies at a smaller width"
@@ -906,13 +951,17 @@ def check_attention_backward(
     ``grad_output (..., q_len, d_v)``; the three gradients of ``L`` (with
     ``∂L/∂output = grad_output``) through ``softmax(q kᵀ/√d_k) v``, shaped like ``q``, ``k``
     and ``v``. Your function runs under ``torch.no_grad()`` and :func:`autograd_forbidden`: it
-    must apply the chain rule itself, not call autograd.
+    must apply the chain rule itself, not call autograd or
+    :func:`reference_attention_backward`.
     """
     name = "attention_backward"
+    by_hand = _refusing_reference(
+        attention_backward, "apply the chain rule", (reference_attention_backward,)
+    )
 
     def without_autograd(q: Tensor, k: Tensor, v: Tensor, grad_output: Tensor) -> Any:
         with torch.no_grad(), autograd_forbidden():
-            return attention_backward(q, k, v, grad_output)
+            return by_hand(q, k, v, grad_output)
 
     return run_check(
         name,
