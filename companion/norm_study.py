@@ -15,6 +15,8 @@ name                         what it is
 :func:`probe_batch`          a fixed batch on which each update's change of the logits is measured
 :func:`build_model`          the 6 + 6-layer model (or ``num_layers`` + ``num_layers``)
 :func:`train_run`            one training run: the loss of every step, plus the measurements
+:func:`replay_encoder`       section 6.6.3: an encoder run sub-layer by sub-layer, with the stream's
+                             size and each sub-layer's relative update
 ===========================  ===================================================================
 """
 
@@ -30,6 +32,7 @@ from torch.utils.data import DataLoader
 
 from companion._validation import check_bool, check_choice, check_positive_int
 from companion.data import PAD_ID, CopyReverseDataset, collate_batch
+from companion.layers import EncoderLayer
 from companion.model import Encoder, Transformer, TransformerConfig
 from companion.train import inverse_sqrt_warmup, shift_targets, train_step
 
@@ -51,6 +54,7 @@ __all__ = [
     "init_inputs",
     "lr_schedule",
     "probe_batch",
+    "replay_encoder",
     "train_data",
     "train_run",
 ]
@@ -211,7 +215,11 @@ def train_run(
     * ``grad_ratio`` ``(steps,)``: gradient norm of the bottom decoder layer / the top one;
     * ``delta_f`` ``(FIRST_STEPS,)``: ‖Δz‖ / ‖z‖, the relative change of the logits z on the
       probe batch (:func:`probe_batch` by default) made by each of the first updates;
-    * ``adam_step`` ``(FIRST_STEPS,)``: mean |Δθ| / lr over all weights, for each of them.
+    * ``adam_step`` ``(FIRST_STEPS,)``: mean |Δθ| / lr over all weights, for each of them;
+    * ``norm_scale`` ``(steps, 3 * decoder layers)``: for each decoder LayerNorm, bottom to top
+      (self-attention, cross-attention, feed-forward norm of each layer), the mean over the
+      batch's target tokens of :math:`D = \\sqrt{\\operatorname{Var}(x) + \\varepsilon}`, the
+      standard deviation its input is divided by, in the forward pass of each step.
 
     ``moment_batches``: before training, Adam sees that many other batches at learning rate 0,
     so that its moment estimates are filled while the weights stay where they are; with
@@ -259,15 +267,36 @@ def train_run(
     record = {"loss": np.full(steps, np.nan), "grad_ratio": np.full(steps, np.nan),
               "delta_f": np.full(FIRST_STEPS, np.nan), "adam_step": np.full(FIRST_STEPS, np.nan)}  # fmt: skip
     bottom, top = model.decoder.layers[0], model.decoder.layers[-1]
+    norms = [
+        norm
+        for layer in model.decoder.layers
+        for norm in (layer.self_attention_norm, layer.cross_attention_norm, layer.feed_forward_norm)
+    ]
+    record["norm_scale"] = np.full((steps, len(norms)), np.nan)
+    current = {"step": -1, "real": None}  # the step being trained and its target tokens
+
+    def record_scale(column: int) -> Callable:
+        def hook(module: nn.Module, inputs: tuple[Tensor]) -> None:
+            if current["step"] >= 0:  # the training forward pass, not the probe
+                with torch.no_grad():
+                    var = inputs[0].var(dim=-1, correction=0)[current["real"]]  # (tokens,)
+                    scale = torch.sqrt(var + module.eps).mean().item()
+                record["norm_scale"][current["step"], column] = scale
+
+        return hook
+
+    handles = [norm.register_forward_pre_hook(record_scale(i)) for i, norm in enumerate(norms)]
     with torch.no_grad():
         logits_after = model.eval()(probe_src, probe_input)[probe_real]  # (tokens, vocab)
     for step, (src, tgt) in zip(range(steps), loader):
+        current["step"], current["real"] = step, tgt[:, :-1] != PAD_ID  # (batch, tgt_len - 1)
         if step < FIRST_STEPS:
             logits_before = logits_after  # the weights have not changed since
             weights_before = [p.detach().clone() for p in model.parameters()]
         stats = train_step(
             model, src, tgt, optimizer, scheduler, pad_id=PAD_ID, clip_norm=clip_norm
         )
+        current["step"] = -1
         record["loss"][step] = stats.loss
         record["grad_ratio"][step] = gradient_norm(bottom) / gradient_norm(top)
         if step < FIRST_STEPS:
@@ -281,4 +310,59 @@ def train_run(
             record["adam_step"][step] = (
                 moved / sum(p.numel() for p in model.parameters()) / stats.lr
             )
+    for handle in handles:
+        handle.remove()
     return record
+
+
+def replay_encoder(
+    layers: list[EncoderLayer] | nn.ModuleList,
+    x: Tensor,
+    mask: Tensor | None = None,
+    keep: Tensor | None = None,
+) -> tuple[np.ndarray, np.ndarray, Tensor]:
+    """Run encoder layers sub-layer by sub-layer (section 6.6.3).
+
+    Args:
+        layers: EncoderLayers (all Pre-LN or all Post-LN, dropout off).
+        x: (batch, seq_len, d_model) input of the first layer.
+        mask: attention mask as the encoder gets it, e.g. (batch, 1, 1, seq_len), or None.
+        keep: (batch, seq_len) boolean, the tokens to average over (not padding), or None.
+
+    Returns:
+        ``(rms, nu, out)``: rms (2·layers,) of the stream entering each sub-layer; nu
+        (2·layers,) = ‖F(·)‖ / ‖x‖ of each sub-layer, the mean over the kept tokens of the
+        per-token ratio; out (batch, seq_len, d_model). Each layer's replay is checked against
+        the layer itself.
+    """
+    if not isinstance(x, Tensor) or x.dim() != 3:
+        raise ValueError(
+            f"x: expected a tensor of shape (batch, seq_len, d_model), got "
+            f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}"
+        )
+    if not all(isinstance(layer, EncoderLayer) for layer in layers):
+        raise ValueError("layers: expected companion EncoderLayers only")
+    keep = torch.ones(x.shape[:2], dtype=torch.bool) if keep is None else keep
+    rms, nu = [], []
+    with torch.no_grad():
+        for layer in layers:
+            x_in = x
+
+            def attention(inputs: Tensor, layer: EncoderLayer = layer) -> Tensor:
+                # (batch, seq_len, d_model): the output, not the weights
+                return layer.self_attention(inputs, inputs, inputs, mask)[0]
+
+            for norm, branch in (
+                (layer.self_attention_norm, attention),
+                (layer.feed_forward_norm, layer.feed_forward),
+            ):
+                update = branch(norm(x)) if layer.norm_first else branch(x)  # F(·)
+                size = x.norm(dim=-1)  # (batch, seq_len)
+                rms.append((size / math.sqrt(x.shape[-1]))[keep].mean().item())
+                nu.append((update.norm(dim=-1) / size)[keep].mean().item())
+                x = x + update if layer.norm_first else norm(x + update)
+            expected = layer(x_in, mask)
+            if not torch.allclose(x, expected, atol=1e-5):  # the replay is exact
+                gap = (x - expected).abs().max().item()
+                raise RuntimeError(f"the replay differs from the layer by {gap:.1e}")
+    return np.array(rms), np.array(nu), x

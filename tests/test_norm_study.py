@@ -158,3 +158,61 @@ def test_init_inputs_losses():
     y = torch.zeros_like(x)
     assert readout(y).item() == 0.0
     assert math.isclose(cross_entropy(y).item(), math.log(32), rel_tol=1e-6)
+
+
+def test_train_run_records_each_decoder_norms_divisor():
+    """norm_scale[0] is D = sqrt(Var + eps) of each decoder norm's input on the first batch,
+    averaged over the target tokens (padding left out), measured here with hooks of its own."""
+    from torch.utils.data import DataLoader
+
+    from companion.data import PAD_ID, collate_batch
+
+    torch.set_num_threads(1)
+    data = norm_study.train_data(2)
+    set_seed(0)
+    model = norm_study.build_model(2, False, data.vocab_size)
+    loader = DataLoader(data, batch_size=norm_study.BATCH, shuffle=True, collate_fn=collate_batch,
+                        generator=torch.Generator().manual_seed(0))  # fmt: skip
+    src, tgt = next(iter(loader))  # train_run's first batch
+    real = tgt[:, :-1] != PAD_ID  # (batch, tgt_len - 1)
+    seen = []
+    norms = [n for layer in model.decoder.layers
+             for n in (layer.self_attention_norm, layer.cross_attention_norm, layer.feed_forward_norm)]  # fmt: skip
+    handles = [n.register_forward_hook(lambda m, i, o: seen.append(i[0].detach())) for n in norms]
+    with torch.no_grad():
+        model.train()(src, tgt[:, :-1])
+    for handle in handles:
+        handle.remove()
+    expected = [torch.sqrt(x.var(-1, unbiased=False) + 1e-5)[real].mean().item() for x in seen]
+    record = norm_study.train_run(model, data, 1e-3, "constant", seed=0, steps=2)
+    assert record["norm_scale"].shape == (2, 6) and np.isfinite(record["norm_scale"]).all()
+    np.testing.assert_allclose(record["norm_scale"][0], expected, rtol=1e-5)
+    # the hooks are gone afterwards: a later forward pass records nothing
+    assert not any(n._forward_pre_hooks for n in norms)
+
+
+def test_replay_encoder_matches_the_stream_by_hand():
+    """nu from replay_encoder equals the per-token ratio computed from a Pre-LN stream."""
+    from companion.exercises import ch06
+
+    torch.set_num_threads(1)
+    encoder = norm_study.init_encoder(3, True, 0, final_norm=False)
+    x, _ = norm_study.init_inputs(0)
+    rms, nu, out = norm_study.replay_encoder(encoder.layers, x)
+    stream = [x]
+    with torch.no_grad():
+        for layer in encoder.layers:  # before and after each sub-layer, by hand
+            h = stream[-1]
+            h = h + layer.self_attention(*(3 * [layer.self_attention_norm(h)]))[0]
+            stream.append(h)
+            stream.append(h + layer.feed_forward(layer.feed_forward_norm(h)))
+    stream = torch.stack(stream)  # (7, 8, 16, 64)
+    np.testing.assert_allclose(nu, ch06.reference_relative_updates(stream).numpy(), rtol=1e-4)
+    np.testing.assert_allclose(
+        rms, (stream[:-1].norm(dim=-1) / 8).mean(dim=(1, 2)).numpy(), rtol=1e-4
+    )
+    assert torch.allclose(out, stream[-1], atol=1e-5)
+    with pytest.raises(ValueError, match="x"):
+        norm_study.replay_encoder(encoder.layers, x[0])
+    with pytest.raises(ValueError, match="layers"):
+        norm_study.replay_encoder([torch.nn.Linear(64, 64)], x)
