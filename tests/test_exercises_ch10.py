@@ -326,6 +326,34 @@ def bert_floor_count(tokens, mask_id, vocab_size, special_ids, generator):
     return inputs, targets
 
 
+def _bert_fixed_count(name, minimum):
+    """BERT's own rule: round(15% of each row's real tokens) positions (at least `minimum`),
+    then the 80/10/10 split; the selection rate is right, the per-row spread is not."""
+
+    def masking(tokens, mask_id, vocab_size, special_ids, generator):
+        ordinary = ordinary_ids(vocab_size, special_ids)
+        real = ~torch.isin(tokens, torch.tensor(special_ids))
+        selected = torch.zeros_like(real)
+        for row in range(tokens.shape[0]):
+            positions = real[row].nonzero().flatten()
+            count = min(len(positions), max(minimum, round(0.15 * len(positions))))
+            selected[
+                row, positions[torch.randperm(len(positions), generator=generator)[:count]]
+            ] = True
+        split = torch.rand(tokens.shape, generator=generator)
+        drawn = ordinary[torch.randint(len(ordinary), tokens.shape, generator=generator)]
+        inputs = torch.where(selected & (split >= 0.8) & (split < 0.9), drawn, tokens)
+        inputs = inputs.masked_fill(selected & (split < 0.8), mask_id)
+        return inputs, tokens.masked_fill(~selected, 0)
+
+    masking.__name__ = name
+    return masking
+
+
+bert_round_count = _bert_fixed_count("bert_round_count", 0)
+bert_round_count_at_least_one = _bert_fixed_count("bert_round_count_at_least_one", 1)
+
+
 def bert_loss_everywhere(tokens, mask_id, vocab_size, special_ids, generator):
     inputs, _ = ch10.reference_bert_masking(tokens, mask_id, vocab_size, special_ids, generator)
     return inputs, tokens.clone()  # a target at every position, padding included
@@ -387,6 +415,8 @@ def test_bert_masking_refuses_the_package():
         (bert_85_10_5, "[MASK] / selected"),
         (bert_independent_draws, "[MASK] / selected"),
         (bert_floor_count, "selected / real tokens"),
+        (bert_round_count, "per row spreads too little"),
+        (bert_round_count_at_least_one, "per row spreads too little"),
         (bert_loss_everywhere, "holds a special token"),
         (bert_loss_on_every_real_token, "selected / real tokens"),
         (bert_targets_are_inputs, "a selected position's target is its original token"),
@@ -433,6 +463,64 @@ def test_reference_masking_sits_well_inside_the_bounds():
         selected = sum(int((targets != 0).sum()) for _, targets in results)
         z = (selected / real - 0.15) / math.sqrt(0.15 * 0.85 / real)
         assert abs(z) < 3
+
+
+def test_fixed_counts_pass_the_selection_rate_and_fail_only_the_spread():
+    """BERT's per-row rule is caught by the dispersion test alone: its selection rate is
+    within the bounds, so without that test the check would accept it."""
+    for setting in ch10._masking_settings():
+        for wrong in (bert_round_count, bert_round_count_at_least_one):
+            results = [
+                wrong(tokens, setting.mask_id, setting.vocab_size, setting.special_ids, generator)
+                for tokens, generator in zip(
+                    setting.batches, map(ch10.seeded_generator, setting.seeds)
+                )
+            ]
+            special = torch.tensor(setting.special_ids)
+            real = sum(int((~torch.isin(t, special)).sum()) for t in setting.batches)
+            selected = sum(int((targets != 0).sum()) for _, targets in results)
+            assert ch10._proportion_problem("selected", selected, real, 0.15) is None
+            assert "spreads too little" in ch10._dispersion_problem(setting, results)
+
+
+@pytest.mark.parametrize("correct", [ch10.reference_bert_masking, bert_huggingface_style])
+def test_dispersion_accepts_independent_draws_across_seeds(correct):
+    """The dispersion bound is 5 standard deviations: 30 other seed sets all pass, and their
+    statistics sit near the mean (|z| < 4 for every one)."""
+    for setting in ch10._masking_settings():
+        special = torch.tensor(setting.special_ids)
+        p, q = 0.15, 0.85
+        for offset in range(1, 16):
+            results = [
+                correct(tokens, setting.mask_id, setting.vocab_size, setting.special_ids,
+                        ch10.seeded_generator(seed + 100_003 * offset))
+                for tokens, seed in zip(setting.batches, setting.seeds)
+            ]  # fmt: skip
+            assert ch10._dispersion_problem(setting, results) is None, offset
+            statistic = mean = variance = 0.0
+            for tokens, (_, targets) in zip(setting.batches, results):
+                n = (~torch.isin(tokens, special)).sum(dim=1).double()
+                c = (targets != 0).sum(dim=1).double()
+                statistic += float(((c - n * p) ** 2 / (n * p * q)).sum())
+                mean += len(n)
+                variance += float((2 + (1 - 6 * p * q) / (n * p * q)).sum())
+            assert abs(statistic - mean) < 4 * math.sqrt(variance), (offset, statistic, mean)
+
+
+def test_dispersion_rejects_too_much_spread():
+    """Half the rows selected at 5%, half at 25%: the overall rate is 15% but the counts
+    spread more than binomial ones."""
+    setting = ch10._masking_settings()[0]
+    results = []
+    for tokens, seed in zip(setting.batches, setting.seeds):
+        g = ch10.seeded_generator(seed)
+        rate = torch.where(torch.arange(tokens.shape[0]) % 2 == 0, 0.05, 0.25)[:, None]
+        real = ~torch.isin(tokens, torch.tensor(setting.special_ids))
+        selected = real & (torch.rand(tokens.shape, generator=g) < rate)
+        results.append(
+            (tokens.masked_fill(selected, setting.mask_id), tokens.masked_fill(~selected, 0))
+        )
+    assert "spreads too much" in ch10._dispersion_problem(setting, results)
 
 
 # --------------------------------------------------------------------------------------------

@@ -306,6 +306,41 @@ def _proportion_problem(what: str, count: int, total: int, expected: float) -> s
     )
 
 
+def _dispersion_problem(
+    setting: _MaskingSetting, results: list[tuple[Tensor, Tensor]]
+) -> str | None:
+    """``None`` when the per-row numbers of selected positions spread like independent draws.
+
+    A row with ``n`` real tokens, each selected independently with probability ``p``, has a
+    binomial count ``c``: ``z² = (c - n p)² / (n p q)`` (``q = 1 - p``) has mean 1 and variance
+    ``2 + (1 - 6 p q) / (n p q)``. Summed over the rows, ``S`` is compared with its mean (the
+    number of rows) within :data:`Z_BOUND` standard deviations. A fixed count per row, such as
+    BERT's own ``round(15% · n)``, gives almost no spread and lands far below."""
+    special = torch.tensor(setting.special_ids)  # (num_special,)
+    p, q = SELECT_PROBABILITY, 1 - SELECT_PROBABILITY
+    statistic = mean = variance = 0.0
+    rows = 0
+    for tokens, (_, targets) in zip(setting.batches, results):
+        real = (~torch.isin(tokens, special)).sum(dim=1).double()  # (batch,) real tokens per row
+        chosen = (targets.long() != 0).sum(dim=1).double()  # (batch,) selected per row
+        keep = real > 0  # (batch,)
+        n, c = real[keep], chosen[keep]
+        statistic += float(((c - n * p) ** 2 / (n * p * q)).sum())
+        mean += float(keep.sum())
+        variance += float((2 + (1 - 6 * p * q) / (n * p * q)).sum())
+        rows += int(keep.sum())
+    spread = Z_BOUND * math.sqrt(variance)
+    if abs(statistic - mean) <= spread:
+        return None
+    return (
+        f"the number of selected positions per row spreads too {'little' if statistic < mean else 'much'}: "
+        f"over {rows} rows the sum of squared standardised counts is {statistic:.0f}, and "
+        f"independent 15% draws land in [{mean - spread:.0f}, {mean + spread:.0f}]. Select "
+        "each position on its own coin (a binomial count per row), not a fixed number such as "
+        "round(15% · n) per row"
+    )
+
+
 def _masking_statistics(
     setting: _MaskingSetting, results: list[tuple[Tensor, Tensor]]
 ) -> str | None:
@@ -327,6 +362,8 @@ def _masking_statistics(
     problem = _proportion_problem("selected / real tokens", selected, real, SELECT_PROBABILITY)
     if problem is None and selected == 0:
         problem = "no position was ever selected"
+    if problem is None:
+        problem = _dispersion_problem(setting, results)
     if problem is not None:
         return problem
     # A random draw equals the original token 1 time in `ordinary_count`: it then looks kept.
@@ -362,7 +399,9 @@ def check_bert_masking(
     tokens untouched (input unchanged, target 0), the target of a selected position its
     original token, every other position unchanged with target 0, random replacements never
     special. Over each layout, the proportions must be BERT's within :data:`Z_BOUND` standard
-    deviations: 15% of the real tokens selected; of those, 80% ``[MASK]``, 10% another token,
+    deviations: 15% of the real tokens selected, with the per-row counts spread as
+    independent draws give them (a fixed count per row, BERT's own round(15% · n), is
+    refused); of those, 80% ``[MASK]``, 10% another token,
     10% unchanged (a random draw that hits the original token counts as unchanged: the
     expected shares allow for it); and random replacements must reach every ordinary id
     (about 20 draws of each are expected: a correct answer misses one with probability
