@@ -660,128 +660,151 @@ def test_undilated_window_is_the_band_and_rows_hold_at_most_two_windows():
 
 
 # --------------------------------------------------------------------------------------------
-# interpolated_rope
+# ntk_rope
 # --------------------------------------------------------------------------------------------
 
 
-def rotate_pairs(x, positions):
-    """RoPE's interleaved rotation of x (..., seq_len, head_dim) at float positions (seq_len,)."""
-    angles = positions[:, None].to(torch.float64) * sinusoidal_frequencies(x.shape[-1])
+def rotate_pairs(x, positions, base=10000.0):
+    """RoPE's interleaved rotation of x (..., seq_len, head_dim) at positions (seq_len,)."""
+    angles = positions[:, None].to(torch.float64) * sinusoidal_frequencies(x.shape[-1], base=base)
     cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
     even, odd = x[..., 0::2], x[..., 1::2]
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
 
 
-def factor(window_len, train_len):
-    return min(1.0, train_len / window_len)
+def stretch(window_len, train_len):
+    return max(1.0, window_len / train_len)
 
 
-def rope_linspace(x, window_len, train_len):
-    seq_len = x.shape[-2]
-    if window_len <= train_len:
-        return RotaryEmbedding(x.shape[-1]).double().rotate(x)  # plain RoPE, float64 tables
-    step = train_len / window_len
-    last = train_len - step
-    positions = torch.linspace(0, last, window_len, dtype=torch.float64)[:seq_len]
-    return rotate_pairs(x, positions)
+def integer_positions(x):
+    return torch.arange(x.shape[-2], dtype=torch.float64)
 
 
-def rope_minus_one(x, window_len, train_len):
-    scale = (train_len - 1) / (window_len - 1) if window_len > train_len else 1.0
-    return rotate_pairs(x, torch.arange(x.shape[-2], dtype=torch.float64) * scale)
+def ntk_base(x, window_len, train_len):
+    d = x.shape[-1]
+    return 10000.0 * stretch(window_len, train_len) ** (d / (d - 2))
 
 
-def rope_wrong_way(x, window_len, train_len):
-    scale = window_len / train_len if window_len > train_len else 1.0
-    return rotate_pairs(x, torch.arange(x.shape[-2], dtype=torch.float64) * scale)
+def ntk_with_rotary_embedding(x, window_len, train_len):
+    # right: the package's RoPE with the new base (its tables are float64 after .double())
+    return RotaryEmbedding(x.shape[-1], base=ntk_base(x, window_len, train_len)).double().rotate(x)
 
 
-def rope_own_length(x, window_len, train_len):
-    seq_len = x.shape[-2]  # the sequence's length, not the window's
-    return rotate_pairs(x, torch.arange(seq_len, dtype=torch.float64) * factor(seq_len, train_len))
-
-
-def rope_always_squeezed(x, window_len, train_len):
-    return rotate_pairs(x, torch.arange(x.shape[-2], dtype=torch.float64) * train_len / window_len)
-
-
-def rope_float32_positions(x, window_len, train_len):
-    positions = torch.arange(x.shape[-2], dtype=torch.float32) * factor(window_len, train_len)
-    return rotate_pairs(x, positions.double())
-
-
-def rope_integer_positions(x, window_len, train_len):
-    positions = (
-        torch.arange(x.shape[-2], dtype=torch.float64) * factor(window_len, train_len)
-    ).long()
-    return RotaryEmbedding(x.shape[-1]).double().rotate(x, positions=positions)
-
-
-def rope_not_interpolated(x, window_len, train_len):
-    return RotaryEmbedding(x.shape[-1]).double().rotate(x)
-
-
-def rope_rotate_half(x, window_len, train_len):
-    positions = torch.arange(x.shape[-2], dtype=torch.float64) * factor(window_len, train_len)
-    angles = positions[:, None] * sinusoidal_frequencies(x.shape[-1])
-    first, second = x.chunk(2, dim=-1)  # pair m with m + head_dim/2
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    return torch.cat([first * cos - second * sin, first * sin + second * cos], -1)
-
-
-def rope_in_float32(x, window_len, train_len):
-    positions = torch.arange(x.shape[-2], dtype=torch.float64) * factor(window_len, train_len)
-    return rotate_pairs(x.float(), positions)
-
-
-def rope_float32_frequencies(x, window_len, train_len):
-    # right: Hugging Face's inv_freq style, float32 frequencies, float64 positions
-    positions = torch.arange(x.shape[-2], dtype=torch.float64) * factor(window_len, train_len)
-    omega = 10000 ** (-torch.arange(0, x.shape[-1], 2) / x.shape[-1])  # float32
-    assert omega.dtype == torch.float32
-    angles = positions[:, None] * omega  # float64
+def ntk_in_log_space(x, window_len, train_len):
+    # right: ω_m = exp(-(2m/d)·(log 10000 + d/(d-2)·log ρ)), all float64
+    d = x.shape[-1]
+    two_m = torch.arange(0, d, 2, dtype=torch.float64)
+    log_base = math.log(10000.0) + d / (d - 2) * math.log(stretch(window_len, train_len))
+    omega = torch.exp(-two_m / d * log_base)
+    angles = integer_positions(x)[:, None] * omega
     even, odd = x[..., 0::2], x[..., 1::2]
     cos, sin = torch.cos(angles), torch.sin(angles)
     return torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
 
 
-def test_interpolated_rope_accepts_correct():
-    for fn in [ch09.reference_interpolated_rope, rope_linspace, rope_float32_frequencies]:
-        assert ch09.check_interpolated_rope(fn, verbose=False), fn.__name__
+def ntk_position_interpolation(x, window_len, train_len):
+    positions = integer_positions(x) / stretch(window_len, train_len)
+    return rotate_pairs(x, positions)
+
+
+def ntk_base_times_rho(x, window_len, train_len):
+    return rotate_pairs(x, integer_positions(x), base=10000.0 * stretch(window_len, train_len))
+
+
+def ntk_exponent_upside_down(x, window_len, train_len):
+    d = x.shape[-1]
+    base = 10000.0 * stretch(window_len, train_len) ** ((d - 2) / d)
+    return rotate_pairs(x, integer_positions(x), base=base)
+
+
+def ntk_own_length(x, window_len, train_len):
+    seq_len = x.shape[-2]  # the sequence's length, not the window's
+    return rotate_pairs(x, integer_positions(x), base=ntk_base(x, seq_len, train_len))
+
+
+def ntk_base_lowered_when_it_fits(x, window_len, train_len):
+    d = x.shape[-1]
+    base = 10000.0 * (window_len / train_len) ** (d / (d - 2))
+    return rotate_pairs(x, integer_positions(x), base=base)
+
+
+def ntk_not_scaled(x, window_len, train_len):
+    return RotaryEmbedding(x.shape[-1]).double().rotate(x)
+
+
+def ntk_float32_frequencies(x, window_len, train_len):
+    # Hugging Face's inv_freq style: the frequencies in float32, the rest in float64
+    d = x.shape[-1]
+    base = ntk_base(x, window_len, train_len)
+    omega = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    assert omega.dtype == torch.float32
+    angles = integer_positions(x)[:, None] * omega.double()
+    even, odd = x[..., 0::2], x[..., 1::2]
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], -1).flatten(-2)
+
+
+def ntk_rotate_half(x, window_len, train_len):
+    angles = integer_positions(x)[:, None] * sinusoidal_frequencies(
+        x.shape[-1], base=ntk_base(x, window_len, train_len)
+    )
+    first, second = x.chunk(2, dim=-1)  # pair m with m + head_dim/2
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], -1)
+
+
+def ntk_in_float32(x, window_len, train_len):
+    return rotate_pairs(x.float(), integer_positions(x), base=ntk_base(x, window_len, train_len))
+
+
+def test_ntk_rope_accepts_correct():
+    for fn in [ch09.reference_ntk_rope, ntk_with_rotary_embedding, ntk_in_log_space]:
+        assert ch09.check_ntk_rope(fn, verbose=False), fn.__name__
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        rope_minus_one,
-        rope_wrong_way,
-        rope_own_length,
-        rope_always_squeezed,
-        rope_float32_positions,
-        rope_integer_positions,
-        rope_not_interpolated,
-        rope_rotate_half,
-        rope_in_float32,
+        ntk_position_interpolation,
+        ntk_base_times_rho,
+        ntk_exponent_upside_down,
+        ntk_own_length,
+        ntk_base_lowered_when_it_fits,
+        ntk_not_scaled,
+        ntk_float32_frequencies,
+        ntk_rotate_half,
+        ntk_in_float32,
     ],
 )
-def test_interpolated_rope_rejects_wrong(wrong):
-    assert not ch09.check_interpolated_rope(wrong, verbose=False)
+def test_ntk_rope_rejects_wrong(wrong):
+    assert not ch09.check_ntk_rope(wrong, verbose=False)
 
 
 def test_a_float32_result_is_rejected_with_a_message_naming_the_dtype(capsys):
-    assert not ch09.check_interpolated_rope(rope_in_float32)
+    assert not ch09.check_ntk_rope(ntk_in_float32)
     out = capsys.readouterr().out
     assert "torch.float64" in out and "torch.float32" in out, out
 
 
-def test_interpolation_at_twice_the_length_rotates_position_2p_as_p_was_in_training():
-    x = torch.randn(1, 16, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
-    rotated = ch09.reference_interpolated_rope(x, window_len=16, train_len=8)
-    at_half = RotaryEmbedding(8).double().rotate(x[:, 0::2], torch.arange(8))
-    torch.testing.assert_close(rotated[:, 0::2], at_half)
+def test_ntk_scaling_keeps_the_fastest_pair_and_slows_the_slowest_by_rho():
+    x = torch.zeros(1, 2, 8, dtype=torch.float64)
+    x[0, 1, 0::2] = 1.0  # position 1: every pair at angle 0, so the result shows ω_m
+    rotated = ch09.reference_ntk_rope(x, window_len=32, train_len=8)  # ρ = 4
+    omega = torch.atan2(rotated[0, 1, 1::2], rotated[0, 1, 0::2])  # (4,) the angles at position 1
+    plain = sinusoidal_frequencies(8)
+    torch.testing.assert_close(omega[0], plain[0])  # the fastest pair stays
+    torch.testing.assert_close(plain[-1] / omega[-1], torch.tensor(4.0, dtype=torch.float64))
+    # section 9.6's base: head_dim 128, ρ = 4
+    assert abs(10000.0 * 4 ** (128 / 126) - 40890) < 1
     # a window that fits is plain RoPE
-    plain = ch09.reference_interpolated_rope(x, window_len=16, train_len=16)
-    torch.testing.assert_close(plain, RotaryEmbedding(8).double().rotate(x))
+    y = torch.randn(1, 16, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    plain_rope = ch09.reference_ntk_rope(y, window_len=16, train_len=16)
+    torch.testing.assert_close(plain_rope, RotaryEmbedding(8).double().rotate(y))
+
+
+def test_ntk_rope_rejects_a_head_dim_below_4():
+    with pytest.raises(ValueError, match="head_dim"):
+        ch09.reference_ntk_rope(torch.zeros(3, 2, dtype=torch.float64), 8, 4)
 
 
 # --------------------------------------------------------------------------------------------
@@ -793,7 +816,7 @@ CHECKS = [
     (ch09.check_merge_partial_attention, ch09.reference_merge_partial_attention),
     (ch09.check_is_relative, ch09.reference_is_relative),
     (ch09.check_dilated_window_mask, ch09.reference_dilated_window_mask),
-    (ch09.check_interpolated_rope, ch09.reference_interpolated_rope),
+    (ch09.check_ntk_rope, ch09.reference_ntk_rope),
 ]
 
 
@@ -814,12 +837,12 @@ def test_only_the_checks_are_exported():
 
 
 def test_a_float32_slip_is_reported_with_its_largest_difference(capsys):
-    # the printed values of a float32 slip agree to six digits: the message must show the gap
-    assert not ch09.check_interpolated_rope(rope_float32_positions)
+    # the printed values of a float32 slip agree to several digits: the message must show the gap
+    assert not ch09.check_ntk_rope(ntk_float32_frequencies)
     out = capsys.readouterr().out
     assert "the largest difference" in out, out
     gap = float(out.split("(off by ")[1].split(")")[0])
-    assert 3e-5 < gap < 1e-3, out
+    assert 3e-5 < gap < 1e-2, out
     expected, got = out.split("expected ")[1].split(", got ")
     assert expected != got.split(" ")[0], f"the printed values must differ: {out}"
 

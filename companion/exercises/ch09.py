@@ -13,7 +13,7 @@ MHA → GQA: mean-pool the key/value heads        :func:`check_mean_pool_kv_head
 merge two partial attentions by their lse       :func:`check_merge_partial_attention`
 a test: does a score depend only on ``i − j``?  :func:`check_is_relative`
 Longformer's dilated sliding window             :func:`check_dilated_window_mask`
-RoPE with position interpolation                :func:`check_interpolated_rope`
+RoPE with NTK-aware scaling                     :func:`check_ntk_rope`
 ==============================================  ===================================
 
 The reference solutions (``reference_mean_pool_kv_heads``, ...) are module-level functions
@@ -38,7 +38,7 @@ __all__ = [
     "check_merge_partial_attention",
     "check_is_relative",
     "check_dilated_window_mask",
-    "check_interpolated_rope",
+    "check_ntk_rope",
 ]
 
 
@@ -580,52 +580,55 @@ def check_dilated_window_mask(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: RoPE position interpolation
+# Exercise 5: RoPE with NTK-aware scaling
 # --------------------------------------------------------------------------------------------
 
 
-def reference_interpolated_rope(x: Tensor, window_len: int, train_len: int) -> Tensor:
-    """RoPE with position interpolation (Chen et al. 2023), in float64.
+def reference_ntk_rope(x: Tensor, window_len: int, train_len: int) -> Tensor:
+    """RoPE with NTK-aware scaling (bloc97 2023; written up by Peng et al. 2023), in float64.
 
-    A model trained on positions ``0 .. train_len - 1`` is extended to a context window of
-    ``window_len`` tokens: position ``p`` is rotated as if it were at ``p · train_len /
-    window_len``, one fixed factor for every sequence in the window, so every angle stays within
-    the range met in training. A window that fits (``window_len <= train_len``) keeps the
-    integer positions, i.e. plain RoPE. Pair ``(2m, 2m+1)`` turns by ``position · ω_m`` with
-    ``ω_m = 10000^(-2m/head_dim)`` (:func:`companion.positional.sinusoidal_frequencies`).
+    A model trained on ``train_len`` positions is extended to a window of ``window_len``:
+    positions stay integers and the base is raised from ``10000`` to ``10000 · ρ^(d/(d-2))``,
+    ``ρ = window_len / train_len`` and ``d = head_dim``, so that the fastest pair (``m = 0``)
+    keeps ``ω_0 = 1`` and the slowest (``m = d/2 - 1``) turns exactly ``ρ`` times slower. A
+    window that fits (``window_len <= train_len``) is plain RoPE. Pair ``(2m, 2m+1)`` turns by
+    ``position · ω_m``, ``ω_m = base^(-2m/d)`` (:func:`companion.positional.sinusoidal_frequencies`).
 
     Args:
-        x: float64 queries or keys ``(..., seq_len, head_dim)``, the first ``seq_len <=
-            window_len`` positions of the window.
-        window_len: length of the extended context window, ``>= seq_len``.
+        x: float64 queries or keys ``(..., seq_len, head_dim)``, ``head_dim >= 4`` even, the
+            first ``seq_len <= window_len`` positions of the window.
+        window_len: length of the extended context window.
         train_len: context length used in training, ``>= 1``.
 
     Returns:
         float64 tensor of the shape of ``x``.
     """
     seq_len, head_dim = x.shape[-2], x.shape[-1]
-    positions = torch.arange(seq_len, dtype=torch.float64)  # (seq_len,)
+    if head_dim < 4 or head_dim % 2:
+        raise ValueError(f"x: head_dim must be even and at least 4, got shape {tuple(x.shape)}")
+    base = 10000.0
     if window_len > train_len:
-        positions = positions * train_len / window_len  # (seq_len,) in [0, train_len)
-    angles = positions[:, None] * sinusoidal_frequencies(head_dim)  # (seq_len, head_dim/2)
+        base *= (window_len / train_len) ** (head_dim / (head_dim - 2))
+    positions = torch.arange(seq_len, dtype=torch.float64)  # (seq_len,) integers, unchanged
+    angles = positions[:, None] * sinusoidal_frequencies(head_dim, base=base)  # (seq_len, d/2)
     cos, sin = torch.cos(angles), torch.sin(angles)  # (seq_len, head_dim/2) each
     even, odd = x[..., 0::2], x[..., 1::2]  # (..., seq_len, head_dim/2) each
     pairs = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1)
     return pairs.flatten(-2)  # (..., seq_len, head_dim)
 
 
-def _interpolation_cases() -> list[Case]:
+def _ntk_cases() -> list[Case]:
     generator = seeded_generator(9)
     settings = [
         # (shape of x, window_len, train_len)
-        ((8, 8), 8, 4),  # twice the trained length: steps of one half
-        ((12, 16), 12, 8),  # steps of two thirds
-        ((5, 8), 16, 8),  # a short sequence in a long window: the window's factor, not its own
+        ((8, 8), 16, 8),  # twice the trained length, head_dim 8: the base times 2^(8/6)
+        ((6, 4), 12, 4),  # head_dim 4: the base times ρ^2 = 9, not 3
+        ((12, 16), 12, 8),  # ρ = 1.5
+        ((5, 8), 16, 8),  # a short sequence in a long window: the window's ρ, not its own
         ((10, 8), 10, 10),  # exactly the trained length: plain RoPE
-        ((5, 8), 5, 8),  # shorter than trained: plain RoPE, nothing squeezed
-        ((2, 3, 7, 8), 21, 6),  # (batch, heads, seq_len, head_dim), steps of two sevenths
-        ((1, 4), 4, 8),
-        ((12288, 4), 12288, 4096),  # steps of one third: float32 is off by ~1e-4 near 4,096
+        ((5, 8), 5, 8),  # shorter than trained: plain RoPE, the base not lowered
+        ((2, 3, 7, 8), 21, 6),  # (batch, heads, seq_len, head_dim), ρ = 3.5
+        ((12288, 128), 12288, 3072),  # section 9.6's case, base 40,890: float32 is off by ~1e-3
     ]
     return [
         {
@@ -637,27 +640,25 @@ def _interpolation_cases() -> list[Case]:
     ]
 
 
-def check_interpolated_rope(
-    interpolated_rope: Callable[[Tensor, int, int], Tensor], verbose: bool = True
+def check_ntk_rope(
+    ntk_rope: Callable[[Tensor, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``interpolated_rope(x, window_len, train_len)`` → rotated ``x``, float64.
+    """Check ``ntk_rope(x, window_len, train_len)`` → rotated ``x``, float64.
 
-    Compared with the reference to ``3e-5``, on cases that separate the classic slips: a factor
-    ``(train_len - 1) / (window_len - 1)`` or ``window_len / train_len``, a factor taken from
-    the sequence's own length instead of the window's, squeezing a window that already fits,
-    integer positions (``RotaryEmbedding.rotate`` takes only those), positions in float32
-    (near 4,096 they, and so the fastest pair's angle, are off by ``0.8e-4`` to ``1.6e-4``
-    depending on how the product is formed, three to five times the tolerance; the rotated
-    numbers by ``3e-4`` to ``6e-4``, ten to twenty times), and the rotate-half pairing of ``m``
-    with ``m + head_dim/2`` instead of ``(2m, 2m+1)``. Float32 frequencies with float64
-    positions are right (off by at most ``3e-6``, ten times below the tolerance).
+    Compared with the reference to ``3e-5``, on cases that separate the classic slips: position
+    interpolation instead (positions divided by ``ρ``), the base multiplied by ``ρ`` or by
+    ``ρ^((d-2)/d)`` instead of ``ρ^(d/(d-2))``, ``ρ`` from the sequence's own length instead of
+    the window's, a base changed for a window that fits, frequencies or angles in float32 (at
+    positions up to 12,287 a relative rounding of ``8e-8`` in ``ω_m`` moves an angle by up to
+    ``7e-4``, and float32 angles are off by up to ``1.2e-3``), and the rotate-half pairing of ``m`` with ``m + head_dim/2``. For ``head_dim =
+    128`` and ``ρ = 4`` the base is ``10000 · 4^(128/126) ≈ 40,890``.
     """
-    why = "float32 rounds a fractional position near 4,096 by the order of 1e-4"
+    why = "float32 rounds the angles at positions near 12,000 by the order of 1e-3"
     return run_check(
-        "interpolated_rope",
-        _returning(torch.float64, "interpolated_rope", why, interpolated_rope),
-        reference_interpolated_rope,
-        _interpolation_cases(),
+        "ntk_rope",
+        _returning(torch.float64, "ntk_rope", why, ntk_rope),
+        reference_ntk_rope,
+        _ntk_cases(),
         atol=3e-5,
         rtol=0.0,
         verbose=verbose,
