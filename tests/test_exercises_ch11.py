@@ -606,8 +606,54 @@ def batch_mean_difference(logits_fn, ids):  # the mean |difference|: one moved l
     )
 
 
+def batch_fixed_permutation_and_first_alone(logits_fn, ids):  # randperm(seed 0) + row 0 alone
+    order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(0))
+    batched = logits_fn(ids)
+    return bool(
+        torch.allclose(logits_fn(ids[order]), batched[order], atol=1e-4, rtol=0)
+    ) and batch_first_row_alone(logits_fn, ids)
+
+
+def batch_rolled_and_last_alone(logits_fn, ids):  # the batch rolled by one + the last row alone
+    batched = logits_fn(ids)
+    rolled = logits_fn(ids.roll(1, 0)).roll(-1, 0)
+    return bool(torch.allclose(rolled, batched, atol=1e-4, rtol=0)) and batch_last_alone(
+        logits_fn, ids
+    )
+
+
+def batch_rolled_and_first_alone(logits_fn, ids):  # the batch rolled by one + row 0 alone
+    batched = logits_fn(ids)
+    rolled = logits_fn(ids.roll(1, 0)).roll(-1, 0)
+    return bool(torch.allclose(rolled, batched, atol=1e-4, rtol=0)) and batch_first_row_alone(
+        logits_fn, ids
+    )
+
+
+def batch_halves(logits_fn, ids):  # two halves of the batch against the whole
+    half = ids.shape[0] // 2
+    halves = torch.cat([logits_fn(ids[:half]), logits_fn(ids[half:])])
+    return bool(torch.allclose(halves, logits_fn(ids), atol=1e-4, rtol=0))
+
+
+def batch_all_but_first(logits_fn, ids):  # range(1, batch): the first sentence never alone
+    batched = logits_fn(ids)
+    return all(
+        torch.allclose(logits_fn(ids[b : b + 1])[0], batched[b], atol=1e-4, rtol=0)
+        for b in range(1, ids.shape[0])
+    )
+
+
 #: each incomplete test, and the mixing of the case made to defeat it
 INCOMPLETE = {
+    "fixed permutation and first alone": (
+        batch_fixed_permutation_and_first_alone,
+        "row 1 reads row 0",
+    ),
+    "rolled and first alone": (batch_rolled_and_first_alone, "padded rows read the batch mean"),
+    "rolled and last alone": (batch_rolled_and_last_alone, "padded rows read the batch mean"),
+    "two halves": (batch_halves, "neighbouring rows read each other"),
+    "all but the first row": (batch_all_but_first, "row 0 reads row 2"),
     "all but the last row": (batch_all_but_last, "the last row reads row 0"),
     "mean difference": (batch_mean_difference, "one logit"),
     "last alone": (batch_last_alone, "row 0 reads row 1"),
@@ -665,9 +711,10 @@ def test_batch_cases_hold_each_kind_of_mixing():
         "reads the first row",
         "batch-axis positions",
     } <= set(kinds)
-    assert set(ch11._BatchModel.READS) | {"batch mean at position 0", "one logit"} <= set(kinds)
+    others = {"batch mean at position 0", "one logit", "padded rows read the batch mean"}
+    assert set(ch11._BatchModel.READS) | others <= set(kinds)
     verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
-    assert verdicts.count(True) == 3 and verdicts.count(False) == 10, verdicts
+    assert verdicts.count(True) == 3 and verdicts.count(False) == 14, verdicts
     assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind
 
 

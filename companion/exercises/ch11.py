@@ -499,6 +499,11 @@ class _BatchModel:
         "row 2 reads row 3": ((2, 3),),  # the first two rows are clean
         "rows 1 and 3 read each other": ((1, 3), (3, 1)),  # symmetric under reversal of 5 rows
         "the last row reads row 0": ((2, 0),),  # in a batch of 3: only the last row mixes
+        "row 1 reads row 0": ((1, 0),),  # in a batch of 4: the halves, and randperm(4) with
+        # seed 0 (rows 0 and 1 stay in place), see the same mixing as the whole batch
+        "row 0 reads row 2": ((0, 2),),  # in a batch of 4: only the first row mixes
+        "neighbouring rows read each other": ((0, 1), (1, 0), (2, 3), (3, 2)),  # a reshape that
+        # pairs sentences: in a batch of 4, two halves of the batch mix as the whole does
     }
 
     def __init__(self, number: int, how: str, strength: float = 0.5) -> None:
@@ -523,6 +528,10 @@ class _BatchModel:
             h = h + s * self.rows[:batch, None, :]
         elif self.how == "batch mean at position 0":  # only the first position mixes the batch
             h = torch.cat([h[:, :1] + s * h[:, :1].mean(0, keepdim=True), h[:, 1:]], dim=1)
+        elif self.how == "padded rows read the batch mean":  # content decides which rows mix:
+            # any reordering of the batch commutes with it, and a sentence without pads is clean
+            padded = (ids == 0).any(1)[:, None, None]  # (batch, 1, 1): the sentences with a pad
+            h = torch.where(padded, h + s * h.mean(0, keepdim=True), h)
         elif self.how in self.READS:  # some rows read others; the rest are clean
             mixed = h.clone()  # (batch, seq, width)
             for reader, source in self.READS[self.how]:
@@ -557,10 +566,17 @@ def _batch_cases() -> list[Case]:
             ("batch mean at position 0", 0.5, 3),  # misses: the last position only
             ("the last row reads row 0", 0.5, 3),  # misses: every row but the last
             ("one logit", 0.5, 3),  # misses: a mean difference (1e-2 / 120 entries < 1e-4)
+            ("row 1 reads row 0", 0.5, 4),  # misses: randperm(4) with seed 0 + first alone
+            ("row 0 reads row 2", 0.5, 4),  # misses: every sentence alone but the first
+            ("neighbouring rows read each other", 0.5, 4),  # misses: two halves vs the whole
+            ("padded rows read the batch mean", 0.5, 4),  # misses: a reordering + first or last
         ]
     ):
         length = 10 if how == "one logit" else 5
         ids = torch.randint(0, _BatchModel.VOCAB, (batch, length), generator=g)  # (batch, length)
+        if how == "padded rows read the batch mean":  # the first and last rows without pads
+            ids = ids.clamp(min=1)  # no pad id 0 anywhere ...
+            ids[1:-1, 3:] = 0  # ... but two at the end of the middle sentences
         cases.append({"logits_fn": _BatchModel(number, how, strength), "ids": ids})
     return cases
 
@@ -595,10 +611,13 @@ def check_batch_independent(
     (one whose batched result rounds differently, by 1e-6 per row), and ones that mix the
     batch symmetrically (a batch mean, also a small one, or one at the first position only),
     make some rows read others (the first row read by the rest, row 0 reading row 1, row 2
-    reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0),
-    move a single logit by less than ``1e-2``, or add a position code along the batch axis
-    (``batch_first`` confusion): a test that watches only some rows or positions, averages the
-    differences, or only reverses the batch, misses one of them. A call into the clinic's toolkit
+    reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0,
+    row 1 reading row 0 and row 0 reading row 2 of four, neighbouring rows of four reading each
+    other), let only the padded sentences read the batch mean, move a single logit by less than
+    ``1e-2``, or add a position code along the batch axis (``batch_first`` confusion): a test
+    that watches only some rows or positions, averages the differences, only reorders the batch
+    (reversed, rolled, a fixed permutation) besides running one sentence alone, or compares two
+    halves of the batch with the whole, misses one of them. A call into the clinic's toolkit
     (``clinic.batch_independence``) fails."""
 
     guarded = refusing_calls(
