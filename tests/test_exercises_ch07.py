@@ -21,7 +21,7 @@ from companion.decode import beam_search
 from companion.exercises import ch07
 from companion.layers import DecoderLayer
 from companion.masking import causal_mask
-from companion.model import Transformer, TransformerConfig
+from companion.model import Decoder, Transformer, TransformerConfig
 from companion.positional import sinusoidal_table
 from companion.utils import count_parameters
 
@@ -140,6 +140,32 @@ def layer_calls_its_forward(layer, x, memory, tgt_mask, memory_mask):
 
 def layer_calls_the_class_forward(layer, x, memory, tgt_mask, memory_mask):
     return DecoderLayer.forward(layer, x, memory, tgt_mask, memory_mask)
+
+
+def layer_copies_the_forward_body(layer, x, memory, tgt_mask, memory_mask):
+    """DecoderLayer.forward's body copied from the printed source: its helpers, not the parts."""
+    x = layer.residual(
+        x, lambda h: layer.self_attend(h, tgt_mask, False, True, None), layer.self_attention_norm
+    )
+    x = layer.residual(
+        x,
+        lambda h: layer.cross_attend(h, memory, memory_mask, False, None),
+        layer.cross_attention_norm,
+    )
+    return layer.residual(x, layer.feed_forward, layer.feed_forward_norm)
+
+
+def test_decoder_layer_rejects_a_copy_of_the_forward_body_and_restores_the_helpers():
+    result = ch07.check_decoder_layer_forward(layer_copies_the_forward_body, verbose=False)
+    assert not result and "build it from the parts" in result.message, result.message
+    # outside the check the helpers work again: the copied body equals the layer
+    case = ch07._decoder_layer_cases()[0]
+    layer = case.pop("layer")
+    assert not any(name in vars(layer) for name in ("residual", "self_attend", "cross_attend"))
+    del layer.forward  # the case's refusal of layer(...): the class's forward again
+    with torch.no_grad():
+        copied = layer_copies_the_forward_body(layer, **case)
+        assert torch.allclose(copied, layer(**case), atol=1e-6)
 
 
 def test_decoder_layer_accepts_correct():
@@ -713,6 +739,20 @@ def test_decode_step_rejects_wrong(wrong):
 def test_decode_step_rejects_calling_the_model_itself(cheat):
     result = ch07.check_decode_step(cheat, verbose=False)
     assert not result and "build it from the parts" in result.message
+
+
+def step_calls_the_decoder_class(model, token, memory, memory_mask, cache):
+    """type(model.decoder).forward gets past the instance's refusal unless the class refuses too."""
+    y = model.tgt_positions(model.tgt_embedding(token), offset=cache.length)
+    decoded = type(model.decoder).forward(model.decoder, y, memory, None, memory_mask, cache=cache)
+    return model.generator(decoded)
+
+
+def test_decode_step_rejects_the_decoder_class_forward_and_restores_it():
+    decoder_forward = vars(Decoder)["forward"]
+    result = ch07.check_decode_step(step_calls_the_decoder_class, verbose=False)
+    assert not result and "build it from the parts" in result.message, result.message
+    assert vars(Decoder)["forward"] is decoder_forward, "the check must restore Decoder.forward"
 
 
 def test_decode_step_leaves_the_models_whole_after_a_check():

@@ -55,7 +55,7 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-_DECODER_LAYER_FORWARD = DecoderLayer.forward  # the unpatched class forward, for the reference
+_DECODER_LAYER_FORWARD = DecoderLayer.forward  # the unpatched class forward, restored after a call
 
 
 def reference_decoder_layer_forward(
@@ -65,9 +65,8 @@ def reference_decoder_layer_forward(
     tgt_mask: Tensor | None,
     memory_mask: Tensor,
 ) -> Tensor:
-    """One Pre-LN decoder layer: the class's forward pass (``DecoderLayer.forward``).
-
-    Written out with the layer's sub-modules, it computes::
+    """One Pre-LN decoder layer: the class's forward pass (``DecoderLayer.forward``), written
+    out with the layer's sub-modules::
 
         h = self_attention_norm(x)
         x = x + self_attention(h, h, h, mask=tgt_mask, is_causal=True)      # masked self-attn
@@ -91,11 +90,14 @@ def reference_decoder_layer_forward(
     Returns:
         Shape ``(batch, tgt_len, d_model)``.
     """
-    # the class's forward, captured at import: during the reader's call the check refuses
-    # ``layer(...)``, ``layer.forward(...)`` and ``DecoderLayer.forward(...)`` (build it from the parts)
-    return _DECODER_LAYER_FORWARD(
-        layer, x, memory, tgt_mask, memory_mask
-    )  # (batch, tgt_len, d_model)
+    # the parts only, as the reader must write it: during the reader's call the check refuses
+    # ``layer(...)``, ``DecoderLayer.forward(...)`` and the layer's helpers ``residual``,
+    # ``self_attend`` and ``cross_attend`` (tests check this equals ``DecoderLayer.forward``)
+    h = layer.self_attention_norm(x)  # (batch, tgt_len, d_model)
+    x = x + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
+    h = layer.cross_attention_norm(x)  # the queries only: the memory is not normalised here
+    x = x + layer.cross_attention(h, memory, memory, memory_mask)[0]
+    return x + layer.feed_forward(layer.feed_forward_norm(x))  # (batch, tgt_len, d_model)
 
 
 def _refuse(what: str, parts: str) -> Callable[..., Any]:
@@ -217,21 +219,32 @@ def _real_rows_only(fn: Callable[..., Tensor], mask_argument: str) -> Callable[.
     return wrapper
 
 
+_FORWARD_HELPERS = ("residual", "self_attend", "cross_attend")  # what the forward's body calls
+
+
 def _class_forward_refused(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """``fn`` run while ``DecoderLayer.forward`` itself raises (restored afterwards), so that
     ``DecoderLayer.forward(layer, ...)`` cannot stand in for the parts; the reference uses the
-    copy captured at import."""
+    copy captured at import. The layer's own helpers that the forward's body calls
+    (``layer.residual``, ``layer.self_attend``, ``layer.cross_attend``) raise too, so that a
+    copy of that body cannot either."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        parts = "layer.self_attention, layer.cross_attention, layer.feed_forward and the norms"
         DecoderLayer.forward = _refuse(  # type: ignore[method-assign]
-            "DecoderLayer.forward(...)",
-            "layer.self_attention, layer.cross_attention, layer.feed_forward and the norms",
+            "DecoderLayer.forward(...)", parts
         )
+        layer = kwargs.get("layer")
+        helpers = [name for name in _FORWARD_HELPERS if isinstance(layer, DecoderLayer)]
+        for name in helpers:  # instance attributes, deleted below: the class keeps its methods
+            setattr(layer, name, _refuse(f"layer.{name}(...)", parts))
         try:
             return fn(*args, **kwargs)
         finally:
             DecoderLayer.forward = _DECODER_LAYER_FORWARD  # type: ignore[method-assign]
+            for name in helpers:
+                delattr(layer, name)
 
     return wrapper
 
@@ -658,6 +671,9 @@ def _step_by_step(decode_step: Callable[..., Tensor]) -> Callable[..., Any]:
         }
         for (owner, attribute), what in refused.items():
             setattr(owner, attribute, _refuse(what, parts))
+        decoder_class = type(model.decoder)  # type(model.decoder).forward(...) refuses too
+        class_forward = vars(decoder_class)["forward"]
+        decoder_class.forward = _refuse(f"{decoder_class.__name__}.forward(...)", parts)  # type: ignore[method-assign]
         rows = []
         try:
             for t in range(tgt_in.shape[1]):
@@ -676,6 +692,7 @@ def _step_by_step(decode_step: Callable[..., Tensor]) -> Callable[..., Any]:
         finally:
             for owner, attribute in refused:
                 delattr(owner, attribute)
+            decoder_class.forward = class_forward  # type: ignore[method-assign]
         return torch.cat(rows, dim=1)  # (batch, tgt_len, tgt_vocab)
 
     return run
