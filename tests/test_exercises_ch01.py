@@ -954,3 +954,27 @@ def test_the_checks_own_errors_are_not_turned_into_shape_hints():
     """A forbidden built-in softmax is still reported by name, not as a shape problem."""
     result = ch01.check_row_softmax(lambda scores: torch.softmax(scores, dim=-1), verbose=False)
     assert not result and "ShapeMismatch" not in result.message, result.message
+
+
+def test_a_refused_call_keeps_its_own_class_and_message():
+    """Exercise 5's refusal of companion.attention is reported as a refused call (its own
+    RuntimeError subclass), never relabelled as a shape problem."""
+    from companion.exercises._checker import CallRefused
+
+    assert issubclass(CallRefused, RuntimeError), (
+        "older `except RuntimeError` clauses still catch it"
+    )
+    result = ch01.check_additive_scores(additive_through_the_package, verbose=False)
+    assert not result, "the package's forward must be refused"
+    assert "CallRefused" in result.message and "ShapeMismatch" not in result.message, result.message
+    assert "check which dimensions each product pairs" not in result.message, result.message
+
+
+def test_the_softmax_shape_hint_speaks_of_reductions_not_products():
+    result = ch01.check_row_softmax(
+        lambda scores: scores.exp() / scores.exp().sum(dim=-1), verbose=False
+    )
+    assert not result and "ShapeMismatch" in result.message, result.message
+    assert "keepdim" in result.message and "product" not in result.message, result.message
+    relevance = ch01.check_relevance_scores(lambda q, k: q @ k, verbose=False)
+    assert "each product pairs" in relevance.message, relevance.message

@@ -29,6 +29,7 @@ __all__ = [
     "Case",
     "CheckResult",
     "calls_into",
+    "CallRefused",
     "refusing_calls",
     "compare",
     "report",
@@ -206,6 +207,12 @@ def calls_into(
         sys.setprofile(previous)
 
 
+class CallRefused(RuntimeError):
+    """Raised by a function wrapped with :func:`refusing_calls` when the reader's code calls
+    what the exercise asks them to write (a ``RuntimeError``, so older ``except`` clauses still
+    catch it; its own class, so that a check can tell it from a PyTorch error)."""
+
+
 def refusing_calls(
     fn: Callable[..., Any],
     task: str,
@@ -213,7 +220,7 @@ def refusing_calls(
     why: str = "",
     functions: tuple[Callable[..., Any], ...] = (),
 ) -> Callable[..., Any]:
-    """``fn``, failing (``RuntimeError``) when it calls into one of ``modules`` or one of
+    """``fn``, failing (:class:`CallRefused`) when it calls into one of ``modules`` or one of
     ``functions``: the exercise asks for ``task`` by hand, and those hold the answer. ``why`` is
     appended to the message. ``functions`` refuses single functions of a module whose other
     names the reader must use (the model beside its healthy decoding loop).
@@ -225,7 +232,7 @@ def refusing_calls(
         with calls_into(*modules, functions=functions) as calls:
             value = fn(**kwargs)
         if calls:
-            raise RuntimeError(
+            raise CallRefused(
                 f"your code called {calls[0]}; this exercise asks you to {task} yourself{why}"
             )
         return value

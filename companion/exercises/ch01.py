@@ -58,10 +58,18 @@ class ShapeMismatch(RuntimeError):
     """A PyTorch shape error in the reader's function, re-raised with the shapes it got and owes."""
 
 
-def _with_shape_hint(fn: Callable[..., Tensor], returns: str) -> Callable[..., Tensor]:
+#: The advice a shape error gets by default: every exercise but the first pairs dimensions
+#: in a product.
+_PRODUCT_ADVICE = "check which dimensions each product pairs"
+
+
+def _with_shape_hint(
+    fn: Callable[..., Tensor], returns: str, advice: str = _PRODUCT_ADVICE
+) -> Callable[..., Tensor]:
     """Wrap the reader's ``fn`` so that a raw PyTorch shape error (``RuntimeError`` or
-    ``IndexError``, not the check's own subclasses) comes back as :class:`ShapeMismatch`, one line
-    naming the shapes the function received and the shape ``returns`` it must produce."""
+    ``IndexError``, not the check's own subclasses such as a refused call) comes back as
+    :class:`ShapeMismatch`, one line naming the shapes the function received, the shape
+    ``returns`` it must produce and the ``advice`` that fits the exercise."""
 
     @functools.wraps(fn)
     def hinted(**kwargs: Tensor) -> Tensor:
@@ -73,8 +81,7 @@ def _with_shape_hint(fn: Callable[..., Tensor], returns: str) -> Callable[..., T
             got = ", ".join(f"{name} {tuple(value.shape)}" for name, value in kwargs.items())
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ShapeMismatch(
-                f"{first_line}. Your function received {got} and must return {returns}: "
-                "check which dimensions each product pairs"
+                f"{first_line}. Your function received {got} and must return {returns}: {advice}"
             ) from exc
 
     return hinted
@@ -182,7 +189,12 @@ def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = T
 
     return run_check(
         "row_softmax",
-        _with_shape_hint(without_builtin_softmax, "scores' shape (..., k_len)"),
+        _with_shape_hint(
+            without_builtin_softmax,
+            "scores' shape (..., k_len)",
+            advice="check which dimension each maximum and sum reduces over, and whether it "
+            "keeps that dimension (keepdim=True) so that it lines up with the scores",
+        ),
         reference_row_softmax,
         _row_softmax_cases(),
         verbose=verbose,
