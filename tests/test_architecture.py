@@ -36,7 +36,6 @@ LAYERS: dict[str, int] = {
     "companion.data.batching": 3,
     "companion.data.download": 3,
     "companion.exercises": 3,
-    "companion.exercises.ch01": 3,
     "companion.exercises.ch05": 3,
     "companion.exercises.ch08": 3,
     "companion.exercises.ch09": 3,
@@ -45,6 +44,7 @@ LAYERS: dict[str, int] = {
     "companion.exercises.ch10": 4,  # refuses calls into companion.data.objectives (layer 3)
     "companion.exercises.ch02": 4,  # refuses calls into companion.efficient_attention (layer 3)
     "companion.exercises.ch03": 4,  # checks a trained companion.attention.MultiHeadAttention (layer 3)
+    "companion.exercises.ch01": 4,  # refuses calls into companion.attention (layer 3)
     "companion.clinic.patient": 4,
     "companion.measure": 4,
     "companion.latent_attention": 4,
