@@ -222,7 +222,7 @@ def reference_multi_head_attention(
     weights = torch.softmax(scores, dim=-1)  # (batch, h, q_len, k_len)
     heads = weights @ v  # (batch, h, q_len, d_v)
     if head_gates is not None:
-        heads = heads * head_gates[:, None, None]  # head r times g_r
+        heads = heads * head_gates[:, None, None]  # head r times its gate ζ_r
     merged = heads.transpose(1, 2).reshape(batch, q_len, num_heads * d_v)  # (batch, q_len, h·d_v)
     return merged @ w_o, weights  # (batch, q_len, d_model), (batch, h, q_len, k_len)
 
@@ -311,7 +311,7 @@ def _mha_hint(case: Case, got: object) -> str:
     gates = case.get("head_gates")
     if isinstance(got[1], Tensor) and gates is not None and not bool((gates == 1).all()):
         weights = reference_multi_head_attention(**case)[1]  # (batch, h, q_len, k_len)
-        gated = weights * gates[:, None, None]  # head r's weights times g_r
+        gated = weights * gates[:, None, None]  # head r's weights times ζ_r
         if got[1].shape == gated.shape and torch.allclose(got[1], gated, atol=1e-5, rtol=1e-4):
             return (
                 "\n   this looks like the attention weights returned after gating: return the "
