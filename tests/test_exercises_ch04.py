@@ -541,6 +541,60 @@ def test_my_mha_subclass_of_companion_attention_gives_the_right_numbers():
             )
 
 
+class MHAFusedSDPA(MHACorrect):
+    """Right numbers from PyTorch's fused attention: no attention written."""
+
+    def attend(self, q, k, v):
+        return nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+class MHAWrapsTorchModule(MHACorrect):
+    """Without RoPE, torch's multi_head_attention_forward on the four named layers."""
+
+    def forward(self, x):
+        if self.rope:
+            return super().forward(x)
+        w = torch.cat([self.query_proj.weight, self.key_proj.weight, self.value_proj.weight])
+        b = torch.cat([self.query_proj.bias, self.key_proj.bias, self.value_proj.bias])
+        t = x.transpose(0, 1)  # (seq_len, batch, d_model): the functional's layout
+        out, _ = nn.functional.multi_head_attention_forward(
+            t, t, t, x.shape[-1], self.h, w, b, None, None, False, 0.0,
+            self.out_proj.weight, self.out_proj.bias, need_weights=False,
+        )  # fmt: skip
+        return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize(
+    "fused, name",
+    [
+        (MHAFusedSDPA, "scaled_dot_product_attention"),
+        (MHAWrapsTorchModule, "multi_head_attention_forward"),
+    ],
+)
+def test_my_mha_rejects_pytorch_fused_attention(fused, name):
+    result = ch04.check_my_mha(fused, verbose=False)
+    assert not result and name in result.message, result.message
+    assert ch04.check_my_mha(MHACorrect, verbose=False), "the written-out attention still passes"
+    assert ch04.check_my_mha(ch04.reference_my_mha, verbose=False), "the reference passes"
+
+
+@pytest.mark.parametrize("fused", [MHAFusedSDPA, MHAWrapsTorchModule])
+def test_my_mha_fused_attention_gives_the_right_numbers(fused):
+    """So the rejection above is by the guard, not by the values."""
+    torch.manual_seed(2)
+    x = torch.randn(2, 6, 16)
+    for rope in (False, True):
+        module = fused(16, 2, rope=rope)
+        state = dict(module.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(
+                module(x),
+                ch04.reference_mha_forward(state, x, 2, rope=rope).float(),
+                atol=1e-5,
+                rtol=1e-4,
+            )
+
+
 def test_my_mha_reports_wrong_parameter_names():
     class Renamed(MHACorrect):
         def __init__(self, d_model, num_heads, rope=False):

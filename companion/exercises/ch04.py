@@ -23,7 +23,8 @@ The references are written from the formulas (in float64), independently of
 The exercises that ask the reader to build something :mod:`companion.positional` already
 provides (the layout reordering of exercise 3, the rotation, the table inside ``encode``)
 are checked with that module switched off: a call into it fails the check.
-``MyMHA`` is checked with :mod:`companion.attention` switched off as well.
+``MyMHA`` is checked with :mod:`companion.attention` and PyTorch's fused attention switched
+off as well.
 """
 
 from __future__ import annotations
@@ -66,9 +67,9 @@ BASE = 10000.0
 
 
 def _frequencies(dim: int) -> Tensor:
-    """``ω_i = BASE^(-2i/dim)`` for the pairs ``i = 0 .. dim/2 - 1``, float64, shape ``(dim/2,)``."""
-    two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (dim/2,) = 0, 2, 4, ...
-    return BASE ** (-two_i / dim)  # (dim/2,)
+    """``ω_m = BASE^(-2m/dim)`` for the pairs ``m = 0 .. dim/2 - 1``, float64, shape ``(dim/2,)``."""
+    two_m = torch.arange(0, dim, 2, dtype=torch.float64)  # (dim/2,) = 0, 2, 4, ...
+    return BASE ** (-two_m / dim)  # (dim/2,)
 
 
 def _without_package(
@@ -122,13 +123,53 @@ def _real_pairs_only(fn: Callable[..., object], task: str) -> Callable[..., obje
     return run
 
 
+#: PyTorch's ready-made attention: one call scales, softmaxes and mixes the values.
+_FUSED_ATTENTION = (
+    torch.nn.functional.scaled_dot_product_attention,
+    torch.nn.functional.multi_head_attention_forward,
+)
+
+
+class _FusedAttentionWatch(torch.overrides.TorchFunctionMode):
+    """Records the first of :data:`_FUSED_ATTENTION` called while the mode is on
+    (``nn.MultiheadAttention`` reaches ``multi_head_attention_forward``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if self.first is None and func in _FUSED_ATTENTION:
+            self.first = f"torch.nn.functional.{func.__name__}"
+        return func(*args, **(kwargs or {}))
+
+
+def _own_attention_only(fn: Callable[..., object], task: str) -> Callable[..., object]:
+    """``fn``, failing (``RuntimeError``) when it calls PyTorch's fused attention
+    (:data:`_FUSED_ATTENTION`): the exercise asks for ``task`` written out. The signature of
+    ``fn`` is kept (``functools.wraps``)."""
+
+    @functools.wraps(fn)
+    def run(**kwargs: object) -> object:
+        with _FusedAttentionWatch() as watch:
+            value = fn(**kwargs)
+        if watch.first is not None:
+            raise RuntimeError(
+                f"your code called {watch.first}; this exercise asks you to {task} yourself: "
+                f"scores q @ k.transpose(-2, -1) / √d_k, softmax over the keys, times v"
+            )
+        return value
+
+    return run
+
+
 # --------------------------------------------------------------------------------------------
 # The sinusoidal table: the codes that reference_encode adds
 # --------------------------------------------------------------------------------------------
 
 
 def reference_sinusoidal_table(max_len: int, d_model: int) -> Tensor:
-    """``PE[p, 2i] = sin(p ω_i)``, ``PE[p, 2i+1] = cos(p ω_i)``, ``ω_i = 10000^(-2i/d_model)``.
+    """``PE[i, 2m] = sin(i ω_m)``, ``PE[i, 2m+1] = cos(i ω_m)``, ``ω_m = 10000^(-2m/d_model)``.
 
     Args:
         max_len: number of positions ``0 .. max_len - 1``.
@@ -512,9 +553,9 @@ def check_half_to_interleaved(
 
 
 def reference_rope_rotate(x: Tensor, positions: Tensor) -> Tensor:
-    """Rotate each pair ``(x[..., 2i], x[..., 2i+1])`` of position ``p`` by the angle ``p ω_i``.
+    """Rotate each pair ``(x[..., 2m], x[..., 2m+1])`` of position ``i`` by the angle ``i ω_m``.
 
-    ``(a, b) → (a cos θ - b sin θ, a sin θ + b cos θ)`` with ``θ = p · 10000^(-2i/head_dim)``:
+    ``(a, b) → (a cos θ - b sin θ, a sin θ + b cos θ)`` with ``θ = i · 10000^(-2m/head_dim)``:
     a counter-clockwise rotation, the convention of :class:`companion.positional.RotaryEmbedding`.
 
     Args:
@@ -705,7 +746,8 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
     compared with ``torch.nn.MultiheadAttention`` holding the same weights; with RoPE with
     :func:`reference_mha_forward`. The class is built and run with :mod:`companion.attention`
     and :mod:`companion.positional` switched off: a subclass of ``MultiHeadAttention``, or a
-    call into ``RotaryEmbedding``, fails the check.
+    call into ``RotaryEmbedding``, fails the check. So does PyTorch's ready-made attention,
+    ``F.scaled_dot_product_attention`` or ``nn.MultiheadAttention``.
     """
 
     def build_and_run(d_model: int, num_heads: int, rope: bool, state: dict, x: Tensor) -> Tensor:
@@ -719,10 +761,10 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
             return reference_mha_forward(state, x, num_heads, rope=True)
         return _torch_mha(state, x, num_heads)
 
-    guarded = _without_package(
-        build_and_run,
-        "write multi-head attention (and its rotation)",
-        (_attention, _positional),
+    task = "write multi-head attention (and its rotation)"
+    # the package's guard inside: companion's attention itself calls PyTorch's fused kernel
+    guarded = _own_attention_only(
+        _without_package(build_and_run, task, (_attention, _positional)), task
     )
     return run_check("MyMHA", guarded, reference, _my_mha_cases(), verbose=verbose)
 
