@@ -249,6 +249,35 @@ def test_decoder_layer_rejects_calling_the_layer_and_a_normalised_memory(wrong):
     assert DecoderLayer.forward is ch07._DECODER_LAYER_FORWARD, "the check must restore the class"
 
 
+def layer_no_causal_nor_target_mask(layer, x, memory, tgt_mask, memory_mask):
+    return layer_no_causal_mask(layer, x, memory, None, memory_mask)
+
+
+@pytest.mark.parametrize("wrong", [layer_no_causal_mask, layer_no_causal_nor_target_mask])
+def test_a_missing_causal_mask_gets_a_hint_that_names_it(wrong):
+    result = ch07.check_decoder_layer_forward(wrong, verbose=False)
+    assert not result and "Hint: this is the layer without the causal mask" in result.message, (
+        result.message
+    )
+    assert "is_causal=True" in result.message
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        layer_post_ln,
+        layer_no_memory_mask,
+        layer_residual_from_normalised,
+        layer_memory_normalised,
+        layer_causal_cross_attention,
+    ],
+)
+def test_other_wrong_layers_get_no_causal_mask_hint(wrong):
+    """The hint fires only where the answer is the layer with the later positions visible."""
+    result = ch07.check_decoder_layer_forward(wrong, verbose=False)
+    assert not result and "causal mask" not in result.message, result.message
+
+
 @pytest.mark.parametrize("wrong", [layer_cross_arguments_swapped, layer_self_attention_on_memory])
 def test_swapped_arguments_fail_on_values_not_only_by_crashing(wrong):
     """Where src_len = tgt_len the wrong order runs: only its values give it away."""

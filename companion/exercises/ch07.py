@@ -264,7 +264,31 @@ def check_decoder_layer_forward(
         _real_rows_only(reference_decoder_layer_forward, "tgt_mask"),
         _decoder_layer_cases(),
         verbose=verbose,
+        hint=_no_causal_mask_hint,
     )
+
+
+def _no_causal_mask_hint(case: Case, got: Any) -> str:
+    """Name the missing causal mask when the answer equals the layer run with
+    ``is_causal=False`` (with the target padding or without it): the only difference from the
+    reference is then what the later target positions, the ones the causal mask hides, add."""
+    if not isinstance(got, Tensor):
+        return ""
+    layer, x, memory = case["layer"], case["x"], case["memory"]
+    real = None if case["tgt_mask"] is None else case["tgt_mask"][:, 0, 0]  # (batch, tgt_len)
+    for tgt_mask in (case["tgt_mask"], None):
+        with torch.no_grad():
+            unmasked = _DECODER_LAYER_FORWARD(
+                layer, x, memory, tgt_mask, case["memory_mask"], is_causal=False
+            )  # (batch, tgt_len, d_model): every target position sees every other
+        if real is not None:  # compared as the check compares: the real rows only
+            unmasked = unmasked.masked_fill(~real[..., None], 0.0)
+        if got.shape == unmasked.shape and torch.allclose(got, unmasked, atol=1e-5, rtol=1e-4):
+            return (
+                "\n   Hint: this is the layer without the causal mask: each target position also "
+                "attends to the later ones. Pass is_causal=True to layer.self_attention."
+            )
+    return ""
 
 
 # --------------------------------------------------------------------------------------------
