@@ -392,6 +392,10 @@ def additive_returns_bool(blocked, dtype):
     return ~blocked
 
 
+def additive_times_inf(blocked, dtype):  # 0 × -inf is NaN where attention is allowed
+    return blocked.to(dtype) * float("-inf")
+
+
 def test_additive_from_blocked_accepts_correct():
     assert ch05.check_additive_from_blocked(additive_correct, verbose=False)
     assert ch05.check_additive_from_blocked(ch05.reference_additive_from_blocked, verbose=False)
@@ -418,6 +422,7 @@ def test_additive_from_blocked_reports_minus_1e9_sensibly():
         additive_ones_and_zeros,
         additive_ignores_dtype,
         additive_returns_bool,
+        additive_times_inf,
     ],
 )
 def test_additive_from_blocked_rejects_wrong(wrong):
@@ -427,6 +432,13 @@ def test_additive_from_blocked_rejects_wrong(wrong):
 def test_additive_from_blocked_explains_a_wrong_dtype():
     result = ch05.check_additive_from_blocked(additive_ignores_dtype, verbose=False)
     assert "requested dtype" in result.message
+
+
+def test_additive_from_blocked_reports_nan_plainly():
+    # NaN is reported as NaN, with its classic cause, not as "off by inf"
+    result = ch05.check_additive_from_blocked(additive_times_inf, verbose=False)
+    assert "got nan" in result.message and "off by" not in result.message, result.message
+    assert "0 × -inf is NaN" in result.message, result.message
 
 
 def test_additive_reference_round_trips_through_companion():

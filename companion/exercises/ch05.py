@@ -35,6 +35,7 @@ from companion.exercises._checker import (
     causal_bool_mask,
     random_bool_mask,
     refusing_calls,
+    report,
     run_check,
     seeded_generator,
 )
@@ -351,7 +352,7 @@ def check_additive_from_blocked(
     """Check ``additive_from_blocked(blocked, dtype)``: boolean (``True`` = blocked) → float
     of the same shape and of ``dtype``, ``0`` where allowed and ``-inf`` where blocked; an
     answer that calls :mod:`companion.masking` (``to_additive_mask``) is refused."""
-    return run_check(
+    result = run_check(
         "additive_from_blocked",
         _returning(
             "float",
@@ -360,8 +361,24 @@ def check_additive_from_blocked(
         ),
         reference_additive_from_blocked,
         _additive_cases(),
-        verbose=verbose,
+        verbose=False,
+        hint=_nan_hint,
     )
+    # NaN is not "off by inf" from anything: say only what was returned
+    result.message = result.message.replace(", got nan (off by inf)", ", got nan")
+    if verbose:
+        report(result)
+    return result
+
+
+def _nan_hint(case: Case, got: Any) -> str:
+    """Name the classic cause of NaN in an additive mask (``blocked * -inf``)."""
+    if isinstance(got, Tensor) and got.is_floating_point() and bool(got.isnan().any()):
+        return (
+            "\n   NaN where attention is allowed: 0 × -inf is NaN, so multiplying by -inf cannot"
+            " build the mask; fill the blocked entries instead (masked_fill or torch.where)."
+        )
+    return ""
 
 
 # --------------------------------------------------------------------------------------------
