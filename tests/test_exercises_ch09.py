@@ -87,6 +87,20 @@ def test_interleaved_groups_fail_on_values_not_only_shapes():
     assert "entries differ" in result.message
 
 
+def pool_head_dim_from_d_model(weight, num_heads, num_kv_heads):
+    # follows d_head = d_model / h: right when d_model = num_heads·head_dim, fails otherwise
+    head_dim = weight.shape[1] // num_heads
+    blocks = weight.reshape(num_kv_heads, num_heads // num_kv_heads, head_dim, weight.shape[1])
+    return blocks.mean(1).reshape(num_kv_heads * head_dim, weight.shape[1])
+
+
+def test_head_dim_from_d_model_is_rejected_with_a_hint():
+    result = ch09.check_mean_pool_kv_heads(pool_head_dim_from_d_model, verbose=False)
+    assert not result
+    assert "head_dim = rows / num_heads = 12 / 4 = 3" in result.message, result.message
+    assert "need not be d_model / num_heads" in result.message, result.message
+
+
 def test_pooling_is_exact_when_the_heads_of_a_group_agree():
     """When the heads of each group already share their key and value weights, the pooled
     grouped-query attention computes what the multi-head attention computed."""

@@ -131,7 +131,19 @@ def check_mean_pool_kv_heads(
     @functools.wraps(mean_pool_kv_heads)
     def leaves_weight_alone(weight: Tensor, num_heads: int, num_kv_heads: int) -> Tensor:
         before = weight.clone()
-        pooled = mean_pool_kv_heads(weight=weight, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        try:
+            pooled = mean_pool_kv_heads(
+                weight=weight, num_heads=num_heads, num_kv_heads=num_kv_heads
+            )
+        except RuntimeError as error:  # a reshape with head_dim = d_model / num_heads, mostly
+            rows, d_model = weight.shape
+            if d_model == rows or rows % num_heads:  # not that mistake
+                raise
+            raise RuntimeError(
+                f"{error} (hint: head_dim = rows / num_heads = {rows} / {num_heads} = "
+                f"{rows // num_heads}; it need not be d_model / num_heads, here "
+                f"{d_model} / {num_heads})"
+            ) from error
         if not torch.equal(weight, before):
             raise ValueError(
                 "mean_pool_kv_heads changed `weight` in place: converting a trained model must "
