@@ -522,6 +522,23 @@ def test_equivariance_multiset_comparison_is_rejected_by_the_wrongly_ordered_lay
     result = ch01.check_is_permutation_equivariant(equivariance_test_sorted_outputs, verbose=False)
     assert not result
     assert "NOT permutation-equivariant" in result.message and "attention, then" in result.message
+    # the fault is the comparison, not the number of reorderings tried
+    assert "ignores which output row is which" in result.message, result.message
+    assert "Try more reorderings" not in result.message, result.message
+
+
+def test_equivariance_too_few_reorderings_are_not_blamed_on_the_comparison():
+    """A test that tries only the reversal compares row by row: it gets the hint to try more
+    reorderings, not the sorted-comparison hint."""
+
+    def reversal_only(layer, x):
+        perm = torch.arange(x.shape[0] - 1, -1, -1)
+        return torch.allclose(layer(x[perm]), layer(x)[perm], atol=1e-5)
+
+    result = ch01.check_is_permutation_equivariant(reversal_only, verbose=False)
+    assert not result
+    assert "Try more reorderings" in result.message, result.message
+    assert "ignores which output row" not in result.message, result.message
 
 
 def equivariance_test_default_allclose(layer, x):  # atol=1e-8: rejects float32 rounding
@@ -678,6 +695,25 @@ def test_offset_head_rejects_wrong_heads_and_says_why(wrong, why):
     result = ch01.check_offset_head(wrong, verbose=False)
     assert not result
     assert why in result.message, result.message
+
+
+def test_offset_head_word_rows_in_w_q_when_the_target_is_on_top_but_under_90_percent():
+    """The reference plus word rows of 3.0 in W_Q only: at 22.5° with large word vectors some
+    query's target is still its top key, with 0.88 of the weight. The message says so and
+    names the word rows, without the old garbled "0.88 on key 4 and most (0.88) on key 4"."""
+
+    def word_rows_in_query(d_content, step_angle, offset):
+        query_weight, key_weight = ch01.reference_offset_head(d_content, step_angle, offset)
+        query_weight[:d_content] = 3.0
+        return query_weight, key_weight
+
+    result = ch01.check_offset_head(word_rows_in_query, verbose=False)
+    assert not result
+    assert "case 6 " in result.message, result.message
+    assert "its largest weight, but under 0.9; your matrices read the word's numbers" in (
+        result.message
+    ), result.message
+    assert "and most" not in result.message, result.message
 
 
 def test_offset_head_units_hint_only_for_a_unit_mix_up():
@@ -948,6 +984,13 @@ def test_shape_errors_get_a_hint_naming_the_shapes(check, wrong, received, retur
     assert not result, "a shape error must fail the check"
     assert "ShapeMismatch" in result.message, result.message
     assert received in result.message and returns in result.message, result.message
+
+
+def test_the_shape_hint_drops_pytorchs_layout_tag():
+    """PyTorch names permute's error "permute(sparse_coo)"; the hint shows plain "permute"."""
+    result = ch01.check_relevance_scores(lambda q, k: q @ k.permute(0, 2, 1), verbose=False)
+    assert not result and "permute: number of dimensions" in result.message, result.message
+    assert "sparse" not in result.message, result.message
 
 
 def test_the_checks_own_errors_are_not_turned_into_shape_hints():

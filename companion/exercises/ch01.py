@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 from collections.abc import Callable, Iterator
 
 import torch
@@ -80,6 +81,7 @@ def _with_shape_hint(
                 raise  # the check's own reports (a forbidden call, a loop) stay as they are
             got = ", ".join(f"{name} {tuple(value.shape)}" for name, value in kwargs.items())
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            first_line = re.sub(r"\((?:sparse|strided)\w*\)", "", first_line)  # permute(sparse_coo)
             raise ShapeMismatch(
                 f"{first_line}. Your function received {got} and must return {returns}: {advice}"
             ) from exc
@@ -702,6 +704,30 @@ def _rejects_the_identity(test: Callable[[Callable[[Tensor], Tensor], Tensor], o
     return verdict is False
 
 
+def _ignores_row_order(test: Callable[[Callable[[Tensor], Tensor], Tensor], object]) -> bool:
+    """Does the reader's test compare outputs in a way blind to which row is which (sorted
+    outputs, say)?
+
+    It does when it accepts a layer whose output is the same whatever the order of the tokens
+    (each column sorted), which any row-by-row comparison under a real reordering rejects, and
+    still rejects a layer that adds each position's index to its row (so it does reorder).
+    """
+    x = torch.arange(24, dtype=torch.float32).reshape(6, 4)  # six different tokens
+
+    def verdict(layer: NamedLayer) -> object:
+        try:
+            got = test(layer, x.clone())
+        except Exception:  # noqa: BLE001 - the reader's code: any failure means "no verdict"
+            return None
+        return bool(got) if isinstance(got, Tensor) and got.numel() == 1 else got
+
+    order_blind = NamedLayer("each column sorted", lambda t: t.sort(0).values)
+    positioned = NamedLayer(
+        "position index added", lambda t: t + 100.0 * torch.arange(t.shape[0])[:, None]
+    )
+    return verdict(order_blind) is True and verdict(positioned) is False
+
+
 def _equivariance_verdict_problem(
     got: object, expected: bool, case: Case, test: Callable[..., object] | None = None
 ) -> str | None:
@@ -736,11 +762,15 @@ def _equivariance_verdict_problem(
             "(exact equality, and torch.allclose with its default atol=1e-8, reject rounding): "
             "compare with a tolerance such as atol=1e-5"
         )
-    hint = (
-        " Your test needs a stricter tolerance (differences this small are not rounding)"
-        if gap < 0.1
-        else " Try more reorderings: the swap of two tokens, and random permutations"
-    )
+    if test is not None and _ignores_row_order(test):
+        hint = (
+            " Your comparison ignores which output row is which (sorted outputs, say): "
+            "compare layer(x[perm]) with layer(x)[perm] row by row"
+        )
+    elif gap < 0.1:
+        hint = " Your test needs a stricter tolerance (differences this small are not rounding)"
+    else:
+        hint = " Try more reorderings: the swap of two tokens, and random permutations"
     return (
         f"your test accepted {layer!r} ({tokens}), a layer that is NOT permutation-equivariant: "
         f"some reordering changes its outputs by {gap:.1e} beyond the reordering itself.{hint}"
@@ -963,12 +993,18 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
     units = _units_hint(query_weight, key_weight, case)
     if units:
         return f"{said}; {units}"
+    reads_words = bool(query_weight[:d_content].any() or key_weight[:d_content].any())
+    words_hint = (
+        "your matrices read the word's numbers (their first d_content rows are not 0), and "
+        "the check's word vectors are random, some large: set those rows to 0"
+    )
+    too_close = (
+        f"{said}: its largest weight, but under {OFFSET_HEAD_MIN_WEIGHT}. The scores are too "
+        "close together: the target's lead over its neighbours must be larger (a larger "
+        "stretch; how large depends on the angle step)"
+    )
     if all(tops[j] == j + offset for j in checked):
-        return (
-            f"{said}: its largest weight, but under {OFFSET_HEAD_MIN_WEIGHT}. The scores are too "
-            "close together: the target's lead over its neighbours must be larger (a larger "
-            "stretch; how large depends on the angle step)"
-        )
+        return too_close
     if offset != 0 and mirrored and all(tops[j] == j - offset for j in mirrored):
         return (
             f"{said}; query {mirrored[0] + 1} looks most at key {mirrored[0] - offset + 1}: the head "
@@ -979,13 +1015,11 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
             f"{said}; every query looks most at itself: the query's angle is not turned "
             "relative to the key's (turning W_Q and W_K by the same angle cancels)"
         )
-    reads_words = bool(query_weight[:d_content].any() or key_weight[:d_content].any())
-    hint = (
-        "; your matrices read the word's numbers (their first d_content rows are not 0), and "
-        "the check's word vectors are random"
-        if reads_words
-        else ""
-    )
+    if tops[i] == i + offset:  # its target is its top key, only not by enough
+        if reads_words:
+            return f"{said}: its largest weight, but under {OFFSET_HEAD_MIN_WEIGHT}; {words_hint}"
+        return too_close
+    hint = f"; {words_hint}" if reads_words else ""
     return f"{said} and most ({weights[i, tops[i]].item():.2f}) on key {tops[i] + 1}{hint}"
 
 
