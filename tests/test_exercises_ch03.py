@@ -1067,3 +1067,35 @@ def test_no_width_hint_for_a_raise_where_the_widths_are_d_model_over_h():
     result = ch03.check_multi_head_attention(raises, verbose=False)
     assert not result and result.cases_run == 1, result.message
     assert "off the weights" not in result.message, result.message
+
+
+def test_multi_head_attention_names_the_softmax_over_the_queries():
+    result = ch03.check_multi_head_attention(gated(mha_softmax_over_queries), verbose=False)
+    assert not result
+    assert "softmax over dim=-2, the queries" in result.message, result.message
+    # another wrong answer does not get that hint
+    other = ch03.check_multi_head_attention(gated(mha_unscaled), verbose=False)
+    assert not other and "dim=-2" not in other.message, other.message
+
+
+def scores_d_k_from_d_model(w_q, w_k, num_heads):
+    # TinyMHA's habit d_k = d_model // h: raises where h·d_k != d_model
+    d_k = w_q.shape[0] // num_heads
+    q = w_q.unflatten(1, (num_heads, d_k)).transpose(0, 1)  # (h, d_model, d_k)
+    k = w_k.unflatten(1, (num_heads, d_k)).transpose(0, 1)
+    return q @ k.transpose(-2, -1)
+
+
+def test_head_score_matrices_raise_from_d_model_over_h_gets_the_width_hint():
+    result = ch03.check_head_score_matrices(scores_d_k_from_d_model, verbose=False)
+    assert not result and "raised" in result.message, result.message
+    assert "read d_k off the weights (w_q.shape[1] // num_heads)" in result.message, result.message
+
+
+def test_head_score_matrices_no_width_hint_for_a_raise_where_d_k_is_d_model_over_h():
+    def raises(w_q, w_k, num_heads):
+        raise RuntimeError("boom")
+
+    result = ch03.check_head_score_matrices(raises, verbose=False)
+    assert not result and result.cases_run == 1, result.message
+    assert "off the weights" not in result.message, result.message

@@ -265,8 +265,10 @@ def _mha_variant(
     split_transposed: bool = True,
     gates_strided: bool = False,
     gates: str = "heads",
+    softmax_dim: int = -1,
 ) -> Tensor:
-    """The output of a classic slip: the scale 1/√width with another width, the heads
+    """The output of a classic slip: the scale 1/√width with another width, the softmax
+    over the queries (``softmax_dim=-2``), the heads
     split or merged by a reshape without the transpose, the gates spread over the
     concatenation with ``repeat`` (feature ``j`` gets gate ``j mod h``), put on ``W_O``'s
     columns (``gates="w_o columns"``, output feature ``j`` gets gate ``j // d_v``) or ignored
@@ -284,7 +286,8 @@ def _mha_variant(
     q = split(query @ case["w_q"], d_k)  # (batch, h, q_len, d_k)
     k = split(key @ case["w_k"], d_k)  # (batch, h, k_len, d_k)
     v = split(value @ case["w_v"], d_v)  # (batch, h, k_len, d_v)
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(width), dim=-1)  # (batch, h, q, k)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(width)  # (batch, h, q_len, k_len)
+    weights = torch.softmax(scores, dim=softmax_dim)  # (batch, h, q_len, k_len)
     per_head = weights @ v  # (batch, h, q_len, d_v)
     head_gates = case.get("head_gates")
     if head_gates is not None and not gates_strided and gates == "heads":
@@ -336,6 +339,8 @@ def _mha_hint(case: Case, got: object) -> str:
             "scale_width": "h·d_k"
         },
         "no scale: chapter 2's 1/√d_k is missing": {"scale_width": "1"},
+        "the softmax over dim=-2, the queries: each key's column of a head's map sums to 1; "
+        "each query's weights over the keys must, softmax(scores, dim=-1)": {"softmax_dim": -2},
         "the gates spread over the concatenation with repeat(d_v), which gives feature j the "
         "gate j mod h: head r's d_v features are contiguous, so use repeat_interleave(d_v) or "
         "gate the (batch, h, q_len, d_v) outputs with head_gates[:, None, None]": {
@@ -366,6 +371,7 @@ def _mha_hint(case: Case, got: object) -> str:
             continue  # W_O's columns cannot take h gates of d_v features each
         if (
             widths[change.get("scale_width", "d_k")] == d_k
+            and change.get("softmax_dim", -1) == -1
             and not reshaped
             and not strided
             and not gate_slip
@@ -833,7 +839,17 @@ def check_head_score_matrices(
         head_score_matrices,
         reference_head_score_matrices,
         cases,
-        verbose=verbose,
+        verbose=False,
         hint=_score_matrix_hint,
     )
+    if not result.passed and f"case {result.cases_run} raised" in result.message:
+        w_q, heads = cases[result.cases_run - 1]["w_q"], cases[result.cases_run - 1]["num_heads"]
+        if w_q.shape[1] != w_q.shape[0]:  # h·d_k != d_model: d_model // num_heads is not d_k
+            result.message += (
+                f"\n   in this case d_model = {w_q.shape[0]} but w_q has {w_q.shape[1]} columns "
+                f"for {heads} heads: read d_k off the weights (w_q.shape[1] // num_heads), not "
+                "d_model // num_heads."
+            )
+    if verbose:
+        report(result)
     return result
