@@ -591,6 +591,64 @@ def first_leak_exact(attend, x):  # torch.equal: any change at all, even below 1
     return min(found) if found else None
 
 
+def _pairs_compared(attend, x, changed_by):
+    """All (i, j), i < j, where ``changed_by(after_i, before_i)`` says output i moved."""
+    before = attend(x)
+    found = []
+    for j in range(1, x.shape[1]):
+        changed = x.clone()
+        changed[:, j] = torch.randn_like(changed[:, j])
+        after = attend(changed)
+        found += [(i, j) for i in range(j) if changed_by(after[:, i], before[:, i])]
+    return min(found) if found else None
+
+
+def first_leak_feature_zero_only(attend, x):  # compares output feature 0 alone
+    return _pairs_compared(attend, x, lambda a, b: (a[..., 0] - b[..., 0]).abs().max() > 1e-5)
+
+
+def first_leak_mean_change(attend, x):  # the mean change over batch and features, not any entry
+    return _pairs_compared(attend, x, lambda a, b: (a - b).abs().mean() > 1e-5)
+
+
+def first_leak_batch_summed(attend, x):  # compares the outputs summed over the batch
+    return _pairs_compared(attend, x, lambda a, b: (a.sum(0) - b.sum(0)).abs().max() > 1e-5)
+
+
+def first_leak_max_abs(attend, x):  # right: the largest change of any entry
+    return _pairs_compared(attend, x, lambda a, b: (a - b).abs().max() > 1e-5)
+
+
+def first_leak_allclose_default_rtol(attend, x):  # right here: atol=1e-5 plus the default rtol
+    return _pairs_compared(attend, x, lambda a, b: not torch.allclose(a, b, atol=1e-5))
+
+
+def test_leak_cases_in_one_feature_of_one_sequence_and_through_the_batch():
+    """The 5e-5 leak into the last feature of sequence 1, and the batch-centred leak: each
+    wrong comparison misses its case whatever the seed, and the right ones never do."""
+    cases = {case["attend"].name: case for case in ch05._future_leak_cases()}
+    one_entry = cases["sequence 1: 5e-5 into the last feature of 1"]
+    centred = cases["batch-centred x[2] into 0"]
+    assert ch05.reference_first_leak(**one_entry) == (1, 3)
+    assert ch05.reference_first_leak(**centred) == (0, 2)
+    right = (first_leak_correct, first_leak_max_abs, first_leak_allclose_default_rtol)
+    for seed in range(200):
+        torch.manual_seed(seed)
+        assert first_leak_feature_zero_only(**one_entry) is None, seed
+        assert first_leak_mean_change(**one_entry) is None, seed
+        assert first_leak_batch_summed(**centred) is None, seed
+        for solution in right:
+            assert solution(**one_entry) == (1, 3), (solution.__name__, seed)
+            assert solution(**centred) == (0, 2), (solution.__name__, seed)
+
+
+def test_first_leak_right_answers_pass_whatever_the_seed():
+    for seed in range(10):
+        for solution in (first_leak_correct, first_leak_max_abs, first_leak_allclose_default_rtol):
+            torch.manual_seed(seed)
+            assert ch05.check_first_leak(solution, verbose=False), (solution.__name__, seed)
+
+
 def test_leak_case_below_the_tolerance_fails_an_exact_comparison():
     tiny = {case["attend"].name: case for case in ch05._future_leak_cases()}[
         "1e-6 tanh(x[3]) into 0"
@@ -635,6 +693,9 @@ def test_first_leak_accepts_correct():
         first_leak_loose,
         first_leak_exact,
         first_leak_default_allclose,
+        first_leak_feature_zero_only,
+        first_leak_mean_change,
+        first_leak_batch_summed,
     ],
 )
 def test_first_leak_rejects_wrong(wrong):

@@ -522,6 +522,28 @@ def _below_tolerance(v: Tensor) -> Tensor:  # (batch, d): a change of at most 2e
     return 1e-6 * torch.tanh(v)
 
 
+def _last_feature_of_sequence_1(v: Tensor) -> Tensor:
+    """``(batch, d)``: at most ``5e-5``, in the last feature of sequence 1 only, and ``0`` for a
+    zero input; a random input (squared norm about 4) moves it by more than ``1e-5``. Its mean
+    over the batch and the features stays under ``1e-5``, and output feature 0 never moves."""
+    leak = torch.zeros_like(v)  # (batch, d)
+    leak[1, -1] = 5e-5 * torch.tanh(10 * v[1].square().sum())
+    return leak
+
+
+def _batch_centred(v: Tensor) -> Tensor:  # (batch, d): a leak through batch statistics
+    """``1e-3 v`` minus its mean over the batch, as batch norm in training mode would: large in
+    every sequence, yet zero summed over the batch."""
+    return 1e-3 * (v - v.mean(dim=0, keepdim=True))
+
+
+def _zero_at(x: Tensor, j: int) -> Tensor:
+    """``x`` with input ``j`` set to zero: where :func:`_last_feature_of_sequence_1` is 0."""
+    x = x.clone()  # (batch, seq_len, d)
+    x[:, j] = 0.0
+    return x
+
+
 def _small_at(x: Tensor, j: int) -> Tensor:
     """``x`` with input ``j`` rescaled to norm 0.2: inside the closed gate of :func:`_gated`."""
     x = x.clone()  # (batch, seq_len, d)
@@ -631,6 +653,22 @@ def _future_leak_cases() -> list[Case]:
             ),
             "x": x(5),
         },  # None
+        # a leak of about 5e-5 into the last feature of sequence 1 only: a test that reads
+        # output feature 0 alone, or the mean change over the batch and features, misses it
+        {
+            "attend": _Elementwise(
+                "sequence 1: 5e-5 into the last feature of 1",
+                _add_at(causal, 1, 3, _last_feature_of_sequence_1),
+            ),
+            "x": _zero_at(x(5), 3),
+        },  # (1, 3)
+        # a leak through batch statistics: a test that sums the outputs over the batch misses it
+        {
+            "attend": _Elementwise(
+                "batch-centred x[2] into 0", _add_at(causal, 0, 2, _batch_centred)
+            ),
+            "x": x(4),
+        },  # (0, 2)
     ]
 
 
@@ -643,8 +681,10 @@ def check_first_leak(
     leak two steps ahead only, a leak into a late position only, two leaks whose smallest ``j``
     is not the one with the smallest ``i``, a leak in the second sequence of the batch only,
     a leak of about ``1e-3`` (missed by a loose tolerance), a change of about ``1e-6`` below
-    the tolerance (reported by an exact comparison), and leaks that a positive rescale, an added constant, a negation or a replacement by zeros
-    cannot reveal."""
+    the tolerance (reported by an exact comparison), a leak of about ``5e-5`` into the last
+    feature of sequence 1 only (missed by output feature 0 alone and by the mean change), a
+    leak that sums to zero over the batch (missed by batch-summed outputs), and leaks that a
+    positive rescale, an added constant, a negation or a replacement by zeros cannot reveal."""
     return run_check(
         "first_leak",
         first_leak,
