@@ -773,9 +773,10 @@ def test_split_heads_and_attention_refuse_the_clinics_correct_code():
         (batch_exact, "rounding, not a leak"),
         (batch_others_replaced, "depends on the row index"),
         (batch_reversed_only, "reads the batch mean"),
+        (batch_loose, "a loose tolerance misses"),
         (lambda logits_fn, ids: False, "is batch-independent"),
     ],
-    ids=["exact", "others replaced", "reversed only", "never"],
+    ids=["exact", "others replaced", "reversed only", "loose", "never"],
 )
 def test_batch_independent_failure_names_what_the_model_does(wrong, hint):
     result = ch11.check_batch_independent(wrong, verbose=False)

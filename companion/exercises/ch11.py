@@ -596,9 +596,14 @@ _BATCH_HINTS = {
 def _batch_hint(case: Case, got: object) -> str:
     """One line saying what the failing case's model does (any rows that read other rows share
     a line: run every sentence alone)."""
-    how = case["logits_fn"].how
+    model = case["logits_fn"]
+    if model.how == "batch mean" and model.strength < 0.1:  # a small leak, not a symmetric one
+        return (
+            "\n   hint: every row of this model reads a small share of the batch mean: a leak "
+            "that a loose tolerance misses (compare every logit to within 1e-4)"
+        )
     line = _BATCH_HINTS.get(
-        how, "only some rows of this model read others: run every sentence alone"
+        model.how, "only some rows of this model read others: run every sentence alone"
     )
     return f"\n   hint: {line}"
 
