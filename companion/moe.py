@@ -102,9 +102,11 @@ def load_balancing_loss(
     makes ``k`` of them, so :math:`\sum_i f_i = 1`; it is counted before any capacity drops
     and carries no gradient), :math:`P_i` the mean router probability of expert ``i``. Both
     average over the real tokens only. With uniform routing, :math:`f_i = P_i = 1/E`, the loss
-    is 1; when :math:`f = P` it is :math:`E\lVert P\rVert^2 \ge 1` (Cauchy-Schwarz), and it
-    reaches ``E`` when every token goes to one expert with probability 1. The gradient pushes
-    down the probabilities of the experts that receive the most tokens.
+    is 1; when :math:`f = P` it is :math:`E\lVert P\rVert^2 \ge 1` (Cauchy-Schwarz). Each
+    token's ``k`` experts are distinct, so :math:`f_i \le 1/k` and the loss is at most
+    :math:`E/k` (``E`` for the Switch Transformer's ``k = 1``), reached when every token gives
+    one expert probability 1. The gradient pushes down the probabilities of the experts that
+    receive the most tokens.
 
     Args:
         router_probs: ``(..., num_experts)`` softmax of the router logits.
