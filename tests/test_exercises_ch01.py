@@ -139,6 +139,18 @@ def test_row_softmax_rejects_wrong(wrong):
     assert not ch01.check_row_softmax(wrong, verbose=False)
 
 
+def test_row_softmax_max_without_values_gets_a_hint():
+    """scores.max(dim=-1) is a (values, indices) pair: the bare TypeError gets a hint."""
+
+    def softmax_max_pair(scores):
+        shifted = scores - scores.max(dim=-1)
+        return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+
+    result = ch01.check_row_softmax(softmax_max_pair, verbose=False)
+    assert not result
+    assert "use .values, or torch.amax" in result.message, result.message
+
+
 def test_naive_softmax_fails_only_on_large_inputs():
     """The edge cases are what catch a missing max-subtraction: the first cases pass."""
     result = ch01.check_row_softmax(softmax_naive, verbose=False)
@@ -1021,3 +1033,25 @@ def test_the_softmax_shape_hint_speaks_of_reductions_not_products():
     assert "keepdim" in result.message and "product" not in result.message, result.message
     relevance = ch01.check_relevance_scores(lambda q, k: q @ k, verbose=False)
     assert "each product pairs" in relevance.message, relevance.message
+
+
+def equivariance_test_swap_ends(layer, x):  # one transposition: the first and last tokens
+    perm = torch.arange(x.shape[0])
+    perm[[0, -1]] = perm[[-1, 0]]
+    return torch.allclose(layer(x[perm]), layer(x)[perm], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "swap_only", [equivariance_test_swap_first_two, equivariance_test_swap_ends]
+)
+def test_equivariance_test_that_swaps_is_not_told_to_try_a_swap(swap_only):
+    result = ch01.check_is_permutation_equivariant(swap_only, verbose=False)
+    assert not result
+    assert "already swaps two tokens" in result.message, result.message
+    assert "the swap of two tokens" not in result.message, result.message
+
+
+def test_equivariance_test_without_a_swap_is_told_to_try_one():
+    result = ch01.check_is_permutation_equivariant(equivariance_test_reversal_only, verbose=False)
+    assert not result
+    assert "the swap of two tokens" in result.message, result.message

@@ -187,7 +187,15 @@ def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = T
     @functools.wraps(row_softmax)
     def without_builtin_softmax(**kwargs: Tensor) -> Tensor:
         with _builtin_softmax_forbidden():
-            return row_softmax(**kwargs)
+            try:
+                return row_softmax(**kwargs)
+            except TypeError as exc:
+                if "return_types" not in str(exc):
+                    raise
+                raise TypeError(  # scores - scores.max(dim=-1): a (values, indices) pair
+                    f"{str(exc).splitlines()[0]}. With a dim, max returns a pair (values, "
+                    "indices): use .values, or torch.amax"
+                ) from exc
 
     return run_check(
         "row_softmax",
@@ -728,6 +736,34 @@ def _ignores_row_order(test: Callable[[Callable[[Tensor], Tensor], Tensor], obje
     return verdict(order_blind) is True and verdict(positioned) is False
 
 
+def _tries_a_swap(test: Callable[[Callable[[Tensor], Tensor], Tensor], object]) -> bool:
+    """Does the reader's test already hand the layer a reordering that swaps two tokens only?
+
+    It runs the test on an identity layer that records its inputs, six different tokens, and
+    looks for an input whose rows are those tokens with exactly two of them exchanged.
+    """
+    x = torch.arange(24, dtype=torch.float32).reshape(6, 4)  # row i starts with 4 i
+    seen: list[Tensor] = []
+
+    def record(t: Tensor) -> Tensor:
+        seen.append(t.detach().clone())
+        return t.clone()
+
+    try:
+        test(NamedLayer("identity", record), x.clone())
+    except Exception:  # noqa: BLE001 - the reader's code: any failure means "no swap seen"
+        return False
+    for t in seen:
+        if t.shape != x.shape:
+            continue
+        rows = (t[:, 0] / 4).round().long()  # which token each row holds
+        if ((rows < 0) | (rows > 5)).any() or not torch.equal(x[rows], t):
+            continue
+        if int((rows != torch.arange(6)).sum()) == 2:
+            return True
+    return False
+
+
 def _equivariance_verdict_problem(
     got: object, expected: bool, case: Case, test: Callable[..., object] | None = None
 ) -> str | None:
@@ -769,6 +805,10 @@ def _equivariance_verdict_problem(
         )
     elif gap < 0.1:
         hint = " Your test needs a stricter tolerance (differences this small are not rounding)"
+    elif test is not None and _tries_a_swap(test):
+        hint = (
+            " Your test already swaps two tokens: try more reorderings, such as random permutations"
+        )
     else:
         hint = " Try more reorderings: the swap of two tokens, and random permutations"
     return (
