@@ -375,7 +375,7 @@ def check_scale_test(
     and must say whether it computes ``softmax(q kᵀ/√d_k) v``. The check hands it the
     functions of :data:`SCALE_TEST_CANDIDATES`, five correct ones (with different float32
     rounding, one of them about 1e-6 off, which a purely relative tolerance rejects whenever
-    the test's inputs put an output entry near 0) and eleven with a classic slip (no scale,
+    the test's inputs put an output entry near 0) and eleven with a slip (no scale,
     ``d_k``, a fixed ``√64``, ``√d_v``, ``√k_len``, the softmax over axis 1 or axis 2, a
     multiplication, the scale after the softmax, and two small ones that only a tight
     tolerance catches: ``√(d_k + 1)``, float16 weights). A
