@@ -55,34 +55,34 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-def reference_prefix_lm_mask(length: int, prefix_lens: Tensor) -> Tensor:
+def reference_prefix_lm_mask(seq_len: int, prefix_lens: Tensor) -> Tensor:
     """The masks of a batch of prefix language models, one prefix length per row, ``True`` =
     may attend.
 
     In row ``b``, query ``i`` may attend to key ``j`` when ``j`` is in that row's prefix
     (``j < prefix_lens[b]``: the prefix is read both ways, and every later position sees all of
     it) or ``j <= i`` (the causal rule). A prefix of 0 gives the causal mask, a prefix of
-    ``length`` an encoder's.
+    ``seq_len`` an encoder's.
 
     Args:
-        length: number of positions (queries and keys alike), ``>= 1``.
-        prefix_lens: ``(batch,)`` integer tensor, each ``0 <= prefix_lens[b] <= length``.
+        seq_len: number of positions (queries and keys alike), ``>= 1``.
+        prefix_lens: ``(batch,)`` integer tensor, each ``0 <= prefix_lens[b] <= seq_len``.
 
     Returns:
-        bool tensor of shape ``(batch, length, length)``, indexed ``[row, query, key]``.
+        bool tensor of shape ``(batch, seq_len, seq_len)``, indexed ``[row, query, key]``.
     """
-    query = torch.arange(length)[None, :, None]  # (1, length, 1)
-    key = torch.arange(length)[None, None, :]  # (1, 1, length)
-    in_prefix = key < prefix_lens[:, None, None]  # (batch, 1, length)
-    return (key <= query) | in_prefix  # (batch, length, length)
+    query = torch.arange(seq_len)[None, :, None]  # (1, seq_len, 1)
+    key = torch.arange(seq_len)[None, None, :]  # (1, 1, seq_len)
+    in_prefix = key < prefix_lens[:, None, None]  # (batch, 1, seq_len)
+    return (key <= query) | in_prefix  # (batch, seq_len, seq_len)
 
 
 def _prefix_cases() -> list[Case]:
     settings = [
-        # (length, prefix length of each row)
+        # (seq_len, prefix length of each row)
         (6, [2, 4, 0]),
         (8, [3, 3]),  # equal prefixes: the single-prefix mask, twice
-        (5, [0, 5, 1, 2, 3]),  # batch == length: a wrong broadcast has the right shape
+        (5, [0, 5, 1, 2, 3]),  # batch == seq_len: a wrong broadcast has the right shape
         (7, [1]),  # a prefix of one position: the causal mask
         (4, [4, 0, 3, 1]),
         (10, [4, 9, 7]),
@@ -90,14 +90,14 @@ def _prefix_cases() -> list[Case]:
         (9, [8, 2]),
     ]
     return [
-        {"length": n, "prefix_lens": torch.tensor(lens, dtype=torch.long)} for n, lens in settings
+        {"seq_len": n, "prefix_lens": torch.tensor(lens, dtype=torch.long)} for n, lens in settings
     ]
 
 
 def check_prefix_lm_mask(
     prefix_lm_mask: Callable[[int, Tensor], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``prefix_lm_mask(length, prefix_lens)`` → bool ``(batch, length, length)``, one
+    """Check ``prefix_lm_mask(seq_len, prefix_lens)`` → bool ``(batch, seq_len, seq_len)``, one
     prefix length per row.
 
     Among the cases are rows with different prefixes in one batch (an answer that uses one
@@ -211,20 +211,29 @@ class _MaskingSetting:
 
 
 def _masking_settings() -> list[_MaskingSetting]:
-    """Two layouts: [MASK] right after ``<pad> <bos> <eos> <unk>``, and [MASK] as the last id
-    (so the ordinary ids are not simply ``len(special_ids) .. vocab_size - 1``). Rows are
-    ``<bos> words <eos>`` + padding, with some ``<unk>`` among the words; 100 batches of 16
-    sentences of 3 to 40 words give about 33,000 real tokens per layout."""
+    """Three layouts: [MASK] right after ``<pad> <bos> <eos> <unk>``, [MASK] as the last id
+    (so the ordinary ids are not simply ``len(special_ids) .. vocab_size - 1``), and [MASK] as
+    the last of 7 ids, with only two ordinary ids (4 and 5). In the last, a random id drawn
+    from ``4 .. vocab_size - 1`` ("skip <pad> <bos> <eos> <unk>") is [MASK] one time in three,
+    which raises the [MASK] share from 0.8 to 0.833. Rows are ``<bos> words <eos>`` + padding,
+    with some ``<unk>`` among the words; 100 batches of 16 sentences of 3 to 40 words give
+    about 33,000 real tokens in each of the first two layouts, and 100 batches of 48 about
+    100,000 in the third, so that 0.833 lies well outside its 5-standard-deviation band."""
     g = seeded_generator(1002)
     settings = []
-    for vocab_size, special_ids, mask_id in [(24, (0, 1, 2, 3, 4), 4), (30, (0, 1, 2, 3, 29), 29)]:
+    layouts = [
+        (24, (0, 1, 2, 3, 4), 4, 16),
+        (30, (0, 1, 2, 3, 29), 29, 16),
+        (7, (0, 1, 2, 3, 6), 6, 48),
+    ]
+    for vocab_size, special_ids, mask_id, rows in layouts:
         ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])  # (n,)
         batches = []
         for _ in range(100):
-            lengths = torch.randint(3, 41, (16,), generator=g)  # (16,) words per sentence
-            words = ordinary[torch.randint(len(ordinary), (16, 40), generator=g)]  # (16, 40)
-            words = words.masked_fill(torch.rand(16, 40, generator=g) < 0.05, 3)  # some <unk>
-            tokens = torch.zeros(16, int(lengths.max()) + 2, dtype=torch.long)  # (16, len)
+            lengths = torch.randint(3, 41, (rows,), generator=g)  # (rows,) words per sentence
+            words = ordinary[torch.randint(len(ordinary), (rows, 40), generator=g)]  # (rows, 40)
+            words = words.masked_fill(torch.rand(rows, 40, generator=g) < 0.05, 3)  # some <unk>
+            tokens = torch.zeros(rows, int(lengths.max()) + 2, dtype=torch.long)  # (rows, len)
             for row, n in enumerate(lengths.tolist()):
                 tokens[row, : n + 2] = torch.tensor([1, *words[row, :n].tolist(), 2])
             batches.append(tokens)
@@ -375,6 +384,8 @@ def _masking_statistics(
         ("unchanged / selected", kept, KEEP_SHARE + RANDOM_SHARE * same),
     ]:
         problem = _proportion_problem(what, count, selected, expected)
+        if problem and what.startswith("[MASK]") and count / selected > expected:
+            problem += " (too many: is the split 80/10/10, and can a random draw be mask_id?)"
         if problem:
             return problem
     is_ordinary = ~torch.isin(torch.arange(setting.vocab_size), special)  # (vocab_size,)
@@ -394,7 +405,7 @@ def check_bert_masking(
     """Check ``bert_mask(tokens, mask_id, vocab_size, special_ids, generator)`` →
     ``(inputs, targets)``, both ``(batch, len)``, as :func:`reference_bert_masking` describes.
 
-    Your function masks 200 batches (two vocabulary layouts, about 33,000 real tokens each),
+    Your function masks 300 batches (three vocabulary layouts, 33,000 to 100,000 real tokens each),
     each with a fresh generator. Every result must hold on its own: padding and special
     tokens untouched (input unchanged, target 0), the target of a selected position its
     original token, every other position unchanged with target 0, random replacements never
