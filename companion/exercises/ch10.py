@@ -415,7 +415,7 @@ def check_bert_masking(
     refused); of those, 80% ``[MASK]``, 10% another token,
     10% unchanged (a random draw that hits the original token counts as unchanged: the
     expected shares allow for it); and random replacements must reach every ordinary id
-    (about 20 draws of each are expected: a correct answer misses one with probability
+    (at least about 20 draws of each are expected: a correct answer misses one with probability
     below 1e-7).
     Finally, two calls with generators seeded alike must agree (every random number comes
     from ``generator``). A call into :mod:`companion.data.objectives` (whose
