@@ -346,6 +346,32 @@ def test_stream_size_slope_stub_and_misnamed_parameter_are_reported(capsys):
     assert not ch06.check_stream_size_slope(misnamed, verbose=False)
 
 
+def stream_std(depths, norm_first):  # the standard deviation of all entries, not their rms
+    sizes = []
+    for depth in depths:
+        per_seed = []
+        for seed in (0, 1, 2):
+            from companion import norm_study
+
+            encoder = norm_study.init_encoder(depth, norm_first, seed, final_norm=False)
+            with torch.no_grad():
+                per_seed.append(encoder(norm_study.init_inputs(seed)[0]).std().item())
+        sizes.append(float(np.mean(per_seed)))
+    return float(np.polyfit(np.log(depths), np.log(sizes), 1)[0]), sizes
+
+
+def test_stream_size_slope_rejects_std_and_names_it():
+    result = ch06.check_stream_size_slope(stream_std, verbose=False)
+    assert not result
+    assert "standard deviation" in result.message, result.message
+
+
+def test_stream_size_slope_per_token_hint_is_not_the_std_one():
+    result = ch06.check_stream_size_slope(stream_per_token, verbose=False)
+    assert not result
+    assert "standard deviation" not in result.message, result.message
+
+
 def test_stream_size_slope_hints_at_the_final_norm():
     result = ch06.check_stream_size_slope(stream_final_norm_on, verbose=False)
     assert "final_norm=False" in result.message
