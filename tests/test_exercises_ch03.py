@@ -1086,6 +1086,23 @@ def scores_d_k_from_d_model(w_q, w_k, num_heads):
     return q @ k.transpose(-2, -1)
 
 
+def scores_d_k_from_d_model_sliced(w_q, w_k, num_heads):
+    # d_k = d_model // h in a loop of slices: no raise, silently wrong where h·d_k != d_model
+    d_k = w_q.shape[0] // num_heads
+    return torch.stack(
+        [
+            w_q[:, r * d_k : (r + 1) * d_k] @ w_k[:, r * d_k : (r + 1) * d_k].T
+            for r in range(num_heads)
+        ]
+    )
+
+
+def test_head_score_matrices_names_slices_of_width_d_model_over_h():
+    result = ch03.check_head_score_matrices(scores_d_k_from_d_model_sliced, verbose=False)
+    assert not result and "raised" not in result.message, result.message
+    assert "heads of width d_model // num_heads = 4: here d_k = 3" in result.message, result.message
+
+
 def test_head_score_matrices_raise_from_d_model_over_h_gets_the_width_hint():
     result = ch03.check_head_score_matrices(scores_d_k_from_d_model, verbose=False)
     assert not result and "raised" in result.message, result.message

@@ -776,6 +776,13 @@ def _score_matrix_hint(case: Case, got: object) -> str:
     strided = w_q.unflatten(1, (-1, heads)).permute(2, 0, 1) @ w_k.unflatten(
         1, (-1, heads)
     ).permute(2, 1, 0)  # (h, d_model, d_model): features r, r + h, ... taken as head r
+    narrow = w_q.shape[0] // heads  # TinyMHA's d_model // h, taken as d_k
+    from_d_model = torch.stack(  # slices of that width: silently wrong where h·d_k != d_model
+        [
+            w_q[:, r * narrow : (r + 1) * narrow] @ w_k[:, r * narrow : (r + 1) * narrow].T
+            for r in range(heads)
+        ]
+    )
     slips = {
         "W_K^(r) W_Q^(r)ᵀ, the transpose: its entry (i, j) is the score of query j for key i": (
             right.transpose(-2, -1)
@@ -792,6 +799,8 @@ def _score_matrix_hint(case: Case, got: object) -> str:
         "i.e. w_q.unflatten(1, (h, d_k)).transpose(0, 1)": (
             w_q.reshape(heads, -1, d_k) @ w_k.reshape(heads, -1, d_k).transpose(-2, -1)
         ),
+        f"heads of width d_model // num_heads = {narrow}: here d_k = {d_k}; read d_k off the "
+        "weights (w_q.shape[1] // num_heads)": from_d_model,
     }
     for slip, value in slips.items():
         if got.shape == value.shape and torch.allclose(got, value, atol=1e-5, rtol=1e-4):
@@ -827,8 +836,8 @@ def check_head_score_matrices(
     attention: object = None,
 ) -> CheckResult:
     """Check ``head_score_matrices(w_q, w_k, num_heads)`` → ``(num_heads, d_model, d_model)``,
-    head ``r``'s ``W_Q^(r) W_K^(r)ᵀ``; names the transpose, the scale, the whole-layer product
-    and strided heads when the answer is one of them. ``attention``, a trained
+    head ``r``'s ``W_Q^(r) W_K^(r)ᵀ``; names the transpose, the scale, the whole-layer product,
+    strided heads and heads of width d_model // num_heads when the answer is one of them. ``attention``, a trained
     ``MultiHeadAttention`` (the chapter passes ``counters[16].attention``), adds its weights
     as one more case."""
     cases = _score_matrix_cases()
