@@ -105,7 +105,7 @@ def load_balancing_loss(
     is 1; when :math:`f = P` it is :math:`E\lVert P\rVert^2 \ge 1` (Cauchy-Schwarz). Each
     token's ``k`` experts are distinct, so :math:`f_i \le 1/k` and the loss is at most
     :math:`E/k` (``E`` for the Switch Transformer's ``k = 1``), reached when every token gives
-    one expert probability 1. The gradient pushes down the probabilities of the experts that
+    the same expert probability 1. The gradient pushes down the probabilities of the experts that
     receive the most tokens.
 
     Args:
