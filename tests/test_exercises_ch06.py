@@ -87,6 +87,35 @@ def ln_backward_x_hat_without_eps(x, gain, grad_out, eps):  # x̂ = (x - μ)/σ,
     return (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True)) / s
 
 
+def ln_backward_aten_kernels(x, gain, grad_out, eps):  # PyTorch's own backward kernel
+    d = x.shape[-1]
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, [d], gain, None, eps)
+    return torch.ops.aten.native_layer_norm_backward(
+        grad_out, x, [d], mean, rstd, gain, None, [True, False, False]
+    )[0]
+
+
+def ln_backward_aten_backward_only(x, gain, grad_out, eps):  # statistics by hand, kernel for ∂x
+    d = x.shape[-1]
+    mean = x.mean(-1, keepdim=True)
+    rstd = 1 / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps)
+    return torch.ops.aten.native_layer_norm_backward(
+        grad_out, x, [d], mean, rstd, gain, None, [True, False, False]
+    )[0]
+
+
+@pytest.mark.parametrize("kernel", [ln_backward_aten_kernels, ln_backward_aten_backward_only])
+def test_layer_norm_backward_refuses_the_aten_kernels(kernel):
+    """Outside the check the kernels give the right gradient without autograd (so the test is
+    not vacuous); inside it they are refused by name, and work again afterwards."""
+    case = ch06._layer_norm_backward_cases()[1]
+    torch.testing.assert_close(kernel(**case), ch06.reference_layer_norm_backward(**case))
+    result = ch06.check_layer_norm_backward(kernel, verbose=False)
+    assert not result
+    assert "native_layer_norm" in result.message and "by the formula" in result.message
+    torch.testing.assert_close(kernel(**case), ch06.reference_layer_norm_backward(**case))
+
+
 def test_layer_norm_backward_accepts_the_formula():
     assert ch06.check_layer_norm_backward(ln_backward_correct, verbose=False)
 
@@ -367,9 +396,13 @@ def test_stream_size_slope_rejects_std_and_names_it():
 
 
 def test_stream_size_slope_per_token_hint_is_not_the_std_one():
+    """Section 6.6.3's stream size (a mean of per-token ‖x‖/√d) is refused: the exercise asks
+    for the root mean square of all entries, and the hint points there."""
     result = ch06.check_stream_size_slope(stream_per_token, verbose=False)
     assert not result
     assert "standard deviation" not in result.message, result.message
+    assert "root mean square of all entries" in result.message, result.message
+    assert "6.6.3" in result.message, result.message
 
 
 def test_stream_size_slope_hints_at_the_final_norm():

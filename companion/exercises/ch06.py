@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
@@ -125,6 +126,25 @@ _LN_AUTOGRAD_REFUSED = (
 )
 
 
+_LN_KERNEL_REFUSED = (
+    "layer_norm_backward must compute the gradient by the formula: during the check PyTorch's"
+    " own LayerNorm kernels (torch.ops.aten.native_layer_norm and native_layer_norm_backward,"
+    " which F.layer_norm and nn.LayerNorm call) are switched off"
+)
+
+
+class _LayerNormKernelsForbidden(TorchDispatchMode):
+    """Inside the block, PyTorch's LayerNorm kernels raise: calling
+    ``torch.ops.aten.native_layer_norm_backward`` directly gives the gradient without autograd."""
+
+    _REFUSED = ("native_layer_norm", "native_layer_norm_backward")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func.overloadpacket.__name__ in self._REFUSED:
+            raise RuntimeError(_LN_KERNEL_REFUSED)
+        return func(*args, **(kwargs or {}))
+
+
 def check_layer_norm_backward(
     layer_norm_backward: Callable[[Tensor, Tensor, Tensor, float], Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -132,8 +152,10 @@ def check_layer_norm_backward(
     for ``y = LayerNorm(x)`` with gain ``gain (d,)`` and ``grad_out = ∂L/∂y (..., d)``.
 
     Your function runs under ``torch.no_grad()`` with autograd switched off
-    (:func:`companion.exercises.ch02.autograd_forbidden`): the exercise is the formula, so a
-    function that asks autograd for the gradient, even inside ``torch.enable_grad()``, fails.
+    (:func:`companion.exercises.ch02.autograd_forbidden`) and PyTorch's LayerNorm kernels
+    refused (``torch.ops.aten.native_layer_norm`` and ``native_layer_norm_backward``): the
+    exercise is the formula, so a function that asks autograd or those kernels for the
+    gradient, even inside ``torch.enable_grad()``, fails.
     """
     _check_callable("layer_norm_backward", layer_norm_backward)
 
@@ -142,9 +164,13 @@ def check_layer_norm_backward(
     )  # keeps the signature, so a misnamed parameter is reported
     def user(**kwargs: object) -> object:
         try:
-            with torch.no_grad(), autograd_forbidden():
-                return layer_norm_backward(**kwargs)
+            with torch.no_grad(), _LayerNormKernelsForbidden():
+                _ = torch.zeros(1) + 1  # the mode's first op loads what it needs before the patches
+                with autograd_forbidden():
+                    return layer_norm_backward(**kwargs)
         except RuntimeError as error:
+            if str(error) == _LN_KERNEL_REFUSED:
+                raise
             if "switched off" in str(error):  # the message names the exercise, not chapter 2's
                 raise RuntimeError(_LN_AUTOGRAD_REFUSED) from None
             raise
@@ -451,7 +477,8 @@ def _stream_size_hint(case: dict, got: object) -> str:
             )
         return (
             "\n   hint: the sizes are close but not equal: use seeds 0, 1 and 2, section 6.3's"
-            " setup, and the root mean square of all entries (not a mean of per-token norms)."
+            " setup, and the root mean square of all entries, x.pow(2).mean().sqrt() (not"
+            " section 6.6.3's stream size, a mean of per-token norms ‖x‖/√d)."
         )
     return ""
 
