@@ -487,7 +487,7 @@ class ReaderTransformer(nn.Module):
     shared by source, target and output (tied weights, no output bias, the output rescaled by
     ``1/√d_model``), sinusoidal positions,
     the clinic's Post-LN layers with :class:`ReaderAttention`, dropout 0.1 by default. Each
-    ward-1 bug for any model (:mod:`companion.clinic.ward1`) overrides one method. Its small
+    bug for any model (in :mod:`companion.clinic.ward1`) overrides one method. Its small
     tied output makes the loss start at ``ln(vocabulary size)`` but learn one batch more
     slowly than the clinic's :class:`Transformer` (about 150 Adam steps at ``lr=1e-2`` with
     ``dropout=0``).

@@ -81,8 +81,9 @@ class ValueResidual(DecoderLayer):
 
 
 class SharedHeadProjection(MultiHeadAttention):
-    """Bug 3: one small ``Linear(head_dim, head_dim)`` per projection, shared by all heads and
-    applied after the split, instead of a full ``d_model × d_model`` projection."""
+    """Bug 3: the shared head projection: one small ``Linear(head_dim, head_dim)`` per
+    projection, shared by all heads and applied after the split, instead of a full
+    ``d_model × d_model`` projection."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0) -> None:
         super().__init__(d_model, num_heads, dropout)
@@ -201,9 +202,9 @@ class SlicedPositions(DoubledExponentPositions):
 
 
 def last_token_greedy_decode(model: Transformer, src: Tensor, max_len: int) -> Tensor:
-    """Bug 9: a tempting inference loop. It feeds back only the last token, reads the
-    prediction with ``.item()`` (a batch of one only) and loops for the *source* length,
-    ignoring ``max_len``."""
+    """Bug 9: the last-token loop: a tempting inference loop. It feeds back only the last
+    token, reads the prediction with ``.item()`` (a batch of one only) and loops for the
+    *source* length, ignoring ``max_len``."""
     memory = model.encode(src, model.make_src_mask(src))  # (1, src_len, d_model)
     token = torch.tensor([[BOS_ID]])  # (1, 1)
     out = []

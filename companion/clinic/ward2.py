@@ -156,9 +156,9 @@ class MaskedPaddingEncoder(PaddingIdxEncoder):
 
 
 def interleaved_stacks(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
-    """Bug 16a: encoder and decoder layers run as ``(encoder layer, decoder layer)`` pairs, so
-    each decoder layer reads the encoder layer of the same index. ``src (batch, src_len)``,
-    ``tgt (batch, tgt_len)`` → logits ``(batch, tgt_len, vocab)``."""
+    """Bug 16a: the miswired stacks: encoder and decoder layers run as ``(encoder layer,
+    decoder layer)`` pairs, so each decoder layer reads the encoder layer of the same index.
+    ``src (batch, src_len)``, ``tgt (batch, tgt_len)`` → logits ``(batch, tgt_len, vocab)``."""
     src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len)
     tgt_mask = model.causal_mask(tgt.shape[1])  # (tgt_len, tgt_len)
     x = model.src_positions(model.src_embedding(src))  # (batch, src_len, d_model)
