@@ -728,6 +728,25 @@ def test_offset_head_word_rows_in_w_q_when_the_target_is_on_top_but_under_90_per
     assert "and most" not in result.message, result.message
 
 
+def test_offset_head_word_rows_named_when_every_target_is_on_top_but_some_under_90_percent():
+    """Random word rows (N(0, 1) times 5, seed 0) in W_Q only: in case 1 every query's target is
+    its top key, query 5's with 0.75 of the weight. The message asks for a larger stretch and
+    also names the word rows, the real fault."""
+
+    def random_word_rows_in_query(d_content, step_angle, offset):
+        query_weight, key_weight = ch01.reference_offset_head(d_content, step_angle, offset)
+        generator = torch.Generator().manual_seed(0)
+        query_weight[:d_content] = 5 * torch.randn(d_content, 2, generator=generator)
+        return query_weight, key_weight
+
+    result = ch01.check_offset_head(random_word_rows_in_query, verbose=False)
+    assert not result
+    assert "case 1 " in result.message and "The scores are too close" in result.message, (
+        result.message
+    )
+    assert "your matrices read the word's numbers" in result.message, result.message
+
+
 def test_offset_head_units_hint_only_for_a_unit_mix_up():
     """The units hint names radians; a head with the right turn but too small a stretch, or one
     that turns both matrices, is not told about units."""

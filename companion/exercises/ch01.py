@@ -1044,7 +1044,7 @@ def _offset_head_problem(got: object, case: Case) -> str | None:
         "stretch; how large depends on the angle step)"
     )
     if all(tops[j] == j + offset for j in checked):
-        return too_close
+        return f"{too_close}; {words_hint}" if reads_words else too_close
     if offset != 0 and mirrored and all(tops[j] == j - offset for j in mirrored):
         return (
             f"{said}; query {mirrored[0] + 1} looks most at key {mirrored[0] - offset + 1}: the head "
