@@ -1091,7 +1091,8 @@ def _relative_verdict_problem(got: object, case: Case) -> str | None:
         return (
             f"your test rejected {layer!r}, a layer whose outputs do NOT depend on the start: "
             f"they differ between starts by at most {gap:.1e} (on outputs up to {size:.1e}), "
-            "float32 rounding (RoPE turns far positions by angles rounded to float32). Your "
+            "float32 rounding of the rotated queries and keys and of the attention arithmetic "
+            "(already at start 1). Your "
             "comparison is too strict: exact equality, and torch.allclose with its default "
             "atol=1e-8, reject rounding; compare with a tolerance such as atol=1e-5"
         )
