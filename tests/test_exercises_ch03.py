@@ -1116,3 +1116,50 @@ def test_head_score_matrices_no_width_hint_for_a_raise_where_d_k_is_d_model_over
     result = ch03.check_head_score_matrices(raises, verbose=False)
     assert not result and result.cases_run == 1, result.message
     assert "off the weights" not in result.message, result.message
+
+
+def permute_blocks_of_d_model_over_h_sliced(w_q, w_k, w_v, w_o, num_heads, order):
+    # blocks of width d_model // h by slicing: no raise, silently wrong where d_k, d_v differ
+    width = w_q.shape[0] // num_heads
+
+    def columns(w):
+        return torch.cat([w[:, r * width : (r + 1) * width] for r in order], 1)
+
+    return (
+        columns(w_q),
+        columns(w_k),
+        columns(w_v),
+        torch.cat([w_o[r * width : (r + 1) * width] for r in order], 0),
+    )
+
+
+def permute_blocks_of_d_model_over_h_unflatten(w_q, w_k, w_v, w_o, num_heads, order):
+    # unflatten with d_model // h: raises where h·d_k != d_model
+    width, index = w_q.shape[0] // num_heads, torch.tensor(order)
+
+    def columns(w):
+        return w.unflatten(1, (num_heads, width))[:, index].flatten(1)
+
+    return (
+        columns(w_q),
+        columns(w_k),
+        columns(w_v),
+        w_o.unflatten(0, (num_heads, width))[index].flatten(0, 1),
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [permute_blocks_of_d_model_over_h_sliced, permute_blocks_of_d_model_over_h_unflatten],
+)
+def test_permute_heads_names_blocks_of_width_d_model_over_h(wrong):
+    result = ch03.check_permute_heads(wrong, verbose=False)
+    assert not result and result.cases_run == 3, result.message
+    assert "not d_model // num_heads" in result.message, result.message
+
+
+def test_permute_heads_no_width_hint_for_other_slips():
+    assert ch03.check_permute_heads(ch03.reference_permute_heads, verbose=False)
+    for wrong in (permute_forgets_w_o, permute_inverse, permute_strided_blocks):
+        result = ch03.check_permute_heads(wrong, verbose=False)
+        assert not result and "d_model // num_heads" not in result.message, result.message

@@ -665,7 +665,8 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
     _require_callable("permute_heads", permute_heads)
     result: CheckResult | None = None
     count = 0
-    for count, case in enumerate(_permute_cases(), start=1):
+    cases = _permute_cases()
+    for count, case in enumerate(cases, start=1):
         query, key, order = case["query"], case["key"], case["order"]
         layer = {k: case[k] for k in ("w_q", "w_k", "w_v", "w_o", "num_heads")}
         args = {k: v.clone() if isinstance(v, Tensor) else v for k, v in layer.items()}
@@ -715,6 +716,19 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
             break
     if result is None:
         result = CheckResult(name, True, count, f"✅ {name}: all {count} cases keep the layer.")
+    elif result.message.startswith("❌") and result.cases_run > 1:
+        # the earlier cases, passed, all have heads d_model // num_heads wide: blocks of that
+        # width are the likely slip where this case's heads are narrower or wider
+        case = cases[result.cases_run - 1]
+        d_model, heads = case["w_q"].shape[0], case["num_heads"]
+        q_width, v_width = case["w_q"].shape[1], case["w_v"].shape[1]
+        if q_width != d_model or v_width != d_model:
+            result.message += (
+                f"\n   the cases before this one have heads d_model // num_heads wide; here "
+                f"d_model = {d_model} but w_q has {q_width} columns and w_v {v_width} for {heads} "
+                "heads: cut blocks of d_k = w_q.shape[1] // num_heads and d_v = "
+                "w_v.shape[1] // num_heads, not d_model // num_heads."
+            )
     if verbose:
         report(result)
     return result
