@@ -200,6 +200,9 @@ def test_bug_6_mask_bugs(healthy, batch):
     torch.manual_seed(0)
     with torch.no_grad():
         assert torch.isnan(clinic.InvertedCausalMask()(src, tgt_in)).any()
+    torch.manual_seed(0)
+    gap = clinic.parity(clinic.InvertedCausalMask(), src, tgt_in)
+    assert gap == float("inf")  # NaN in the logits: inf, so `gap < tol` fails
     leak = clinic.causal_leak(clinic.build(6), src[:1], tgt_in[:1])
     assert leak.diagonal(1).all() and leak.diagonal(2).all()  # one step per layer
     assert not leak.triu(3).any()

@@ -644,6 +644,14 @@ def batch_all_but_first(logits_fn, ids):  # range(1, batch): the first sentence 
     )
 
 
+def batch_copies_of_itself(logits_fn, ids):  # each sentence in a batch of its copies
+    batched = logits_fn(ids)
+    return all(
+        torch.allclose(logits_fn(ids[b : b + 1].expand_as(ids))[0], batched[b], atol=1e-4, rtol=0)
+        for b in range(ids.shape[0])
+    )
+
+
 #: each incomplete test, and the mixing of the case made to defeat it
 INCOMPLETE = {
     "fixed permutation and first alone": (
@@ -660,6 +668,7 @@ INCOMPLETE = {
     "first two alone": (batch_first_two_alone, "row 2 reads row 3"),
     "first alone and reversed": (batch_first_alone_and_reversed, "rows 1 and 3 read each other"),
     "last position": (batch_last_position, "batch mean at position 0"),
+    "copies of itself": (batch_copies_of_itself, "batch size"),
 }
 
 
@@ -711,10 +720,15 @@ def test_batch_cases_hold_each_kind_of_mixing():
         "reads the first row",
         "batch-axis positions",
     } <= set(kinds)
-    others = {"batch mean at position 0", "one logit", "padded rows read the batch mean"}
+    others = {
+        "batch mean at position 0",
+        "one logit",
+        "padded rows read the batch mean",
+        "batch size",
+    }
     assert set(ch11._BatchModel.READS) | others <= set(kinds)
     verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
-    assert verdicts.count(True) == 3 and verdicts.count(False) == 14, verdicts
+    assert verdicts.count(True) == 3 and verdicts.count(False) == 15, verdicts
     assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind
 
 

@@ -207,11 +207,12 @@ def reference_model(model: Transformer) -> ReferenceTransformer:
 
 def parity(model: Transformer, src: Tensor, tgt: Tensor) -> float:
     """Largest difference between ``model(src, tgt)`` and the package's model with the same
-    weights (:func:`reference_model`); about ``1e-6`` for a correct model."""
+    weights (:func:`reference_model`); about ``1e-6`` for a correct model, ``inf`` when either
+    output holds a NaN (so ``gap < tol`` fails on it)."""
     reference = reference_model(model)
     model.eval()
     with torch.no_grad():
-        return (model(src, tgt) - reference(src, tgt)).abs().max().item()
+        return (model(src, tgt) - reference(src, tgt)).abs().max().nan_to_num(float("inf")).item()
 
 
 def causal_leak(model: nn.Module, src: Tensor, tgt: Tensor) -> Tensor:

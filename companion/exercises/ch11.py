@@ -520,6 +520,8 @@ class _BatchModel:
         s, batch = self.strength, ids.shape[0]
         if self.how == "rounding":  # another kernel for another batch size: 1e-6 per row
             h = h + 1e-6 * batch
+        elif self.how == "batch size":  # reads the batch's size: copies of a sentence hide it
+            h = h + 0.1 * s * batch
         elif self.how == "batch mean":  # symmetric in the rows: reversing the batch hides it
             h = h + s * h.mean(0, keepdim=True)
         elif self.how == "reads the first row":  # row 0 is clean, the others read it
@@ -570,6 +572,7 @@ def _batch_cases() -> list[Case]:
             ("row 0 reads row 2", 0.5, 4),  # misses: every sentence alone but the first
             ("neighbouring rows read each other", 0.5, 4),  # misses: two halves vs the whole
             ("padded rows read the batch mean", 0.5, 4),  # misses: a reordering + first or last
+            ("batch size", 0.5, 3),  # misses: each sentence against a batch of its copies
         ]
     ):
         length = 10 if how == "one logit" else 5
@@ -590,6 +593,7 @@ _BATCH_HINTS = {
     "batch-axis positions": "this model's output depends on the row index of the batch",
     "batch mean at position 0": "only the first position mixes the batch: compare every position",
     "one logit": "a single logit moves by 1e-2: compare the largest difference, not the mean",
+    "batch size": "this model reads the batch size: run every sentence alone, a batch of one",
 }
 
 
@@ -619,10 +623,11 @@ def check_batch_independent(
     reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0,
     row 1 reading row 0 and row 0 reading row 2 of four, neighbouring rows of four reading each
     other), let only the padded sentences read the batch mean, move a single logit by less than
-    ``1e-2``, or add a position code along the batch axis (``batch_first`` confusion): a test
-    that watches only some rows or positions, averages the differences, only reorders the batch
-    (reversed, rolled, a fixed permutation) besides running one sentence alone, or compares two
-    halves of the batch with the whole, misses one of them. A call into the clinic's toolkit
+    ``1e-2``, add a position code along the batch axis (``batch_first`` confusion), or read the
+    batch size: a test that watches only some rows or positions, averages the differences, only
+    reorders the batch (reversed, rolled, a fixed permutation) besides running one sentence
+    alone, compares two halves of the batch with the whole, or compares each sentence with a
+    batch of its copies, misses one of them. A call into the clinic's toolkit
     (``clinic.batch_independence``) fails."""
 
     guarded = refusing_calls(
