@@ -252,6 +252,47 @@ def test_blockwise_rejects_all_keys_at_once(full):
     assert "one block of keys at a time" in result.message, result.message
 
 
+def blockwise_per_key_columns(q, k, v, block_size):  # ignores the blocks: one column per key
+    scale = 1 / math.sqrt(q.shape[-1])
+    columns = [(q * k[..., j : j + 1, :]).sum(-1, keepdim=True) * scale for j in range(k.shape[-2])]
+    top = columns[0]  # (..., q_len, 1) each; all k_len of them kept for one global maximum
+    for column in columns[1:]:
+        top = torch.maximum(top, column)
+    total = sum(torch.exp(column - top) for column in columns)
+    mixed = sum(torch.exp(c - top) * v[..., j : j + 1, :] for j, c in enumerate(columns))
+    return mixed / total
+
+
+def blockwise_two_pass(q, k, v, block_size):  # global maximum first, then one block at a time
+    scale = 1 / math.sqrt(q.shape[-1])
+    top = torch.full((*q.shape[:-1], 1), float("-inf"))
+    for start in range(0, k.shape[-2], block_size):
+        scores = q @ k[..., start : start + block_size, :].transpose(-2, -1) * scale
+        top = torch.maximum(top, scores.amax(-1, keepdim=True))
+    total, mixed = 0, 0
+    for start in range(0, k.shape[-2], block_size):
+        p = torch.exp(q @ k[..., start : start + block_size, :].transpose(-2, -1) * scale - top)
+        total, mixed = (
+            total + p.sum(-1, keepdim=True),
+            mixed + p @ v[..., start : start + block_size, :],
+        )
+    return mixed / total
+
+
+def test_blockwise_counts_width_one_score_columns():
+    # right numbers outside the check ...
+    for case in ch02._blockwise_cases():
+        expected = ch02.reference_scaled_attention(case["q"], case["k"], case["v"])[0]
+        assert torch.allclose(blockwise_per_key_columns(**case), expected, atol=1e-4)
+    # ... but every key's (..., q_len, 1) score column is alive at once: refused
+    result = ch02.check_blockwise_attention(blockwise_per_key_columns, verbose=False)
+    assert not result
+    assert "BlockRuleBroken" in result.message, result.message
+    # the running (..., q_len, 1) columns of the reference and of a two-pass answer stay under it
+    assert ch02.check_blockwise_attention(ch02.reference_blockwise_attention, verbose=False)
+    assert ch02.check_blockwise_attention(blockwise_two_pass, verbose=False)
+
+
 def test_blockwise_rule_is_lifted_after_the_check():
     ch02.check_blockwise_attention(blockwise_full_softmax, verbose=False)
     q, k = torch.randn(3, 4), torch.randn(8, 4)

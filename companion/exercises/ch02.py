@@ -511,6 +511,8 @@ def _tensors(value: object) -> Iterator[Tensor]:
 
 #: How many blocks' worth of scores :class:`_BlockRule` lets be alive at once.
 _LIVE_BLOCKS = 6
+#: How many width-1 columns ``(..., q_len, 1)`` (running quantities) it allows besides.
+_RUNNING_COLUMNS = 8
 
 
 class _BlockRule(TorchFunctionMode):
@@ -524,7 +526,7 @@ class _BlockRule(TorchFunctionMode):
     when it returns a float tensor ending in ``k_len`` (one query's scores over all the
     keys; transposed keys ``(d_k, k_len)`` and values are allowed), or when more than
     :data:`_LIVE_BLOCKS` blocks' worth of score-shaped tensors (``(..., q_len, n)`` with ``n``
-    not 1, ``d_k`` or ``d_v``) are alive at once. Only active when ``block_size < k_len``; the check's cases have ``q_len`` different from
+    not ``d_k`` or ``d_v``; width-1 columns included) are alive at once. Only active when ``block_size < k_len``; the check's cases have ``q_len`` different from
     ``d_k`` and ``d_v``, so no transposed key or value matrix ends in ``(q_len, k_len)``.
     """
 
@@ -534,8 +536,9 @@ class _BlockRule(TorchFunctionMode):
         super().__init__()
         self.q_len, self.k_len, self.block_size = q_len, k_len, block_size
         self.d_k, self.d_v = d_k, d_v
-        #: at most this many score-shaped numbers may be alive at once: six blocks' worth
-        self.budget = _LIVE_BLOCKS * max(rows, q_len) * block_size
+        #: at most this many score-shaped numbers may be alive at once: six blocks' worth,
+        #: plus a few width-1 running columns (a maximum, a sum, their updates) per query
+        self.budget = max(rows, q_len) * (_LIVE_BLOCKS * block_size + _RUNNING_COLUMNS)
         self.live: dict[int, tuple[weakref.ref, int]] = {}  # storage address -> (tensor, numel)
 
     def _refuse(self, what: str) -> None:
@@ -578,8 +581,8 @@ class _BlockRule(TorchFunctionMode):
             if (
                 tensor.dim() >= 2
                 and tensor.shape[-2] == self.q_len
-                and tensor.shape[-1] not in (1, self.d_k, self.d_v)
-            ):
+                and tensor.shape[-1] not in (self.d_k, self.d_v)
+            ):  # width-1 columns count too: one key's scores kept per key add up
                 self._count(tensor, name)
         return result
 
@@ -592,8 +595,8 @@ class _BlockRule(TorchFunctionMode):
         if alive > self.budget:
             self._refuse(
                 f"after {name}, {alive} scores are alive at once, more than {_LIVE_BLOCKS}"
-                " blocks' worth (a list of every block's scores, kept for one global maximum,"
-                " holds all of them)"
+                " blocks' worth (a list of every block's scores, or of every key's score"
+                " column, kept for one global maximum, holds all of them)"
             )
 
 
