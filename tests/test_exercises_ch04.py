@@ -502,6 +502,13 @@ def test_my_mha_rejects_wrong(wrong):
     assert not ch04.check_my_mha(wrong, verbose=False)
 
 
+def test_my_mha_failure_message_names_the_state_briefly():
+    result = ch04.check_my_mha(MHARotateValuesToo, verbose=False)
+    assert not result
+    assert "out_proj: weight (16, 16), bias (16,)" in result.message, result.message
+    assert "tensor(" not in result.message and len(result.message) < 1500, result.message
+
+
 class MHASubclassesCompanion(MultiHeadAttention):
     """The package's module, renamed: right numbers, but no attention written."""
 

@@ -703,9 +703,19 @@ def _torch_mha(state: dict[str, Tensor], x: Tensor, num_heads: int) -> Tensor:
     return output
 
 
+class _MHAState(StateDict):
+    """Four projections of one shape each: the repr names them once, then the two shapes."""
+
+    def __repr__(self) -> str:
+        layers = ", ".join(
+            name.removesuffix(".weight") for name in self if name.endswith(".weight")
+        )
+        return f"{layers}: weight {tuple(self[next(iter(self))].shape)}, bias {tuple(self[list(self)[1]].shape)}"
+
+
 def _mha_state(d_model: int, g: torch.Generator) -> dict[str, Tensor]:
     std = 1 / math.sqrt(d_model)
-    state = {}
+    state = _MHAState()  # a short repr in failure messages
     for name in ("query_proj", "key_proj", "value_proj", "out_proj"):
         scale = 3 * std if name in ("query_proj", "key_proj") else std  # peaked weights
         state[f"{name}.weight"] = scale * torch.randn(d_model, d_model, generator=g)
