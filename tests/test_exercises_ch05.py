@@ -557,38 +557,15 @@ def first_leak_first_sequence_only(attend, x):  # compares batch element 0 only
 
 
 def first_leak_loose(attend, x):  # atol=1e-2 instead of 1e-5: misses a small leak
-    before = attend(x)
-    found = []
-    for j in range(1, x.shape[1]):
-        changed = x.clone()
-        changed[:, j] = torch.randn_like(changed[:, j])
-        after = attend(changed)
-        found += [
-            (i, j) for i in range(j) if not torch.allclose(after[:, i], before[:, i], atol=1e-2)
-        ]
-    return min(found) if found else None
+    return _pairs_compared(attend, x, lambda a, b: not torch.allclose(a, b, atol=1e-2))
 
 
 def first_leak_default_allclose(attend, x):  # default allclose: 1e-8 + 1e-5 * |b|, not a fixed 1e-5
-    before = attend(x)
-    found = []
-    for j in range(1, x.shape[1]):
-        changed = x.clone()
-        changed[:, j] = torch.randn_like(changed[:, j])
-        after = attend(changed)
-        found += [(i, j) for i in range(j) if not torch.allclose(after[:, i], before[:, i])]
-    return min(found) if found else None
+    return _pairs_compared(attend, x, lambda a, b: not torch.allclose(a, b))
 
 
 def first_leak_exact(attend, x):  # torch.equal: any change at all, even below 1e-5
-    before = attend(x)
-    found = []
-    for j in range(1, x.shape[1]):
-        changed = x.clone()
-        changed[:, j] = torch.randn_like(changed[:, j])
-        after = attend(changed)
-        found += [(i, j) for i in range(j) if not torch.equal(after[:, i], before[:, i])]
-    return min(found) if found else None
+    return _pairs_compared(attend, x, lambda a, b: not torch.equal(a, b))
 
 
 def _pairs_compared(attend, x, changed_by):
