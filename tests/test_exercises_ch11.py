@@ -301,8 +301,10 @@ def test_refusing_calls_refuses_single_functions_and_keeps_the_module_form():
         guarded(**case)
     by_hand = refusing_calls(greedy_by_hand, "decode", (), functions=(clinic.greedy_decode,))
     assert by_hand(**case).shape == (case["src"].shape[0], case["max_len"])  # model calls pass
-    with pytest.raises(TypeError, match="functions must hold Python functions"):
-        refusing_calls(greedy_by_hand, "decode", (), functions=(len,))(**case)
+    with pytest.raises(RuntimeError, match="math.sqrt"):  # builtins are watched too (c_call)
+        refusing_calls(uses_math, "take the root", (), functions=(math.sqrt,))(x=4.0)
+    with pytest.raises(TypeError, match="functions must hold Python or builtin functions"):
+        refusing_calls(greedy_by_hand, "decode", (), functions=(42,))(**case)
 
 
 @pytest.mark.parametrize(

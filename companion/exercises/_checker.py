@@ -182,24 +182,38 @@ def calls_into(
     block runs (``sys.setprofile``), as ``"module (qualname)"``: a check uses it to refuse an
     answer that calls the package function the exercise asks the reader to write. ``functions``
     serves where a module holds both the answer and what the reader must call (a model and its
-    decoding loop)."""
+    decoding loop), and also holds builtin (C) functions such as
+    ``torch.nn.functional.scaled_dot_product_attention``, seen through ``c_call`` events."""
     names = {getattr(m, "__file__", None): getattr(m, "__name__", "?") for m in modules}
     codes: dict[object, str] = {}
+    builtins: dict[int, str] = {}  # id of a C function -> its dotted name
     for function in functions:
         code = getattr(inspect.unwrap(function), "__code__", None)
-        if code is None:
-            raise TypeError(f"functions must hold Python functions, got {type(function).__name__}")
-        codes[code] = getattr(function, "__module__", "?")
+        if code is not None:
+            codes[code] = getattr(function, "__module__", "?")
+        elif inspect.isbuiltin(function):
+            functional = sys.modules.get("torch.nn.functional")
+            public = getattr(functional, function.__name__, None) is function
+            module = "torch.nn.functional" if public else function.__module__
+            builtins[id(function)] = f"{module}.{function.__name__}"
+        else:
+            raise TypeError(
+                f"functions must hold Python or builtin functions, got {type(function).__name__}"
+            )
     calls: list[str] = []
+    previous = sys.getprofile()  # an enclosing calls_into keeps seeing every event
 
     def profiler(frame: object, event: str, arg: object) -> None:
+        if previous is not None:
+            previous(frame, event, arg)
         code = frame.f_code  # type: ignore[attr-defined]
         if event == "call" and (code.co_filename in names or code in codes):
             qualname = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
             module = codes[code] if code in codes else names[code.co_filename]
             calls.append(f"{module} ({qualname})")
+        elif event == "c_call" and id(arg) in builtins:
+            calls.append(builtins[id(arg)])
 
-    previous = sys.getprofile()
     sys.setprofile(profiler)
     try:
         yield calls
@@ -225,12 +239,12 @@ def refusing_calls(
     appended to the message. ``functions`` refuses single functions of a module whose other
     names the reader must use (the model beside its healthy decoding loop).
     ``functools.wraps`` keeps the signature, so that the checker still names missing
-    parameters."""
+    parameters; arguments are passed on as given."""
 
     @functools.wraps(fn)
-    def run(**kwargs: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
         with calls_into(*modules, functions=functions) as calls:
-            value = fn(**kwargs)
+            value = fn(*args, **kwargs)
         if calls:
             raise CallRefused(
                 f"your code called {calls[0]}; this exercise asks you to {task} yourself{why}"

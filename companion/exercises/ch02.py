@@ -32,7 +32,6 @@ from companion.exercises._checker import (
     Case,
     CheckResult,
     call_reader,
-    calls_into,
     refusing_calls,
     report,
     run_check,
@@ -62,25 +61,13 @@ __all__ = [
 def _refusing_reference(
     fn: Callable[..., Any], task: str, references: tuple[Callable[..., Any], ...]
 ) -> Callable[..., Any]:
-    """``fn``, failing (``RuntimeError``) when it calls one of ``references``, this module's
-    own answers to the exercise (a lambda around the reference would otherwise pass its
-    check). Positional arguments are passed on as given. A reference handed to its check as
-    is passes: the generic tests of ``tests/test_exercises.py`` run every check on it."""
+    """``fn`` wrapped by :func:`~companion.exercises._checker.refusing_calls` so that a call to
+    one of ``references``, this module's own answers, is refused (a lambda around a reference
+    would otherwise pass its check). A reference handed to its check as is passes: the
+    generic tests of ``tests/test_exercises.py`` run every check on it."""
     if fn in references:
         return fn
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        with calls_into(functions=references) as calls:
-            value = fn(*args, **kwargs)
-        if calls:
-            raise RuntimeError(
-                f"your code called {calls[0]}, this module's own answer; this exercise asks"
-                f" you to {task} yourself"
-            )
-        return value
-
-    return run
+    return refusing_calls(fn, task, (), functions=references)
 
 
 def reference_scaled_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

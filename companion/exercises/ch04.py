@@ -130,39 +130,6 @@ _FUSED_ATTENTION = (
 )
 
 
-class _FusedAttentionWatch(torch.overrides.TorchFunctionMode):
-    """Records the first of :data:`_FUSED_ATTENTION` called while the mode is on
-    (``nn.MultiheadAttention`` reaches ``multi_head_attention_forward``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first: str | None = None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        if self.first is None and func in _FUSED_ATTENTION:
-            self.first = f"torch.nn.functional.{func.__name__}"
-        return func(*args, **(kwargs or {}))
-
-
-def _own_attention_only(fn: Callable[..., object], task: str) -> Callable[..., object]:
-    """``fn``, failing (``RuntimeError``) when it calls PyTorch's fused attention
-    (:data:`_FUSED_ATTENTION`): the exercise asks for ``task`` written out. The signature of
-    ``fn`` is kept (``functools.wraps``)."""
-
-    @functools.wraps(fn)
-    def run(**kwargs: object) -> object:
-        with _FusedAttentionWatch() as watch:
-            value = fn(**kwargs)
-        if watch.first is not None:
-            raise RuntimeError(
-                f"your code called {watch.first}; this exercise asks you to {task} yourself: "
-                f"scores q @ k.transpose(-2, -1) / √d_k, softmax over the keys, times v"
-            )
-        return value
-
-    return run
-
-
 # --------------------------------------------------------------------------------------------
 # The sinusoidal table: the codes that reference_encode adds
 # --------------------------------------------------------------------------------------------
@@ -773,8 +740,12 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
 
     task = "write multi-head attention (and its rotation)"
     # the package's guard inside: companion's attention itself calls PyTorch's fused kernel
-    guarded = _own_attention_only(
-        _without_package(build_and_run, task, (_attention, _positional)), task
+    guarded = refusing_calls(
+        _without_package(build_and_run, task, (_attention, _positional)),
+        task,
+        (),
+        why=": scores q @ k.transpose(-2, -1) / √d_k, softmax over the keys, times v",
+        functions=_FUSED_ATTENTION,
     )
     return run_check("MyMHA", guarded, reference, _my_mha_cases(), verbose=verbose)
 

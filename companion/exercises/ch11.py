@@ -26,7 +26,6 @@ are not exported.
 
 from __future__ import annotations
 
-import functools
 import math
 import sys
 from collections.abc import Callable, Mapping
@@ -183,40 +182,6 @@ def _attention_cases() -> list[Case]:
     return cases
 
 
-def _refusing_fused_attention(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``fn``, failing (``RuntimeError``) when it calls PyTorch's fused
-    ``F.scaled_dot_product_attention``: one call scales and masks inside, so it would pass
-    without fixing either bug. A C function, so the profiler watches ``c_call`` events; the
-    profiler already installed (the refusal of the package's modules) still sees every event."""
-    fused = torch.nn.functional.scaled_dot_product_attention
-
-    @functools.wraps(fn)
-    def run(**kwargs: object) -> Tensor:
-        previous = sys.getprofile()
-        called: list[bool] = []
-
-        def profiler(frame: object, event: str, arg: object) -> None:
-            if previous is not None:
-                previous(frame, event, arg)
-            if event == "c_call" and arg is fused:
-                called.append(True)
-
-        sys.setprofile(profiler)
-        try:
-            value = fn(**kwargs)
-        finally:
-            sys.setprofile(previous)
-        if called:
-            raise RuntimeError(
-                "your code called torch.nn.functional.scaled_dot_product_attention, which "
-                "scales and masks inside; this exercise asks you to scale and mask the scores "
-                "yourself"
-            )
-        return value
-
-    return run
-
-
 def check_attention(attention: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
     """Check ``attention(q, k, v, mask)`` → ``(batch, heads, q_len, d_v)``. A call into the
     clinic's model, :mod:`companion.attention` or PyTorch's fused
@@ -224,10 +189,11 @@ def check_attention(attention: Callable[..., Tensor], verbose: bool = True) -> C
     guarded = attention
     if attention is not reference_attention:  # the reference passes its own check
         guarded = refusing_calls(
-            _refusing_fused_attention(attention),
+            attention,
             "scale and mask the scores",
             (patient, _attention),
-            functions=(reference_attention,),  # not the module: the wrapper above lives here
+            # not this module (the check lives here); the fused kernel scales and masks inside
+            functions=(reference_attention, torch.nn.functional.scaled_dot_product_attention),
         )
     return run_check("attention", guarded, reference_attention, _attention_cases(), verbose=verbose)
 
