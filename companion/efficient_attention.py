@@ -6,14 +6,15 @@ which grows as ``n²``: 64 MiB for one head of 4,096 tokens in float32. It does 
 
 * :func:`naive_attention` - the reference that *does* build the matrix (so its memory grows
   as ``n²``).
-* :func:`blockwise_attention` - FlashAttention's algorithm (Dao et al. 2022; the backward of
-  FlashAttention-2, Dao 2023) written in plain PyTorch: keys and values are visited one block
-  at a time with an *online softmax* (a running row maximum and a running row sum, and a
-  running output rescaled whenever the maximum grows), and the backward pass recomputes each
-  block's probabilities from ``q``, ``k``, the output and the row log-sum-exp instead of
-  storing them. Neither pass holds more than a block of scores. :func:`blockwise_forward` and
-  :func:`blockwise_backward` are the two passes, :class:`BlockwiseAttention` joins them for
-  autograd.
+* :func:`blockwise_attention` - FlashAttention's algorithm (Dao et al. 2022) written in plain
+  PyTorch, its backward in FlashAttention-2's form (Dao 2023: one saved statistic per row, the
+  log-sum-exp, where FlashAttention-1 saved the row maximum and the row sum): keys and values
+  are visited one block at a time with an *online softmax* (a running row maximum and a running
+  row sum, and a running output rescaled whenever the maximum grows), and the backward pass
+  recomputes each block's probabilities from ``q``, ``k``, the output and the row log-sum-exp
+  instead of storing them. Neither pass holds more than a block of scores.
+  :func:`blockwise_forward` and :func:`blockwise_backward` are the two passes,
+  :class:`BlockwiseAttention` joins them for autograd.
 * :func:`sliding_window_attention` - local attention that computes only the band of
   :func:`companion.masking.sliding_window_mask`, chunk by chunk: ``O(n·window)`` time and
   memory where the masked full attention pays ``O(n²)``.
@@ -271,7 +272,10 @@ def blockwise_backward(
     scale: float,
     mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """FlashAttention-2's backward pass: recompute each block's probabilities, never store them.
+    """FlashAttention's backward pass: recompute each block's probabilities, never store them.
+
+    Recomputation is FlashAttention-1's idea already (Dao et al. 2022); this is FlashAttention-2's
+    form (Dao 2023), which recomputes them from one saved statistic per row, the log-sum-exp.
 
     With ``S = scale · q kᵀ``, ``P = softmax(S)`` and ``O = P v``, the gradients are
     ``dV = Pᵀ dO``, ``dP = dO vᵀ``, ``dS = P ∘ (dP - D)`` with ``D_i = Σ_j P_ij dP_ij``, then
