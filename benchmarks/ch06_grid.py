@@ -1,4 +1,4 @@
-"""Chapter 6's grid: {Post-LN, Pre-LN} x {constant, warm-up} x three peak learning rates.
+"""Chapter 6's grid: {Post-LN, Pre-LN} x {constant, warm-up, decay} x three peak learning rates.
 
 Chapter 6 trains a 6 + 6-layer Transformer on the reversal task at one peak learning rate
 (3e-3), where "warm-up" and "a lower learning rate" are confounded. This script trains
@@ -7,8 +7,14 @@ schedule; 200 steps, the length of the chapter's longest run) so that the two ca
 apart, and writes ``companion/results/ch06_grid.json`` after every run (it can be stopped
 at any time; a re-run skips the arms already recorded).
 
+Schedules: "constant" and "warm-up" are ``norm_study.lr_schedule``'s; "decay" is the
+warm-up's schedule without its ramp (``inverse_sqrt_warmup(..., ramp=False)``): the peak
+rate from the first step to step ``WARMUP``, then the same 1/sqrt(step) decay. Warm-up and
+decay differ only in the first ``WARMUP`` steps, so comparing them isolates the ramp.
+
     .venv/bin/python benchmarks/ch06_grid.py                      # the whole grid
     .venv/bin/python benchmarks/ch06_grid.py --seeds 0 1 --time   # time one arm first
+    .venv/bin/python benchmarks/ch06_grid.py --schedules decay    # only some arms
 
 The chapter reads the JSON, plots it, asserts the conclusions it draws from it, and re-runs
 one arm to check that the file matches the code.
@@ -18,24 +24,36 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
 
 from companion import norm_study
 from companion.data import CopyReverseDataset
-from companion.norm_study import BATCH, STEPS, WARMUP
+from companion.norm_study import BATCH, D_MODEL, STEPS, WARMUP
+from companion.train import inverse_sqrt_warmup
 from companion.utils import set_seed
 
 # the chapter's setup (section 6.4), from companion.norm_study
 LAYERS, MAIN_LR = 6, 3e-3
 LEARNING_RATES = (1.5e-3, 3e-3, 6e-3)  # half, once and twice the chapter's peak rate
 PLACEMENTS = ("Post-LN", "Pre-LN")
-SCHEDULES = norm_study.SCHEDULES
+SCHEDULES = (*norm_study.SCHEDULES, "decay")
 OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch06_grid.json"
+
+
+def lr_schedule(kind: str, peak_lr: float):
+    """``norm_study.lr_schedule``, plus "decay": the warm-up schedule without its ramp."""
+    if kind == "decay":
+        # as norm_study's warm-up: lr(WARMUP) = peak_lr
+        factor = peak_lr * math.sqrt(D_MODEL * WARMUP)
+        return inverse_sqrt_warmup(D_MODEL, WARMUP, factor, ramp=False)
+    return norm_study.lr_schedule(kind, peak_lr)
 
 
 def train_arm(
@@ -47,11 +65,13 @@ def train_arm(
     data: CopyReverseDataset | None = None,
 ) -> np.ndarray:
     """One arm of the grid, exactly as the chapter trains (``norm_study.train_run``):
-    returns the loss of every step."""
+    returns the loss of every step. A "decay" arm runs the same ``train_run`` with this
+    module's :func:`lr_schedule` in place of ``norm_study``'s."""
     data = norm_study.train_data() if data is None else data
     set_seed(seed)
     model = norm_study.build_model(LAYERS, placement == "Pre-LN", data.vocab_size)
-    return norm_study.train_run(model, data, peak_lr, schedule, seed, steps)["loss"]
+    with mock.patch.object(norm_study, "lr_schedule", lr_schedule):
+        return norm_study.train_run(model, data, peak_lr, schedule, seed, steps)["loss"]
 
 
 def arm_key(placement: str, schedule: str, peak_lr: float, seed: int) -> str:
@@ -63,6 +83,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--time", action="store_true", help="time one arm and stop")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS))
+    parser.add_argument("--lrs", type=float, nargs="+", default=list(LEARNING_RATES))
     args = parser.parse_args()
     torch.set_num_threads(1)
     data = norm_study.train_data()
@@ -78,7 +101,8 @@ def main() -> None:
     result.update(
         {
             "about": "chapter 6 grid: 6 + 6-layer Transformer, reversal task, loss (nats/token) of every step",
-            "commit": commit,
+            # the commit of the first arms; each newer arm names its own
+            "commit": result.get("commit", commit),
             "torch": torch.__version__,
             "threads": 1,
             "steps": STEPS,
@@ -92,9 +116,9 @@ def main() -> None:
     )
     arms = result.setdefault("arms", {})
     for seed in args.seeds:  # seed by seed, so that a stopped grid still has whole seeds
-        for placement in PLACEMENTS:
-            for schedule in SCHEDULES:
-                for peak_lr in LEARNING_RATES:
+        for placement in args.placements:
+            for schedule in args.schedules:
+                for peak_lr in args.lrs:
                     key = arm_key(placement, schedule, peak_lr, seed)
                     if key in arms:
                         continue
@@ -103,6 +127,7 @@ def main() -> None:
                     arms[key] = {
                         "loss": [round(float(v), 6) for v in losses],
                         "seconds": round(time.perf_counter() - start, 1),
+                        "commit": commit,
                     }
                     args.out.write_text(json.dumps(result, indent=1) + "\n")
                     print(
