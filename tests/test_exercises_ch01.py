@@ -166,6 +166,7 @@ def test_naive_softmax_fails_only_on_large_inputs():
 
 def test_relevance_scores_accepts_correct():
     assert ch01.check_relevance_scores(lambda q, k: q @ k.transpose(-2, -1), verbose=False)
+    assert ch01.check_relevance_scores(lambda q, k: q @ k.mT, verbose=False)
     assert ch01.check_relevance_scores(
         lambda q, k: torch.einsum("...id,...jd->...ij", q, k), verbose=False
     )
@@ -178,6 +179,9 @@ def test_relevance_scores_accepts_correct():
         lambda q, k: k @ q.transpose(-2, -1),  # keys × queries: the transposed matrix
         lambda q, k: (q * k).sum(-1),  # pairs q_i with k_i only
         lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]),  # scaled: chapter 2
+        lambda q, k: q @ k.T,  # the chapter's 2-D form: reverses every dimension of a batch
+        lambda q, k: q @ k.permute(0, 2, 1),  # right in three dimensions only
+        lambda q, k: q @ k.transpose(1, 2),  # counted from the front: fails in 2-D and 4-D
     ],
 )
 def test_relevance_scores_rejects_wrong(wrong):
@@ -683,7 +687,7 @@ def test_offset_head_accepts_right_heads():
 @pytest.mark.parametrize(
     "wrong, why",
     [
-        (make_head(lambda t: 30.0, forward), "larger stretch"),  # section 1.6's λ, every θ
+        (make_head(lambda t: 30.0, forward), "larger stretch"),  # section 1.6's κ = 30, every θ
         (make_head(lambda t: 1.0, forward), "larger stretch"),  # no stretch at all
         (make_head(lambda t: 100.0, forward), "larger stretch"),  # fixed: fails at 10°, 5°
         (make_head(lambda t: 1000.0, forward), "larger stretch"),  # fixed: fails at 2°
