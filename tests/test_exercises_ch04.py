@@ -35,10 +35,9 @@ def test_reference_table_matches_companion():
 # --------------------------------------------------------------------------------------------
 
 
-def concat_shift_by_permutation(shift, d_model):
-    """Correct: the interleaved T_Δ with rows and columns permuted into the sin | cos order."""
-    order = torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
-    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
+def sin_cos_order(d_model):
+    """The sin | cos order 0, 2, 4, ..., 1, 3, 5, ... built by hand."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
 def concat_shift_blocks(shift, d_model):
@@ -48,12 +47,14 @@ def concat_shift_blocks(shift, d_model):
 
 
 def concat_shift_interleaved(shift, d_model):
+    """The interleaved T_Δ as it is (the identity order), built by hand as section 4.5 builds
+    R_i: the other layout's matrix."""
     omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     blocks = [
         torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]])
         for a in (shift * omega).tolist()
     ]
-    return torch.block_diag(*blocks)  # the other layout's matrix, built by hand
+    return torch.block_diag(*blocks)
 
 
 def concat_shift_transposed(shift, d_model):
@@ -68,53 +69,58 @@ def concat_shift_signs_swapped(shift, d_model):
 
 def concat_shift_interleaved_reordered(shift, d_model):
     """Correct: the interleaved blocks built by hand, rows and columns put in sin | cos order."""
-    order = torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+    order = sin_cos_order(d_model)
     return concat_shift_interleaved(shift, d_model)[order][:, order]
 
 
+def concat_shift_by_permutation(shift, d_model):
+    """Right numbers, but the package's T_Δ reordered: one line, refused by the check."""
+    order = sin_cos_order(d_model)
+    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
+
+
 def concat_shift_by_layout_permutation(shift, d_model):
-    """Correct: the interleaved T_Δ reordered with the chapter's rope_layout_permutation."""
+    """Right numbers, the package's T_Δ and permutation: T[p][:, p], refused by the check."""
     order = rope_layout_permutation(d_model)
     return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
 
 
 def concat_shift_inverse_order(shift, d_model):
     """The inverse of the sin | cos order (argsort) on rows and columns: the wrong way."""
-    order = torch.argsort(rope_layout_permutation(d_model))
-    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
+    order = torch.argsort(sin_cos_order(d_model))
+    return concat_shift_interleaved(shift, d_model)[order][:, order]
 
 
 def concat_shift_mixed_orders(shift, d_model):
     """Rows by the sin | cos order, columns by its inverse: P T P instead of Pᵀ T P."""
-    order = rope_layout_permutation(d_model)
-    return sinusoidal_shift_matrix(shift, d_model)[order][:, torch.argsort(order)]
+    order = sin_cos_order(d_model)
+    return concat_shift_interleaved(shift, d_model)[order][:, torch.argsort(order)]
 
 
 def concat_shift_columns_only(shift, d_model):
     """Reorders the columns as the table's are, but not the rows."""
-    return sinusoidal_shift_matrix(shift, d_model)[:, rope_layout_permutation(d_model)]
+    return concat_shift_interleaved(shift, d_model)[:, sin_cos_order(d_model)]
 
 
 def concat_shift_rows_only(shift, d_model):
-    return sinusoidal_shift_matrix(shift, d_model)[rope_layout_permutation(d_model)]
+    return concat_shift_interleaved(shift, d_model)[sin_cos_order(d_model)]
 
 
-def concat_shift_identity_order(shift, d_model):
-    """The interleaved matrix as it is (the identity order)."""
-    return sinusoidal_shift_matrix(shift, d_model)
+@pytest.mark.parametrize("correct", [concat_shift_blocks, concat_shift_interleaved_reordered])
+def test_concat_shift_matrix_accepts_every_route_from_the_formulas(correct):
+    assert ch04.check_concat_shift_matrix(correct, verbose=False)
 
 
 @pytest.mark.parametrize(
-    "correct",
-    [
-        concat_shift_blocks,
-        concat_shift_interleaved_reordered,
-        concat_shift_by_permutation,
-        concat_shift_by_layout_permutation,
-    ],
+    "package_route", [concat_shift_by_permutation, concat_shift_by_layout_permutation]
 )
-def test_concat_shift_matrix_accepts_every_correct_route(correct):
-    assert ch04.check_concat_shift_matrix(correct, verbose=False)
+def test_concat_shift_matrix_refuses_the_package(package_route):
+    """T[p][:, p] from companion.positional gives the right numbers and is refused."""
+    reference = ch04.reference_concat_shift_matrix
+    for shift, d_model in [(1, 4), (-3, 6), (40, 32)]:
+        torch.testing.assert_close(package_route(shift, d_model), reference(shift, d_model))
+    result = ch04.check_concat_shift_matrix(package_route, verbose=False)
+    assert not result and "called companion.positional" in result.message, result.message
 
 
 @pytest.mark.parametrize(
@@ -127,11 +133,30 @@ def test_concat_shift_matrix_accepts_every_correct_route(correct):
         concat_shift_mixed_orders,
         concat_shift_columns_only,
         concat_shift_rows_only,
-        concat_shift_identity_order,
     ],
 )
 def test_concat_shift_matrix_rejects_wrong(wrong):
-    assert not ch04.check_concat_shift_matrix(wrong, verbose=False)
+    result = ch04.check_concat_shift_matrix(wrong, verbose=False)
+    assert not result and "is wrong" in result.message, result.message
+
+
+def concat_shift_least_squares(rows):
+    """T fitted by least squares to `rows` rows of the float32 concatenated table."""
+
+    def fit(shift, d_model):
+        table = ch04.reference_concat_table(rows + abs(shift), d_model)  # (rows + |Δ|, d_model)
+        early, late = table[:rows], table[abs(shift) :]  # (rows, d_model) each: PE_i, PE_(i+|Δ|)
+        source, target = (early, late) if shift >= 0 else (late, early)
+        return torch.linalg.lstsq(source, target).solution.T  # source @ Tᵀ ≈ target
+
+    return fit
+
+
+@pytest.mark.parametrize("rows", [100, 1000])
+def test_concat_shift_matrix_rejects_a_least_squares_fit_to_a_float32_table(rows):
+    """The hint's claim: fits to 100 or 1000 float32 rows fail the check."""
+    result = ch04.check_concat_shift_matrix(concat_shift_least_squares(rows), verbose=False)
+    assert not result and "is wrong" in result.message, result.message
 
 
 def test_reference_concat_shift_matrix_shifts_the_concat_table():
@@ -339,7 +364,7 @@ def test_rope_rotate_accepts_correct():
 
 
 def test_rope_rotate_rejects_the_complex_form_the_chapter_shows():
-    """Exercise 5(a) asks for real pairs; the complex form is printed in section 4.5."""
+    """Exercise 4(a) asks for real pairs; the complex form is shown in section 4.5."""
     result = ch04.check_rope_rotate(rope_complex, verbose=False)
     assert not result and "complex numbers" in result.message
 
@@ -348,6 +373,49 @@ def test_the_complex_form_is_a_correct_rotation():
     g = torch.Generator().manual_seed(1)
     x, positions = torch.randn(2, 5, 8, generator=g), torch.tensor([3, 0, 7, 7, 40])
     torch.testing.assert_close(rope_complex(x, positions), ch04.reference_rope_rotate(x, positions))
+
+
+def rope_block_diag(x, positions):
+    """Right numbers by section 4.5's visible route: R_i = block_diag(ρ(p ω_0), ...), x R_i."""
+    head_dim = x.shape[-1]
+    omega = [10000 ** (-2 * m / head_dim) for m in range(head_dim // 2)]
+
+    def rho(phi):
+        return torch.tensor([[math.cos(phi), math.sin(phi)], [-math.sin(phi), math.cos(phi)]])
+
+    rows = [
+        x[..., r, :] @ torch.block_diag(*(rho(p * w) for w in omega))
+        for r, p in enumerate(positions.tolist())
+    ]
+    return torch.stack(rows, dim=-2)
+
+
+def rope_matrix_by_hand(x, positions):
+    """Right numbers: the same d_k × d_k matrices, filled entry by entry instead of block_diag."""
+    head_dim = x.shape[-1]
+    omega = 10000 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.double()[:, None] * omega  # (seq_len, head_dim/2)
+    r = torch.zeros(len(positions), head_dim, head_dim, dtype=torch.float64)
+    r[:, 0::2, 0::2] = torch.diag_embed(angles.cos())
+    r[:, 0::2, 1::2] = torch.diag_embed(angles.sin())
+    r[:, 1::2, 0::2] = torch.diag_embed(-angles.sin())
+    r[:, 1::2, 1::2] = torch.diag_embed(angles.cos())
+    return (x.double().unsqueeze(-2) @ r).squeeze(-2).to(x.dtype)
+
+
+@pytest.mark.parametrize("matrix_route", [rope_block_diag, rope_matrix_by_hand])
+def test_rope_rotate_rejects_the_matrix_route_the_chapter_shows(matrix_route):
+    """Exercise 4(a) asks for the pairwise form; section 4.5 builds R_i with block_diag."""
+    g = torch.Generator().manual_seed(2)
+    x, positions = torch.randn(3, 7, 8, generator=g), torch.tensor([3, 0, 7, 7, 40, 1, 2])
+    torch.testing.assert_close(matrix_route(x, positions), ch04.reference_rope_rotate(x, positions))
+    result = ch04.check_rope_rotate(matrix_route, verbose=False)
+    assert not result and "d_k × d_k matrix" in result.message, result.message
+
+
+def test_rope_cases_never_have_seq_len_equal_to_d_k():
+    """The (d_k, d_k) watch must not flag a right answer's own (seq_len, d_k) tensors."""
+    assert all(case["x"].shape[-2] != case["x"].shape[-1] for case in ch04._rope_cases())
 
 
 def test_rope_rotate_rejects_companion_rotary_embedding():

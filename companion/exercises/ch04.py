@@ -21,8 +21,10 @@ capstone: is a layer shift-invariant?          :func:`check_shift_invariant`
 The references are written from the formulas (in float64), independently of
 :mod:`companion.positional`; ``tests/test_exercises_ch04.py`` checks that the two agree.
 The exercises that ask the reader to build something :mod:`companion.positional` already
-provides (the layout reordering of exercise 3, the rotation, the table inside ``encode``)
-are checked with that module switched off: a call into it fails the check.
+provides (the shift matrix of exercise 1, the layout reordering of exercise 3, the rotation,
+the table inside ``encode``) are checked with that module switched off: a call into it fails
+the check. The rotation must also be the pairwise form: no complex tensors, no ``d_k × d_k``
+matrix.
 ``MyMHA`` is checked with :mod:`companion.attention` and PyTorch's fused attention switched
 off as well.
 """
@@ -85,38 +87,57 @@ def _without_positional(fn: Callable[..., object], task: str) -> Callable[..., o
     return _without_package(fn, task)
 
 
-class _ComplexWatch(torch.overrides.TorchFunctionMode):
-    """Records the first torch function that returns a complex tensor while the mode is on."""
+class _PairwiseWatch(torch.overrides.TorchFunctionMode):
+    """Records, while the mode is on, the first torch function that returns a complex tensor
+    and the first that returns a ``(..., width, width)`` tensor (a ``d_k × d_k`` matrix)."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.first: str | None = None
+        self.width = width
+        self.complex: str | None = None
+        self.square: str | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         value = func(*args, **(kwargs or {}))
-        if self.first is None:
-            outputs = value if isinstance(value, (tuple, list)) else (value,)
-            if any(isinstance(v, Tensor) and v.is_complex() for v in outputs):
-                self.first = getattr(func, "__name__", repr(func))
+        outputs = value if isinstance(value, (tuple, list)) else (value,)
+        for v in outputs:
+            if not isinstance(v, Tensor):
+                continue
+            name = getattr(func, "__name__", repr(func))
+            if self.complex is None and v.is_complex():
+                self.complex = name
+            if self.square is None and v.dim() >= 2 and v.shape[-2:] == (self.width,) * 2:
+                self.square = f"{name}, shape {tuple(v.shape)}"
         return value
 
 
-def _real_pairs_only(fn: Callable[..., object], task: str) -> Callable[..., object]:
-    """``fn``, failing (``RuntimeError``) when it computes with complex tensors.
+def _pairwise_only(fn: Callable[..., object], task: str) -> Callable[..., object]:
+    """``fn``, failing (``RuntimeError``) when it computes with complex tensors or builds a
+    ``d_k × d_k`` matrix (``d_k = x.shape[-1]`` at least 4; at ``d_k = 2`` a ``2 × 2`` block is
+    the pairwise form itself).
 
-    The chapter shows the complex-number form of the rotation; the exercise asks for ``task``
-    with real pairs. The signature of ``fn`` is kept (``functools.wraps``).
+    The chapter shows both forms of the rotation: the complex numbers, and the block-diagonal
+    ``R_i`` of section 4.5 (``torch.block_diag``). The exercise asks for ``task`` with real
+    pairs. The signature of ``fn`` is kept (``functools.wraps``).
     """
 
     @functools.wraps(fn)
     def run(**kwargs: object) -> object:
-        with _ComplexWatch() as watch:
+        x = kwargs.get("x")
+        width = x.shape[-1] if isinstance(x, Tensor) and x.dim() >= 1 else 0
+        with _PairwiseWatch(width if width >= 4 else -1) as watch:
             value = fn(**kwargs)
-        if watch.first is not None:
+        pairs = "real pairs (a, b) = (x[..., 0::2], x[..., 1::2]), turned with cos and sin"
+        if watch.complex is not None:
             raise RuntimeError(
-                f"your function computed with complex numbers ({watch.first}); the chapter "
-                f"shows that form, this exercise asks you to {task} with real pairs "
-                f"(a, b) = (x[..., 0::2], x[..., 1::2])"
+                f"your function computed with complex numbers ({watch.complex}); the chapter "
+                f"shows that form, this exercise asks you to {task} with {pairs}"
+            )
+        if watch.square is not None:
+            raise RuntimeError(
+                f"your function built a d_k × d_k matrix ({watch.square}); section 4.5 builds "
+                f"R_i that way to show the algebra, this exercise asks you to {task} with "
+                f"{pairs}, never a d_k × d_k matrix"
             )
         return value
 
@@ -201,13 +222,15 @@ def check_concat_shift_matrix(
     concat_shift_matrix: Callable[[int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
     """Check ``concat_shift_matrix(shift, d_model) -> (d_model, d_model)`` for the sin | cos
-    layout. Every correct route passes: the blocks from the formulas, or the interleaved ``T_Δ``
-    (``sinusoidal_shift_matrix``) with its rows and columns reordered by
-    ``rope_layout_permutation`` or an equal order. The interleaved matrix itself, its
-    transpose (``T_{-Δ}``), the inverse order, or reordering the columns alone fail."""
+    layout, with :mod:`companion.positional` switched off: reordering the package's
+    ``sinusoidal_shift_matrix`` by ``rope_layout_permutation`` is one line, so a call into the
+    module fails the check. Every route from the formulas passes: the four diagonal blocks, or
+    the interleaved ``T_Δ`` built by hand with its rows and columns reordered into the
+    sin | cos order. The interleaved matrix itself, its transpose (``T_{-Δ}``), the inverse
+    order, or reordering the columns alone fail."""
     return run_check(
         "concat_shift_matrix",
-        concat_shift_matrix,
+        _without_positional(concat_shift_matrix, "build the shift matrix"),
         reference_concat_shift_matrix,
         _shift_cases(),
         verbose=verbose,
@@ -540,6 +563,8 @@ def reference_rope_rotate(x: Tensor, positions: Tensor) -> Tensor:
 
 
 def _rope_cases() -> list[Case]:
+    # seq_len != head_dim in every case: a right answer's (seq_len, head_dim) tensors must not
+    # look like the d_k × d_k matrix that _pairwise_only refuses
     g = seeded_generator(402)
     cases: list[Case] = []
     for shape in [(5, 4), (6, 16), (2, 3, 7, 8), (1, 2), (4, 3, 32)]:
@@ -556,13 +581,15 @@ def check_rope_rotate(
 ) -> CheckResult:
     """Check ``rope_rotate(x, positions)``: ``(..., seq_len, head_dim)``, ``(seq_len,)`` → same shape as ``x``.
 
-    The rotation must be written with real pairs: a call into :mod:`companion.positional` or a
-    computation with complex tensors (the form the chapter shows) fails the check.
+    The rotation must be written with real pairs: a call into :mod:`companion.positional`, a
+    computation with complex tensors, or a ``d_k × d_k`` matrix (the two forms the chapter
+    shows: the complex numbers, and section 4.5's block-diagonal ``R_i`` built with
+    ``torch.block_diag``) fails the check.
     """
     return run_check(
         "rope_rotate",
         _without_positional(
-            _real_pairs_only(rope_rotate, "write the rotation"), "write the rotation"
+            _pairwise_only(rope_rotate, "write the rotation"), "write the rotation"
         ),
         reference_rope_rotate,
         _rope_cases(),
