@@ -586,6 +586,29 @@ def scale_test_k_len_equals_d_k(attention):
     return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
 
 
+def scale_test_q_len_equals_d_k(attention):  # every shape square in q: q_len = d_k
+    shapes = [((), 4, 5, 4, 2), ((2,), 16, 6, 16, 3), ((2, 3), 9, 7, 9, 5)]
+    return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
+
+
+def scale_test_heads_equal_d_k(attention):  # q_len ≠ d_k, but as many heads as d_k
+    shapes = [((), 3, 5, 4, 2), ((2, 9), 2, 7, 9, 5)]  # 2-D and 4-D: √q_len and axes caught
+    return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
+
+
+def scale_test_tiny_inputs(attention):  # scores near 0: every scale gives uniform weights
+    gen = torch.Generator().manual_seed(0)
+    for lead, q_len, k_len, d_k, d_v in GOOD_SHAPES:
+        q = 1e-3 * torch.randn(*lead, q_len, d_k, generator=gen)
+        k = 1e-3 * torch.randn(*lead, k_len, d_k, generator=gen)
+        v = torch.randn(*lead, k_len, d_v, generator=gen)
+        if not torch.allclose(
+            attention(q, k, v).double(), _formula(q.double(), k.double(), v.double()), atol=1e-5
+        ):
+            return False
+    return True
+
+
 def scale_test_2d_only(attention):
     shapes = [((), 3, 5, 4, 2), ((), 4, 6, 16, 3)]
     return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
@@ -638,6 +661,9 @@ def test_scale_test_accepts_correct(good, capsys):
         (scale_test_only_d_k_64, "other than 64"),
         (scale_test_d_v_equals_d_k, "d_v ≠ d_k"),
         (scale_test_k_len_equals_d_k, "k_len ≠ d_k"),
+        (scale_test_q_len_equals_d_k, "q_len ≠ d_k"),
+        (scale_test_heads_equal_d_k, "number of heads"),
+        (scale_test_tiny_inputs, "unit size"),
         (scale_test_2d_only, "batched inputs"),
         (scale_test_ranking, "which is wrong"),
         (scale_test_never_calls, "without calling it"),
@@ -928,9 +954,9 @@ def test_scale_test_a_relative_tolerance_depends_on_the_inputs():
     assert "whenever the test's inputs put an output entry near 0" in " ".join(
         ch02.check_scale_test.__doc__.split()
     )
-    assert "eleven with a slip" in " ".join(ch02.check_scale_test.__doc__.split())
+    assert "thirteen with a slip" in " ".join(ch02.check_scale_test.__doc__.split())
     slips = sum(not correct for _, _, correct, _ in ch02.SCALE_TEST_CANDIDATES)
-    assert slips == 11, slips
+    assert slips == 13, slips
 
 
 def test_blockwise_check_refuses_the_packages_blockwise_attention():

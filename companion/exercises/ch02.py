@@ -192,10 +192,23 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         "test with k_len ≠ d_k",
     ),
     (
+        "a division by √q_len, the number of queries, instead of √d_k",
+        _with_factor(lambda q, k, v: 1 / math.sqrt(q.shape[-2])),
+        False,
+        "test with q_len ≠ d_k",
+    ),
+    (
         "a softmax over axis 1, right for 2-D scores but over the queries of a batch",
         _softmax_over_axis_1,
         False,
         "test batched inputs, (batch, q_len, d_k)",
+    ),
+    (
+        "d_k read as q.size(1): the width of a 2-D q, but the number of queries once batched"
+        " (or of heads, with two leading axes)",
+        _with_factor(lambda q, k, v: 1 / math.sqrt(q.shape[1])),
+        False,
+        "test batched inputs whose q_len (and number of heads) differ from d_k",
     ),
     (
         "a softmax over axis 2, right for (batch, q_len, k_len) scores but over the queries"
@@ -276,12 +289,24 @@ def _largest_error(recorded: _Recorded) -> tuple[float, float]:
     return error, size
 
 
+def _largest_score(recorded: _Recorded) -> float:
+    """The largest |q · k| / √d_k over the inputs the reader's test used."""
+    largest = 0.0
+    for q, k, _ in recorded.calls:
+        try:
+            scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])
+            largest = max(largest, scores.abs().max().item())
+        except (RuntimeError, ValueError, IndexError):  # inputs the formula cannot take
+            continue
+    return largest
+
+
 def reference_is_scaled_attention(attention: Callable[[Tensor, Tensor, Tensor], Tensor]) -> bool:
     """Reference test: does ``attention(q, k, v)`` compute ``softmax(q kᵀ/√d_k) v``?
 
     Compares the output with the formula, computed in float64, on inputs whose shapes tell
-    the widths apart (``d_k ≠ 64``, ``d_v ≠ d_k``, ``k_len ≠ d_k``, ``q_len ≠ k_len``) and
-    carry zero, one and two batch axes; the tolerance ``atol=1e-5`` is far above float32
+    the widths apart (``d_k ≠ 64``, ``d_v ≠ d_k``, ``k_len ≠ d_k``, ``q_len ≠ d_k``,
+    ``q_len ≠ k_len``, ``heads ≠ d_k``) and carry zero, one and two batch axes; the tolerance ``atol=1e-5`` is far above float32
     rounding and far below what a wrong scale changes.
 
     Args:
@@ -333,6 +358,9 @@ def _scale_verdict_problem(
             " entry lands close to 0, so such a test passes or fails with the inputs it happens"
             " to draw: compare with an absolute tolerance such as atol=1e-5"
         )
+    if error < 1e-5 and _largest_score(recorded) < 0.1:
+        # every scale gives nearly uniform weights when the scores are tiny
+        hint = "use q and k of unit size (torch.randn): tiny scores make every scale look uniform"
     return (
         f"your test accepted {recorded!r}, which is wrong: {what}. On the inputs your test used"
         f" ({shapes}) its outputs differ from the formula by at most {error:.1e}"
@@ -362,10 +390,10 @@ def check_scale_test(
     and must say whether it computes ``softmax(q kᵀ/√d_k) v``. The check hands it the
     functions of :data:`SCALE_TEST_CANDIDATES`, five correct ones (with different float32
     rounding, one of them about 1e-6 off, which a purely relative tolerance rejects whenever
-    the test's inputs put an output entry near 0) and eleven with a slip (no scale,
-    ``d_k``, a fixed ``√64``, ``√d_v``, ``√k_len``, the softmax over axis 1 or axis 2, a
-    multiplication, the scale after the softmax, and two small ones that only a tight
-    tolerance catches: ``√(d_k + 1)``, float16 weights). A
+    the test's inputs put an output entry near 0) and thirteen with a slip (no scale,
+    ``d_k``, a fixed ``√64``, ``√d_v``, ``√k_len``, ``√q_len``, ``√q.size(1)``, the softmax
+    over axis 1 or axis 2, a multiplication, the scale after the softmax, and two small ones
+    that only a tight tolerance catches: ``√(d_k + 1)``, float16 weights). A
     wrong verdict is explained with the inputs the test used: a rejected correct function
     with its float32 rounding (the trap of exact equality), an accepted wrong one with the
     largest difference the test's inputs produced and what to vary. An ``AssertionError``
