@@ -282,6 +282,27 @@ def test_closest_codes_are_neighbours_from_d_model_12_on():
     assert closest_by_table(512, 12)[0] == 1 and closest_by_table(512, 10)[0] == 6
 
 
+def test_closest_codes_at_d_model_8_come_from_the_two_fast_hands_turning_round():
+    """The solution's claim at d_model = 8: offset 63 at about 0.65; the third hand turns 0.63 rad
+    and gives 0.38 of the squared distance 0.42, the slowest almost nothing; neighbours 0.96."""
+    offset, distance = ch04.reference_closest_codes(512, 8)
+    table = sinusoidal_table(64, 8).double()  # positions 0..63
+    gap = table[63] - table[0]  # (8,)
+    per_hand = [(gap[2 * m : 2 * m + 2] ** 2).sum().item() for m in range(4)]  # squared, by hand
+    neighbours = (table[1] - table[0]).norm().item()
+    assert offset == 63 and round(distance, 2) == 0.65, (offset, distance)
+    assert round(63 * 10000 ** (-4 / 8), 2) == 0.63, "the third hand's turn in 63 steps"
+    assert round(per_hand[2], 2) == 0.38 and round(sum(per_hand), 2) == 0.42, per_hand
+    assert per_hand[3] < 0.01 and round(neighbours, 2) == 0.96 > distance, (per_hand, neighbours)
+
+
+def test_closest_codes_at_d_model_12_are_far_apart_over_20000_positions():
+    """The solution's follow-up: over 20,000 positions, d_model = 12's closest codes are 14,495 apart."""
+    offset, distance = ch04.reference_closest_codes(20000, 12)
+    neighbours = (sinusoidal_table(2, 12)[1] - sinusoidal_table(2, 12)[0]).norm().item()
+    assert offset == 14495 and distance < neighbours, (offset, distance, neighbours)
+
+
 def test_closest_codes_at_d_model_10_are_barely_closer_than_neighbours():
     """The solution's claim at d_model = 10: offset 6 at 0.970, neighbours at 0.972."""
     offset, distance = ch04.reference_closest_codes(512, 10)
@@ -895,6 +916,12 @@ def relative_correct(layer, x):
     return all(torch.allclose(layer(x, s), out, atol=1e-5, rtol=1e-4) for s in STARTS)
 
 
+def relative_solution(layer, x):
+    """The notebook's solution: start 1 moves every periodic code, start 1000 the slow ones."""
+    out = layer(x, 0)
+    return all(torch.allclose(layer(x, s), out, atol=1e-5, rtol=1e-4) for s in (1, 1000))
+
+
 def relative_tolerance(atol, starts=STARTS):
     def test(layer, x):
         out = layer(x, 0)
@@ -930,6 +957,7 @@ def relative_tensor_verdict(layer, x):
     "correct",
     [
         relative_correct,
+        relative_solution,
         relative_tensor_verdict,
         relative_tolerance(1e-5, (1, 2, 3, 500)),
         relative_tolerance(1e-4, (1, 3, 10000)),
