@@ -638,6 +638,10 @@ def _one_token_layer(position: int, d: int = 4) -> NamedLayer:
 #: (1 - 2^-k) ** 100, 4% for k = 5.
 EQUIVARIANCE_TWO_TOKEN_CASES = 96
 
+#: The seed the equivariance check gives PyTorch's global generator before it runs the reader's
+#: test, so that a test drawing unseeded random permutations gets the same verdict every time.
+EQUIVARIANCE_GLOBAL_SEED = 0
+
 
 def _equivariance_cases() -> list[Case]:
     g = seeded_generator(112)
@@ -830,25 +834,32 @@ def check_is_permutation_equivariant(
     circular convolution), and compares its verdicts with the reference test. A wrong verdict
     is explained: a rejected equivariant layer with the size of its float32 rounding (the
     trap of exact equality and of ``torch.allclose``'s default tolerance), an accepted
-    non-equivariant one with the size of the difference it missed.
+    non-equivariant one with the size of the difference it missed. PyTorch's global generator is
+    seeded while the check runs (and given back afterwards), so a test that draws unseeded
+    permutations gets the same verdict on every call.
     """
     name = "is_permutation_equivariant"
     _check_callable("the function to check", is_permutation_equivariant)
     cases = _equivariance_cases()
-    return run_verdict_check(
-        name,
-        is_permutation_equivariant,
-        cases,
-        lambda case: {"layer": case["layer"], "x": case["x"].clone()},
-        lambda got, case: _equivariance_verdict_problem(
-            got,
-            reference_is_permutation_equivariant(case["layer"], case["x"].clone()),
-            case,
+    # A test may draw its permutations from PyTorch's global generator (torch.randperm without
+    # a generator). Seeding it here makes the verdict the same on every call for the same test;
+    # fork_rng gives the caller's generator back untouched afterwards.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(EQUIVARIANCE_GLOBAL_SEED)
+        return run_verdict_check(
+            name,
             is_permutation_equivariant,
-        ),
-        what="layers",
-        verbose=verbose,
-    )
+            cases,
+            lambda case: {"layer": case["layer"], "x": case["x"].clone()},
+            lambda got, case: _equivariance_verdict_problem(
+                got,
+                reference_is_permutation_equivariant(case["layer"], case["x"].clone()),
+                case,
+                is_permutation_equivariant,
+            ),
+            what="layers",
+            verbose=verbose,
+        )
 
 
 # --------------------------------------------------------------------------------------------
