@@ -361,9 +361,9 @@ def _random_shift_test(max_shift, same, draws=10, seed=0):
     return test
 
 
-# The chapter's solution (50 draws, seed 0) with the absolute tolerance its text suggests (1e-5,
+# The chapter's solution (100 draws, seed 0) with the absolute tolerance its text suggests (1e-5,
 # no relative part) and shifts that reach positions near 1000, where float32 rounding is largest.
-relative_chapter_hint = _random_shift_test(500, lambda a, b: abs(a - b) <= 1e-5, draws=50)
+relative_chapter_hint = _random_shift_test(500, lambda a, b: abs(a - b) <= 1e-5, draws=100)
 relative_chapter_hint.__name__ = "relative_chapter_hint"
 
 
@@ -474,6 +474,40 @@ def test_is_relative_needs_several_draws():
         for draws in (3, 5)
     }
     assert accepted[3] <= 1 and accepted[5] <= 1, f"accepted out of 20 seeds: {accepted}"
+
+
+def test_a_twenty_draw_test_with_every_verdict_right_is_rejected():
+    """Twenty draws with seed 0 judge every score function of the check right, by luck: the
+    check still rejects the test, because it tried only 40 position pairs on a relative score
+    (a bias on every 17th position is missed by twenty draws for some seeds)."""
+    twenty = _random_shift_test(500, _hinted, draws=20, seed=0)
+    for dim in (8, 16):
+        wrong = [
+            fn.name for fn, relative in ch09._score_functions(dim) if twenty(fn, dim) != relative
+        ]
+        assert wrong == [], f"dim {dim}: twenty draws with seed 0 misjudged {wrong}"
+    result = ch09.check_is_relative(twenty, verbose=False)
+    assert not result, "a test with 20 draws was accepted"
+    assert "every verdict was right" in result.message and "only 40 distinct" in result.message, (
+        result.message
+    )
+
+
+@pytest.mark.parametrize("draws, accepted", [(39, False), (45, True)])
+def test_the_fewest_position_pairs_accepted(draws, accepted):
+    """39 draws call a relative score at no more than 78 distinct position pairs, under the 80
+    the check asks for; 45 draws call it at about 90 and pass (the draws are the chapter's)."""
+    result = ch09.check_is_relative(_random_shift_test(500, _hinted, draws, seed=0), verbose=False)
+    assert bool(result) == accepted, result.message
+    assert accepted or "distinct position pairs" in result.message, result.message
+
+
+def test_a_stub_or_an_error_is_reported_before_the_count():
+    def raises(score_fn, dim):
+        raise NotImplementedError
+
+    result = ch09.check_is_relative(raises, verbose=False)
+    assert not result and "not attempted" in result.message, result.message
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from companion.exercises._checker import Case, CheckResult, run_check, seeded_generator
+from companion.exercises._checker import Case, CheckResult, report, run_check, seeded_generator
 from companion.positional import RotaryEmbedding, sinusoidal_frequencies, sinusoidal_table
 
 __all__ = [
@@ -488,11 +488,35 @@ def reference_is_relative(score_fn: Callable[[Tensor, Tensor, int, int], Tensor]
     return True
 
 
-def _relative_cases() -> list[Case]:
+#: A test that calls a relative score function at fewer distinct position pairs ``(i, j)``
+#: than this (about 40 shifted pairs) is rejected even when its verdicts are right. Some
+#: non-relative scores move only at a few positions (a bias on every 17th position, for about
+#: one draw in nine): of 40 seeds, a test of 20 random draws misjudged one of them for 4 seeds,
+#: of 5 draws for 37, and of 30 or 40 draws for none.
+MIN_POSITION_PAIRS = 80
+
+
+class _CountingScore:
+    """Passes calls on to a :class:`ScoreFunction` and records the distinct ``(i, j)`` asked for."""
+
+    def __init__(self, score_fn: ScoreFunction) -> None:
+        self.score_fn, self.pairs = score_fn, set[tuple[int, int]]()
+
+    def __call__(self, q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        score = self.score_fn(q, k, i, j)  # checks the arguments first
+        self.pairs.add((operator.index(i), operator.index(j)))
+        return score
+
+    def __repr__(self) -> str:
+        return repr(self.score_fn)
+
+
+def _relative_answers() -> list[tuple[Case, bool]]:
+    """The check's cases, each with whether its score function is relative."""
     return [
-        {"score_fn": score_fn, "dim": dim}
+        ({"score_fn": score_fn, "dim": dim}, relative)
         for dim in (8, 16)
-        for score_fn, _ in _score_functions(dim)
+        for score_fn, relative in _score_functions(dim)
     ]
 
 
@@ -508,22 +532,47 @@ def check_is_relative(
     ``0 <= i, j < 1024`` (:data:`MAX_POSITION`), and returns a 0-dim tensor. Some scores are
     relative in exact arithmetic but differ by float rounding (about ``1e-7`` for RoPE) when both
     positions move: compare with a tolerance.
+
+    A test that answers ``True`` for a relative score after calling it at fewer than
+    :data:`MIN_POSITION_PAIRS` distinct position pairs is rejected too: some non-relative scores
+    move only at a few positions, and a test with so few draws misses them for some seeds.
     """
+    answers = _relative_answers()
+    cases = [case for case, _ in answers]
+    relative = {id(case["score_fn"]) for case, is_relative in answers if is_relative}
+    tried: list[tuple[int, object]] = []  # (distinct position pairs, score function) per True
 
     def as_bool(fn: Callable[..., object]) -> Callable[..., bool]:
         def run(**kwargs: object) -> bool:
+            score_fn = kwargs["score_fn"]
+            counting = _CountingScore(score_fn)
             with torch.no_grad():
-                return bool(fn(**kwargs))
+                verdict = bool(fn(**{**kwargs, "score_fn": counting}))
+            if verdict and id(score_fn) in relative:
+                tried.append((len(counting.pairs), score_fn))
+            return verdict
 
         return run
 
-    return run_check(
-        "is_relative",
-        as_bool(is_relative),
-        reference_is_relative,
-        _relative_cases(),
-        verbose=verbose,
+    result = run_check(
+        "is_relative", as_bool(is_relative), reference_is_relative, cases, verbose=False
     )
+    pairs, score_fn = min(tried, key=lambda entry: entry[0], default=(MIN_POSITION_PAIRS, None))
+    if result and pairs < MIN_POSITION_PAIRS:
+        result = CheckResult(
+            "is_relative",
+            False,
+            result.cases_run,
+            f"❌ is_relative: every verdict was right, but on {score_fn!r} your test called "
+            f"score_fn at only {pairs} distinct position pairs (i, j). Some non-relative scores "
+            "move only at a few positions (a bias on every 17th moves a score for about one draw "
+            "in nine), and so few draws miss them for some seeds: call it at "
+            f"{MIN_POSITION_PAIRS} pairs or more (about {MIN_POSITION_PAIRS // 2} shifts; the "
+            "solution tries 100).",
+        )
+    if verbose:
+        report(result)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
