@@ -731,6 +731,44 @@ def test_split_fused_qkv_rejects_swapped_blocks():
     assert not ch03.check_split_fused_qkv(fused_q_k_v_swapped, verbose=False)
 
 
+def fused_k_v_swapped(qkv, num_heads):
+    # the right split, but k and v returned in each other's place
+    q, k, v = fused_correct(qkv, num_heads)
+    return q, v, k
+
+
+@pytest.mark.parametrize(
+    "wrong, named", [(fused_k_v_swapped, "(q, v, k)"), (fused_q_k_v_swapped, "(k, q, v)")]
+)
+def test_split_fused_qkv_names_blocks_returned_in_another_order(wrong, named):
+    result = ch03.check_split_fused_qkv(wrong, verbose=False)
+    assert not result
+    assert f"you returned {named} in place of (q, k, v)" in result.message, result.message
+
+
+def test_split_fused_qkv_no_order_hint_for_a_wrong_split():
+    for wrong in (fused_chunk_first, fused_without_transpose, fused_heads_interleaved):
+        message = ch03.check_split_fused_qkv(wrong, verbose=False).message
+        assert "in place of (q, k, v)" not in message, message
+
+
+def test_gqa_names_the_scale_d_model():
+    message = ch03.check_grouped_query_attention(gqa_scaled_by_d_model, verbose=False).message
+    assert "the scale 1/√d_model" in message and "1/√d_k" in message, message
+
+
+def test_gqa_no_scale_hint_for_a_grouping_slip():
+    for wrong in (gqa_repeat, gqa_kv_head_r_over_g, gqa_only_first_kv_head):
+        message = ch03.check_grouped_query_attention(wrong, verbose=False).message
+        assert "the scale 1/√d_model" not in message, message
+
+
+def test_multi_head_attention_gates_on_scores_hint_only_for_that_slip():
+    for wrong in (mha_gates_ignored, mha_gates_on_w_o_columns):
+        message = ch03.check_multi_head_attention(wrong, verbose=False).message
+        assert "multiplied into the scores" not in message, message
+
+
 # --------------------------------------------------------------------------------------------
 # exercise 1 (multi-head attention with d_k != d_v): more slips, and the messages
 # --------------------------------------------------------------------------------------------
@@ -1007,6 +1045,7 @@ def test_scale_hint_names_h_d_k_where_it_differs_from_d_model():
     [
         (mha_gates_on_w_o_columns, "the gates put on the columns of W_O"),
         (mha_gates_ignored, "the gates ignored"),
+        (mha_gates_on_scores, "the gates multiplied into the scores"),
     ],
 )
 def test_multi_head_attention_names_the_gate_slips(wrong, hint):

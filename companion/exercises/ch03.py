@@ -144,6 +144,15 @@ def _fused_hint(case: Case, got: object) -> str:
             for part, right in zip(got, value)
         ):
             return f"\n   this looks like {slip}."
+    right = dict(zip("qkv", reference_split_fused_qkv(qkv, heads)))  # name → (batch, h, len, d_k)
+    names = []  # which of q, k, v each returned tensor is
+    for part in got:
+        names += [n for n, t in right.items() if part.shape == t.shape and torch.equal(part, t)][:1]
+    if len(names) == 3 and names != ["q", "k", "v"]:
+        return (
+            f"\n   the split is right, but you returned ({', '.join(names)}) in place of (q, k, v): "
+            "each head's 3·d_k features are [q | k | v], in that order."
+        )
     return ""
 
 
@@ -271,8 +280,8 @@ def _mha_variant(
     over the queries (``softmax_dim=-2``), the heads
     split or merged by a reshape without the transpose, the gates spread over the
     concatenation with ``repeat`` (feature ``j`` gets gate ``j mod h``), put on ``W_O``'s
-    columns (``gates="w_o columns"``, output feature ``j`` gets gate ``j // d_v``) or ignored
-    (``gates="ignored"``)."""
+    columns (``gates="w_o columns"``, output feature ``j`` gets gate ``j // d_v``), multiplied
+    into the scores before the softmax (``gates="scores"``) or ignored (``gates="ignored"``)."""
     query, key, value, heads = case["query"], case["key"], case["value"], case["num_heads"]
     batch, q_len, d_model = query.shape
     d_k, d_v = case["w_q"].shape[1] // heads, case["w_v"].shape[1] // heads
@@ -287,9 +296,11 @@ def _mha_variant(
     k = split(key @ case["w_k"], d_k)  # (batch, h, k_len, d_k)
     v = split(value @ case["w_v"], d_v)  # (batch, h, k_len, d_v)
     scores = q @ k.transpose(-2, -1) / math.sqrt(width)  # (batch, h, q_len, k_len)
+    head_gates = case.get("head_gates")
+    if head_gates is not None and gates == "scores":
+        scores = scores * head_gates[:, None, None]  # head r's scores times ζ_r
     weights = torch.softmax(scores, dim=softmax_dim)  # (batch, h, q_len, k_len)
     per_head = weights @ v  # (batch, h, q_len, d_v)
-    head_gates = case.get("head_gates")
     if head_gates is not None and not gates_strided and gates == "heads":
         per_head = per_head * head_gates[:, None, None]
     if merge_transposed:
@@ -351,6 +362,9 @@ def _mha_hint(case: Case, got: object) -> str:
         "r·d_v … (r+1)·d_v - 1, so gate those rows, or the (batch, h, q_len, d_v) outputs": {
             "gates": "w_o columns"
         },
+        "the gates multiplied into the scores: the softmax turns a gated row of scores back "
+        "into weights that sum to 1, so a gate of 0 gives an even spread, not a removed head; "
+        "multiply head r's output (weights @ v) by head_gates[r]": {"gates": "scores"},
         "the gates ignored: multiply head r's output by head_gates[r] before W_O": {
             "gates": "ignored"
         },
@@ -491,8 +505,9 @@ def _gqa_cases() -> list[Case]:
     return cases
 
 
-def _gqa_with_kv_heads(case: Case, kv_of: list[int]) -> Tensor:
-    """Grouped-query attention where query head ``r`` reads key/value head ``kv_of[r]``."""
+def _gqa_with_kv_heads(case: Case, kv_of: list[int], scale_width: int | None = None) -> Tensor:
+    """Grouped-query attention where query head ``r`` reads key/value head ``kv_of[r]``, the
+    scores scaled by ``1/√scale_width`` (``None``: ``1/√d_k``)."""
     query, key, value = case["query"], case["key"], case["value"]
     heads, kv_heads = case["num_heads"], case["num_kv_heads"]
     batch, q_len, _ = query.shape
@@ -502,7 +517,8 @@ def _gqa_with_kv_heads(case: Case, kv_of: list[int]) -> Tensor:
     q = (query @ case["w_q"]).view(batch, q_len, heads, d_k).transpose(1, 2)  # (batch, h, q, d_k)
     k = (key @ case["w_k"]).view(batch, k_len, kv_heads, d_k).transpose(1, 2)[:, index]
     v = (value @ case["w_v"]).view(batch, k_len, kv_heads, d_k).transpose(1, 2)[:, index]
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), dim=-1)  # (batch, h, q, k)
+    scale = 1 / math.sqrt(d_k if scale_width is None else scale_width)
+    weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)  # (batch, h, q, k)
     merged = (weights @ v).transpose(1, 2).reshape(batch, q_len, heads * d_k)
     return merged @ case["w_o"]  # (batch, q_len, d_model)
 
@@ -537,6 +553,15 @@ def _gqa_hint(case: Case, got: object) -> str:
                 f"share key/value head {right[r]}). This looks like {slip}."
             )
     width, d_model = case["w_q"].shape[1], case["query"].shape[-1]
+    d_k = width // heads
+    if d_model != d_k:
+        scaled = _gqa_with_kv_heads(case, right, scale_width=d_model)
+        if got.shape == scaled.shape and torch.allclose(got, scaled, atol=1e-5, rtol=1e-4):
+            return (
+                "\n   this looks like the scale 1/√d_model: the scores are dot products of one "
+                "head's d_k-wide queries and keys, so the scale is 1/√d_k, d_k = "
+                "w_q.shape[1] // num_heads."
+            )
     if width != d_model:
         return (
             f"\n   in this case num_heads · d_k = {width} is not d_model = {d_model}: read d_k "
