@@ -334,9 +334,56 @@ def stream_frobenius(depths, norm_first):  # ‖x_2N‖_F, not divided by the nu
     return slope, [s * math.sqrt(8 * 16 * 64) for s in sizes]
 
 
+def stream_per_seed_slopes(depths, norm_first):  # the mean of three fits, not one fit of the mean
+    slopes = [_measure(depths, norm_first, seeds=(s,))[0] for s in (0, 1, 2)]
+    return float(np.mean(slopes)), _measure(depths, norm_first)[1]
+
+
+def stream_rounded_slope(depths, norm_first):  # the right slope, typed back to two decimals
+    slope, sizes = _measure(depths, norm_first)
+    return round(slope, 2), sizes
+
+
+def stream_chapter_depths_slope(depths, norm_first):  # the slope of the chapter's depths, reused
+    return _measure([2, 4, 8, 16, 24], norm_first)[0], _measure(depths, norm_first)[1]
+
+
+def stream_float64_norm(depths, norm_first):  # right, by another route: float64, ‖y‖_F / √numel
+    from companion import norm_study
+
+    sizes = []
+    for depth in depths:
+        per_seed = []
+        for seed in (0, 1, 2):
+            encoder = norm_study.init_encoder(depth, norm_first, seed, final_norm=False).double()
+            with torch.no_grad():
+                y = encoder(norm_study.init_inputs(seed)[0].double())
+            per_seed.append((y.norm() / math.sqrt(y.numel())).item())
+        sizes.append(sum(per_seed) / 3)
+    log_d, log_s = np.log(depths), np.log(sizes)
+    slope = ((log_d - log_d.mean()) * (log_s - log_s.mean())).sum() / (
+        (log_d - log_d.mean()) ** 2
+    ).sum()
+    return float(slope), sizes
+
+
 def test_stream_size_slope_accepts_correct():
     assert ch06.check_stream_size_slope(stream_correct, verbose=False)
     assert ch06.check_stream_size_slope(stream_numpy_types, verbose=False)
+    assert ch06.check_stream_size_slope(stream_float64_norm, verbose=False)
+
+
+def test_stream_size_tolerance_lies_between_rounding_and_the_nearest_slip():
+    """The right measurement by another route moves no number by 1 % of the tolerance; the
+    nearest wrong slope (the mean of per-seed fits) misses it by three times or more."""
+    for case in ch06._stream_size_cases():
+        slope, sizes = ch06.reference_stream_size_slope(**case)
+        other_slope, other_sizes = stream_float64_norm(**case)
+        rounding = max(abs(other_slope - slope), *(abs(g - e) for g, e in zip(other_sizes, sizes)))
+        assert rounding < ch06.STREAM_SIZE_ATOL / 100, (case, rounding)
+        if case["norm_first"]:
+            gap = abs(stream_per_seed_slopes(**case)[0] - slope)
+            assert gap > 3 * ch06.STREAM_SIZE_ATOL, (case, gap)
 
 
 @pytest.mark.parametrize(
@@ -349,6 +396,9 @@ def test_stream_size_slope_accepts_correct():
         stream_swapped_axes,
         stream_typed_half,
         stream_frobenius,
+        stream_per_seed_slopes,
+        stream_rounded_slope,
+        stream_chapter_depths_slope,
     ],
 )
 def test_stream_size_slope_rejects_wrong(wrong):
