@@ -978,6 +978,9 @@ def test_relative_test_accepts_correct(correct):
         relative_tolerance(1e-5, (2, 4, 100, 1000)),  # even starts only: misses the parity code
         relative_tolerance(1e-5, (1, 2, 3)),  # near starts only: misses the slow code
         relative_tolerance(1e-5, (1,)),
+        relative_tolerance(1e-5, (1001,)),  # one far odd start: misses periods 7, 11, 13
+        relative_tolerance(1e-5, (12345,)),  # misses periods 3 and 5
+        relative_tolerance(1e-5, (105, 210)),  # both divisible by 3, 5 and 7
     ],
     ids=lambda fn: fn.__name__,
 )
@@ -1073,6 +1076,19 @@ def test_relative_cases_are_what_they_say():
     assert gap(parity, 1) > 0.1 and gap(parity, 100) == 0
     slow = [name for name in cases if "wavelength" in name][0]
     assert gap(slow, 3) < 3e-5 and gap(slow, 1000) > 1e-4  # a near start barely moves it
+    for period, divided in [(3, 12345), (5, 12345), (7, 1001)]:
+        name = [name for name in cases if f"a code of period {period} " in name][0]
+        assert gap(name, 1) > 0.1 and gap(name, 1000 + (-1000) % period + 1) > 0.1, period
+        assert gap(name, period) == 0 and gap(name, divided) == 0, period  # it returns exactly
+
+
+def test_relative_test_explains_a_missed_period():
+    """One far start is told that a code whose period divides it came back."""
+    for start, period in [(1001, 7), (12345, 3)]:
+        result = ch04.check_shift_invariant(relative_tolerance(1e-5, (start,)), verbose=False)
+        assert not result
+        assert f"a code of period {period}" in result.message, result.message
+        assert "every period that divides it" in result.message
 
 
 def test_relative_layers_reject_a_non_integer_start():

@@ -1060,6 +1060,19 @@ def _relative_cases() -> list[Case]:
             ),
             False,
         ),
+        # codes that come back after 3, 5 or 7 positions: one far start that they divide
+        # (1001 = 7 · 11 · 13, 12345 = 3 · 5 · 823) does not move them
+        *(
+            (
+                f"attention on tokens plus a code of period {period} (it returns at every "
+                f"start that {period} divides)",
+                lambda x, s, period=period: attention(
+                    x + _periodic_code(s, x.shape[1], period)[:, None] * direction, rope=False
+                ),
+                False,
+            )
+            for period in (3, 5, 7)
+        ),
     ]
     return [
         {
@@ -1069,6 +1082,14 @@ def _relative_cases() -> list[Case]:
         }
         for name, fn, rel in layers
     ]
+
+
+def _periodic_code(start: int, seq_len: int, period: int) -> Tensor:
+    """``cos(2π · position / period)`` at positions ``start .. start + seq_len - 1``, float32
+    ``(seq_len,)``; computed from ``position % period``, so exactly equal at starts ``period``
+    apart."""
+    phase = torch.arange(start, start + seq_len) % period  # (seq_len,) integers
+    return torch.cos(2 * math.pi * phase.double() / period).float()
 
 
 def _on_token(out: Tensor, token: int, start: int, d: int) -> Tensor:
@@ -1112,6 +1133,12 @@ def _relative_verdict_problem(got: object, case: Case) -> str | None:
             "over the sequence, one token or one batch element can stay the same while "
             "the rest moves"
         )
+    elif "a code of period" in repr(layer):
+        hint = (
+            " Try several starts: near ones (1, 2, 3) and far ones (1000 and more). A code of "
+            "period p returns at every start that p divides, so a test with one start misses "
+            "every period that divides it"
+        )
     else:
         hint = " Try several starts: near ones (1, 2, 3) and far ones (1000 and more)"
     return (
@@ -1132,8 +1159,9 @@ def check_shift_invariant(
     equality fails it), attention with a bias on ``|j - i|``, attention with no positions,
     ``tanh``. Absolute: attention on tokens plus sinusoidal codes, the same codes 10000 times
     fainter (outputs move by at most about ``1.4e-3``: a tolerance of ``1e-2`` misses it), RoPE on the
-    queries only, a parity code (a test that tries only even starts misses it) and a code of
-    wavelength ``2π·10^6`` (a test that tries only starts up to about 10 misses it); and four
+    queries only, a parity code (a test that tries only even starts misses it), codes of period
+    3, 5 and 7 (a test with one far start such as 1001 or 12345 misses one of them) and a code
+    of wavelength ``2π·10^6`` (a test that tries only starts up to about 10 misses it); and four
     whose dependence cancels in a summary: outputs rolled by ``start % seq_len`` (a test of
     the sum or of the mean over the sequence misses it), a code on the last token's output
     only (a test of the first token misses it), on the first token's only (a test of the last
