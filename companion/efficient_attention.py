@@ -274,8 +274,10 @@ def blockwise_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """FlashAttention's backward pass: recompute each block's probabilities, never store them.
 
-    Recomputation is FlashAttention-1's idea already (Dao et al. 2022); this is FlashAttention-2's
-    form (Dao 2023), which recomputes them from one saved statistic per row, the log-sum-exp.
+    Recomputation is FlashAttention-1's idea already (Dao et al. 2022). The probabilities are
+    recomputed from one saved log-sum-exp per row, as FlashAttention-2 (Dao 2023) does. The loop
+    order (query blocks outside) is chosen for reading: FlashAttention-2's backward loops over
+    key/value blocks outside, so that ``dK`` and ``dV`` build up in on-chip memory.
 
     With ``S = scale · q kᵀ``, ``P = softmax(S)`` and ``O = P v``, the gradients are
     ``dV = Pᵀ dO``, ``dP = dO vᵀ``, ``dS = P ∘ (dP - D)`` with ``D_i = Σ_j P_ij dP_ij``, then
