@@ -513,7 +513,8 @@ def _blockwise_cases(seed: int = 20) -> Iterator[Case]:
 
 
 class BlockRuleBroken(RuntimeError):
-    """Raised when the reader's ``blockwise_attention`` holds more than one block's scores."""
+    """Raised when the reader's ``blockwise_attention`` holds all the keys' scores, or more than
+    six blocks' scores, at once."""
 
 
 def _tensors(value: object) -> Iterator[Tensor]:
@@ -559,7 +560,9 @@ class _BlockRule(TorchFunctionMode):
     def _refuse(self, what: str) -> None:
         raise BlockRuleBroken(
             f"{what}, with block_size={self.block_size} and {self.k_len} keys: the exercise"
-            " allows the scores of one block of keys at a time. Slice the keys and values"
+            " allows the scores of a few blocks of keys at a time (at most six blocks' worth,"
+            " never all the keys')."
+            " Slice the keys and values"
             " first, k[..., start:start + block_size, :], and keep only running quantities"
             " (a maximum, a sum, a weighted sum of values) between blocks"
         )
