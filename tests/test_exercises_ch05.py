@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from companion import masking
+from companion import interop, masking
 from companion.exercises import ch05
 
 # The answers below are written by hand: the checks refuse any call into companion.masking
@@ -113,6 +113,7 @@ def test_lengths_padding_mask_rejects_wrong(wrong):
 def test_lengths_padding_mask_explains_a_wrong_dtype():
     result = ch05.check_lengths_padding_mask(lengths_as_integers, verbose=False)
     assert "boolean" in result.message and "torch.int64" in result.message
+    assert "is wrong" in result.message and "raised" not in result.message, result.message
 
 
 def test_lengths_cases_cover_both_sides_and_the_edges():
@@ -360,91 +361,127 @@ def test_prefix_cases_cover_the_edges():
 
 
 # --------------------------------------------------------------------------------------------
-# additive_from_blocked
+# mha_attn_mask
 # --------------------------------------------------------------------------------------------
 
 
-def additive_correct(blocked, dtype):
-    return torch.where(blocked, float("-inf"), 0.0).to(dtype)
+def mha_correct(mask, num_heads):  # expand + reshape: batch-major rows
+    batch, _, q_len, k_len = mask.shape
+    return ~mask.expand(batch, num_heads, q_len, k_len).reshape(batch * num_heads, q_len, k_len)
 
 
-def additive_via_companion(blocked, dtype):
-    return masking.to_additive_mask(~blocked, dtype)
+def mha_repeat_interleave(mask, num_heads):  # the other right answer
+    if mask.shape[1] == 1:
+        return ~mask[:, 0].repeat_interleave(num_heads, dim=0)
+    return ~mask.flatten(0, 1)
 
 
-def additive_inverted(blocked, dtype):  # -inf where attention is allowed
-    return torch.where(blocked, 0.0, float("-inf")).to(dtype)
+def mha_via_companion(mask, num_heads):
+    return interop.to_torch_attn_mask(mask, num_heads=num_heads)
 
 
-def additive_minus_1e9(blocked, dtype):  # finite in float32, so not PyTorch's -inf
-    return torch.where(blocked, -1e9, 0.0).to(dtype)
+def mha_repeat(mask, num_heads):  # head-major: the whole batch once per head
+    if mask.shape[1] == 1:
+        return ~mask[:, 0].repeat(num_heads, 1, 1)
+    return ~mask.flatten(0, 1)
 
 
-def additive_ones_and_zeros(blocked, dtype):
-    return blocked.to(dtype)
+def mha_not_inverted(mask, num_heads):  # keeps the package's True = may attend
+    return ~mha_correct(mask, num_heads)
 
 
-def additive_ignores_dtype(blocked, dtype):
-    return torch.where(blocked, float("-inf"), 0.0)  # always float32
+def mha_as_float(mask, num_heads):
+    return mha_correct(mask, num_heads).float()
 
 
-def additive_returns_bool(blocked, dtype):
-    return ~blocked
+def mha_first_head_only(mask, num_heads):  # a per-head mask loses its other heads
+    return ~mask[:, 0].repeat_interleave(num_heads, dim=0)
 
 
-def additive_times_inf(blocked, dtype):  # 0 × -inf is NaN where attention is allowed
-    return blocked.to(dtype) * float("-inf")
+def mha_heads_first(mask, num_heads):  # per-head masks flattened head-major
+    batch, _, q_len, k_len = mask.shape
+    per_head = mask.expand(batch, num_heads, q_len, k_len).transpose(0, 1)
+    return ~per_head.reshape(batch * num_heads, q_len, k_len)
 
 
-def test_additive_from_blocked_accepts_correct():
-    assert ch05.check_additive_from_blocked(additive_correct, verbose=False)
-    assert ch05.check_additive_from_blocked(ch05.reference_additive_from_blocked, verbose=False)
+def mha_transposed(mask, num_heads):  # (.., k_len, q_len)
+    return mha_correct(mask, num_heads).transpose(1, 2)
 
 
-def test_additive_from_blocked_refuses_companion_masking():
-    # the right numbers, but through the package function the exercise asks the reader to rebuild
-    result = ch05.check_additive_from_blocked(additive_via_companion, verbose=False)
-    assert not result
-    assert "companion.masking" in result.message
+def mha_no_heads(mask, num_heads):  # (batch, q_len, k_len): one row per sequence
+    return ~mask[:, 0]
 
 
-def test_additive_from_blocked_reports_minus_1e9_sensibly():
-    # -inf against -1e9 is off by inf, not by the largest float
-    result = ch05.check_additive_from_blocked(additive_minus_1e9, verbose=False)
-    assert "got -1e+09 (off by inf)" in result.message, result.message
+def test_mha_attn_mask_accepts_correct():
+    assert ch05.check_mha_attn_mask(mha_correct, verbose=False)
+    assert ch05.check_mha_attn_mask(mha_repeat_interleave, verbose=False)
+    assert ch05.check_mha_attn_mask(ch05.reference_mha_attn_mask, verbose=False)
+
+
+def test_mha_attn_mask_refuses_companion_interop():
+    result = ch05.check_mha_attn_mask(mha_via_companion, verbose=False)
+    assert not result and "companion.interop" in result.message
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
-        additive_inverted,
-        additive_minus_1e9,
-        additive_ones_and_zeros,
-        additive_ignores_dtype,
-        additive_returns_bool,
-        additive_times_inf,
+        mha_repeat,
+        mha_not_inverted,
+        mha_as_float,
+        mha_first_head_only,
+        mha_heads_first,
+        mha_transposed,
+        mha_no_heads,
     ],
 )
-def test_additive_from_blocked_rejects_wrong(wrong):
-    assert not ch05.check_additive_from_blocked(wrong, verbose=False)
+def test_mha_attn_mask_rejects_wrong(wrong):
+    assert not ch05.check_mha_attn_mask(wrong, verbose=False)
 
 
-def test_additive_from_blocked_explains_a_wrong_dtype():
-    result = ch05.check_additive_from_blocked(additive_ignores_dtype, verbose=False)
-    assert "requested dtype" in result.message
+def test_mha_attn_mask_names_the_two_silent_mistakes():
+    result = ch05.check_mha_attn_mask(mha_repeat, verbose=False)
+    assert "head-major" in result.message and "repeat_interleave" in result.message, result.message
+    result = ch05.check_mha_attn_mask(mha_not_inverted, verbose=False)
+    assert "True = blocked" in result.message and "inverted" in result.message, result.message
 
 
-def test_additive_from_blocked_reports_nan_plainly():
-    # NaN is reported as NaN, with its classic cause, not as "off by inf"
-    result = ch05.check_additive_from_blocked(additive_times_inf, verbose=False)
-    assert "got nan" in result.message and "off by" not in result.message, result.message
-    assert "0 × -inf is NaN" in result.message, result.message
+def test_mha_attn_mask_reports_a_wrong_dtype_as_a_wrong_answer():
+    result = ch05.check_mha_attn_mask(mha_as_float, verbose=False)
+    assert "is wrong: mha_attn_mask returned dtype torch.float32" in result.message, result.message
+    assert "raised" not in result.message, result.message
 
 
-def test_additive_reference_round_trips_through_companion():
-    blocked = torch.rand(3, 5, generator=torch.Generator().manual_seed(0)) < 0.5
-    additive = ch05.reference_additive_from_blocked(blocked, torch.float32)
-    assert torch.equal(masking.from_additive_mask(additive), ~blocked)
+def test_mha_cases_separate_batch_major_from_head_major():
+    for case in ch05._mha_cases()[:-1]:  # every case but the one-head one
+        assert case["mask"].shape[0] >= 2 and case["num_heads"] >= 2
+        assert not torch.equal(
+            mha_correct(**case),
+            mha_repeat(**case) if case["mask"].shape[1] == 1 else mha_heads_first(**case),
+        )
+
+
+def test_reference_mha_attn_mask_is_what_pytorch_reads():
+    # nn.MultiheadAttention with the 3-D mask gives each sequence what it gives alone with its
+    # own 2-D mask: the rows are batch-major
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(3, 5, 8)
+    keys_real = torch.arange(5)[None, :] < torch.tensor([5, 3, 4])[:, None]  # (3, 5)
+    mask = keys_real[:, None, None, :] & _causal(5)  # (3, 1, 5, 5)
+    with torch.no_grad():
+        together, _ = mha(
+            x, x, x, attn_mask=ch05.reference_mha_attn_mask(mask, 2), need_weights=False
+        )
+        for b in range(3):
+            alone, _ = mha(
+                x[b : b + 1], x[b : b + 1], x[b : b + 1], attn_mask=~mask[b, 0], need_weights=False
+            )
+            assert torch.allclose(together[b], alone[0], atol=1e-6), b
+        wrong, _ = mha(x, x, x, attn_mask=mha_repeat(mask, 2), need_weights=False)
+    assert not torch.allclose(wrong, together, atol=1e-3)
+    for case in ch05._mha_cases():
+        assert torch.equal(ch05.reference_mha_attn_mask(**case), mha_via_companion(**case))
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ that is truthy when every case matches. The checks call your function with keywo
 arguments, so keep the parameter names of the stub in the notebook.
 
 Boolean masks follow the package convention - ``True`` where a query **may attend** - except
-in :func:`check_additive_from_blocked`, whose input uses PyTorch's ``True`` = *blocked*.
+the result of :func:`check_mha_attn_mask`, in PyTorch's ``True`` = *blocked*.
 
 =====================================================  ==================================
 exercise                                               check
@@ -15,13 +15,15 @@ exercise                                               check
 padding mask from lengths, right or left padding       :func:`check_lengths_padding_mask`
 causal sliding-window mask, also with a cache          :func:`check_causal_window_mask`
 prefix-LM mask: prefix both ways, then causal          :func:`check_prefix_lm_mask`
-``True`` = blocked → additive float mask               :func:`check_additive_from_blocked`
+mask → ``nn.MultiheadAttention``'s (batch·heads, q, k)  :func:`check_mha_attn_mask`
 a leak test that names the first leaking pair          :func:`check_first_leak`
 =====================================================  ==================================
 """
 
 from __future__ import annotations
 
+import importlib.util
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -44,42 +46,64 @@ __all__ = [
     "check_lengths_padding_mask",
     "check_causal_window_mask",
     "check_prefix_lm_mask",
-    "check_additive_from_blocked",
+    "check_mha_attn_mask",
     "check_first_leak",
 ]
 
 
-def _returning(dtype_kind: str, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``fn`` so that a result of the wrong kind of dtype is reported as an error.
+# companion.interop (a higher layer, which this module does not import) holds exercise 4's
+# answer, to_torch_attn_mask: it is refused by its file, as calls_into identifies a module
+_INTEROP = types.SimpleNamespace(
+    __file__=importlib.util.find_spec("companion.interop").origin, __name__="companion.interop"
+)
+
+
+_WRONG_RETURN = "\x00"  # marks a wrong returned type, reported as a wrong answer, not a crash
+
+
+def _returning(
+    dtype_kind: str, name: str, fn: Callable[..., Any], convention: str = "True = may attend"
+) -> Callable[..., Any]:
+    """Wrap ``fn`` so that a result of the wrong kind of dtype is reported as a wrong answer.
 
     ``compare`` treats a 0/1 integer tensor like a boolean one and compares every number in
-    ``float64``, so the dtype is checked here: ``"bool"`` (a boolean mask) or ``"float"`` (the
-    dtype requested by the case's ``dtype`` argument).
+    ``float64``, so the dtype is checked here: ``"bool"`` (a boolean mask, ``convention``
+    naming what ``True`` means). :func:`_run` turns the ``TypeError`` into "case N is wrong".
     """
 
     def wrapped(**kwargs: Any) -> Any:
         result = fn(**kwargs)
         if not isinstance(result, Tensor):
-            raise TypeError(f"{name} must return a tensor, got {type(result).__name__}")
+            raise TypeError(
+                f"{_WRONG_RETURN}{name} returned a {type(result).__name__}, not a tensor"
+            )
         if dtype_kind == "bool" and result.dtype != torch.bool:
             raise TypeError(
-                f"{name} must return a boolean tensor (True = may attend), got dtype {result.dtype}"
-            )
-        if dtype_kind == "float" and result.dtype != kwargs["dtype"]:
-            raise TypeError(
-                f"{name} must return a tensor of the requested dtype {kwargs['dtype']}, "
-                f"got dtype {result.dtype}"
+                f"{_WRONG_RETURN}{name} returned dtype {result.dtype}; expected a boolean "
+                f"tensor (torch.bool, {convention})"
             )
         return result
 
     return wrapped
 
 
+def _run(name: str, *args: Any, verbose: bool, **kwargs: Any) -> CheckResult:
+    """``run_check``, with a wrong returned type reported as a wrong answer."""
+    result = run_check(name, *args, verbose=False, **kwargs)
+    result.message = result.message.replace(f"raised TypeError: {_WRONG_RETURN}", "is wrong: ")
+    if verbose:
+        report(result)
+    return result
+
+
 def _by_hand(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
-    """``fn``, refused (``RuntimeError``) when it calls into :mod:`companion.masking`, which
-    holds every answer of this chapter."""
+    """``fn``, refused (``RuntimeError``) when it calls into :mod:`companion.masking` or
+    :mod:`companion.interop`, which hold the answers of this chapter."""
     return refusing_calls(
-        fn, f"build the {what}", (masking,), why=": companion.masking holds the answer"
+        fn,
+        f"build the {what}",
+        (masking, _INTEROP),
+        why=": companion.masking and companion.interop hold the answers",
     )
 
 
@@ -129,7 +153,7 @@ def check_lengths_padding_mask(
     """Check ``lengths_padding_mask(lengths, k_len, left)``: ``(batch,)`` lengths → boolean
     ``(batch, 1, 1, k_len)``, ``True`` where the key is a real token, for right and left
     padding."""
-    return run_check(
+    return _run(
         "lengths_padding_mask",
         _returning("bool", "lengths_padding_mask", _by_hand(lengths_padding_mask, "padding mask")),
         reference_lengths_padding_mask,
@@ -193,7 +217,7 @@ def check_causal_window_mask(
     """Check ``causal_window_mask(q_len, k_len, window)`` → boolean ``(q_len, k_len)``; query
     in row ``r`` sits at position ``i = r + k_len - q_len`` and may attend to the keys ``j``
     with ``i - window < j <= i``."""
-    return run_check(
+    return _run(
         "causal_window_mask",
         _returning("bool", "causal_window_mask", _by_hand(causal_window_mask, "window mask")),
         reference_causal_window_mask,
@@ -302,7 +326,7 @@ def check_prefix_lm_mask(
     """Check ``prefix_lm_mask(tokens, prefix_lens, pad_id)``: ``(batch, n)`` ids and
     ``(batch,)`` prefix lengths → boolean ``(batch, 1, n, n)``, key ``j`` real *and*
     (``j < prefix_lens[b]`` or ``j <= i``). A padded query may keep its row or see nothing."""
-    return run_check(
+    return _run(
         "prefix_lm_mask",
         _blank_padded_queries_allowed(
             _returning("bool", "prefix_lm_mask", _by_hand(prefix_lm_mask, "prefix-LM mask")),
@@ -315,70 +339,100 @@ def check_prefix_lm_mask(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: PyTorch's True = blocked → an additive float mask
+# Exercise 4: a package mask → nn.MultiheadAttention's 3-D attn_mask (batch * heads, q, k)
 # --------------------------------------------------------------------------------------------
 
 
-def reference_additive_from_blocked(blocked: Tensor, dtype: torch.dtype) -> Tensor:
-    """Additive mask from a boolean mask in ``torch.nn.MultiheadAttention``'s convention.
+def reference_mha_attn_mask(mask: Tensor, num_heads: int) -> Tensor:
+    """A package mask in the layout and convention of ``nn.MultiheadAttention``'s 3-D
+    ``attn_mask``.
 
     Args:
-        blocked: boolean, any shape, ``True`` where attention is **blocked**.
-        dtype: floating dtype of the result.
+        mask: boolean, ``True`` = may attend, shape ``(batch, 1, q_len, k_len)`` (one mask per
+            sequence, as :func:`companion.masking.combine_masks` makes it) or
+            ``(batch, num_heads, q_len, k_len)`` (one per sequence and head).
+        num_heads: the module's number of heads.
 
     Returns:
-        Tensor of ``blocked``'s shape and ``dtype``: ``0`` where attention is allowed and
-        ``-inf`` where it is blocked, to be *added* to the scores.
+        Boolean ``(batch * num_heads, q_len, k_len)``, ``True`` = **blocked**. The rows are
+        batch-major, as PyTorch reads them: row ``b * num_heads + h`` is head ``h`` of sequence
+        ``b`` (``mask.repeat`` would give head-major rows, sequence ``b`` at row ``h * batch + b``).
     """
-    additive = torch.zeros(blocked.shape, dtype=dtype)  # same shape as blocked
-    return additive.masked_fill(blocked, float("-inf"))  # same shape as blocked
+    batch, _, q_len, k_len = mask.shape
+    per_head = mask.expand(batch, num_heads, q_len, k_len)  # (batch, heads, q_len, k_len)
+    return ~per_head.reshape(batch * num_heads, q_len, k_len)  # (batch * heads, q_len, k_len)
 
 
-def _additive_cases() -> list[Case]:
+def _mha_cases() -> list[Case]:
     g = seeded_generator(504)
+
+    def per_sequence(lengths: list[int], q_len: int, k_len: int) -> Tensor:
+        # (batch, 1, q_len, k_len): bottom-right causal & padding, different in every sequence
+        keys_real = torch.arange(k_len)[None, :] < torch.tensor(lengths)[:, None]  # (batch, k)
+        causal = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)  # (q, k)
+        return keys_real[:, None, None, :] & causal  # (batch, 1, q_len, k_len)
+
+    # batch >= 2 with a different mask per sequence and num_heads >= 2 in every case but the
+    # last, so that head-major rows (.repeat) differ from batch-major ones; q_len != k_len in
+    # two cases, so that a transposed mask fails on its shape
     return [
-        {"blocked": random_bool_mask((4, 6), 0.4, g), "dtype": torch.float32},
-        {"blocked": torch.ones(5, 5, dtype=torch.bool).triu(1), "dtype": torch.float32},
-        {"blocked": random_bool_mask((2, 1, 3, 4), 0.5, g), "dtype": torch.float64},
-        {"blocked": random_bool_mask((3, 7), 0.3, g), "dtype": torch.float16},
-        {"blocked": torch.zeros(2, 3, dtype=torch.bool), "dtype": torch.float32},
-        {"blocked": torch.ones(1, 4, dtype=torch.bool), "dtype": torch.bfloat16},
+        {"mask": per_sequence([5, 3], 5, 5), "num_heads": 2},
+        {"mask": per_sequence([6, 2, 4], 3, 6), "num_heads": 4},
+        {"mask": random_bool_mask((2, 1, 4, 7), 0.6, g), "num_heads": 3},
+        # one mask per head: the heads must stay in their order within each sequence
+        {"mask": random_bool_mask((3, 2, 4, 4), 0.5, g), "num_heads": 2},
+        {"mask": per_sequence([4, 1], 4, 4), "num_heads": 1},
     ]
 
 
-def check_additive_from_blocked(
-    additive_from_blocked: Callable[[Tensor, torch.dtype], Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``additive_from_blocked(blocked, dtype)``: boolean (``True`` = blocked) → float
-    of the same shape and of ``dtype``, ``0`` where allowed and ``-inf`` where blocked; an
-    answer that calls :mod:`companion.masking` (``to_additive_mask``) is refused."""
-    result = run_check(
-        "additive_from_blocked",
-        _returning(
-            "float",
-            "additive_from_blocked",
-            _by_hand(additive_from_blocked, "additive mask"),
-        ),
-        reference_additive_from_blocked,
-        _additive_cases(),
-        verbose=False,
-        hint=_nan_hint,
-    )
-    # NaN is not "off by inf" from anything: say only what was returned
-    result.message = result.message.replace(", got nan (off by inf)", ", got nan")
-    if verbose:
-        report(result)
-    return result
+def _head_major(mask: Tensor, num_heads: int) -> Tensor:
+    """The classic wrong layout: the whole batch once per head (``repeat``), inverted."""
+    batch, heads, q_len, k_len = mask.shape
+    per_head = mask.expand(batch, num_heads, q_len, k_len).transpose(0, 1)  # (heads, batch, q, k)
+    return ~per_head.reshape(batch * num_heads, q_len, k_len)
 
 
-def _nan_hint(case: Case, got: Any) -> str:
-    """Name the classic cause of NaN in an additive mask (``blocked * -inf``)."""
-    if isinstance(got, Tensor) and got.is_floating_point() and bool(got.isnan().any()):
+def _mha_hint(case: Case, got: Any) -> str:
+    """Name the two silent mistakes: head-major rows and the package's convention kept."""
+    if not isinstance(got, Tensor) or got.dtype != torch.bool:
+        return ""
+    expected = reference_mha_attn_mask(**case)
+    if tuple(got.shape) != tuple(expected.shape):
+        return ""
+    if torch.equal(got, ~expected):
         return (
-            "\n   NaN where attention is allowed: 0 × -inf is NaN, so multiplying by -inf cannot"
-            " build the mask; fill the blocked entries instead (masked_fill or torch.where)."
+            "\n   Every entry is inverted: nn.MultiheadAttention reads a boolean attn_mask as"
+            " True = blocked, the package as True = may attend."
+        )
+    if torch.equal(got, _head_major(**case)) or torch.equal(got, ~_head_major(**case)):
+        return (
+            "\n   The rows are in head-major order (what .repeat gives: the whole batch once per"
+            " head). PyTorch reads row b * num_heads + h as head h of sequence b: repeat each"
+            " sequence's mask num_heads times in a row (repeat_interleave, or expand + reshape)."
         )
     return ""
+
+
+def check_mha_attn_mask(
+    mha_attn_mask: Callable[[Tensor, int], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``mha_attn_mask(mask, num_heads)``: a boolean package mask ``(batch, 1 or
+    num_heads, q_len, k_len)``, ``True`` = may attend → boolean ``(batch * num_heads, q_len,
+    k_len)``, ``True`` = blocked, row ``b * num_heads + h`` for head ``h`` of sequence ``b``; an
+    answer that calls :mod:`companion.interop` or :mod:`companion.masking` is refused."""
+    return _run(
+        "mha_attn_mask",
+        _returning(
+            "bool",
+            "mha_attn_mask",
+            _by_hand(mha_attn_mask, "attn_mask"),
+            convention="True = blocked",
+        ),
+        reference_mha_attn_mask,
+        _mha_cases(),
+        verbose=verbose,
+        hint=_mha_hint,
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -685,7 +739,7 @@ def check_first_leak(
     feature of sequence 1 only (missed by output feature 0 alone and by the mean change), a
     leak that sums to zero over the batch (missed by batch-summed outputs), and leaks that a
     positive rescale, an added constant, a negation or a replacement by zeros cannot reveal."""
-    return run_check(
+    return _run(
         "first_leak",
         first_leak,
         reference_first_leak,
