@@ -8,7 +8,10 @@ the run), for ``--steps`` steps (1,800 by default, about three times the chapter
 scores it exactly as the chapter does (the ``test_2016_flickr`` split masked three times with
 seed 1, accuracy at the positions that show ``<mask>``), and writes
 ``companion/results/ch10_bert_longer.json``, which the chapter reads to show whether the
-count model's lead is a matter of the training budget.
+count model's lead is a matter of the training budget. The file keeps the hit (1) or miss (0)
+at every scored position, in the chapter's order, so that the chapter can compare the two
+models position by position (a paired standard error), and a SHA-256 of the hidden words at
+those positions, so that it can check that the positions are its own.
 
 Usage: ``python benchmarks/ch10_bert_longer.py [--steps 1800] [--data-root PATH]``.
 """
@@ -16,6 +19,7 @@ Usage: ``python benchmarks/ch10_bert_longer.py [--steps 1800] [--data-root PATH]
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -85,21 +89,24 @@ def main() -> None:
     bert.eval()
     seconds = time.process_time() - start
 
-    draws, hits, total = torch.Generator().manual_seed(1), 0, 0  # the chapter's test maskings
+    draws, right, hidden = torch.Generator().manual_seed(1), [], []  # the chapter's test maskings
     with torch.no_grad():
         for _ in range(3):
             for batch in data.batches(TEST, 4096):
                 inputs, targets, _ = masking(batch, draws)
                 at_mask = (targets != PAD_ID) & (inputs == mask_id)  # (batch, seq_len)
                 guess = bert.mlm_head(bert(inputs)[at_mask]).argmax(dim=-1)  # (masked,)
-                hits += int((guess == targets[at_mask]).sum())
-                total += int(at_mask.sum())
+                right += (guess == targets[at_mask]).tolist()  # in the order of at_mask.nonzero()
+                hidden += targets[at_mask].tolist()
+    hits, total = sum(right), len(right)
     record = {
         "what": "chapter 10's BERT (section 10.4) trained for `steps` steps instead of 600",
         "steps": steps,
         "epochs_started": epoch,
         "test_mask_accuracy": hits / total,
         "test_masked_positions": total,
+        "test_hits": "".join("1" if r else "0" for r in right),
+        "test_hidden_words_sha256": hashlib.sha256(",".join(map(str, hidden)).encode()).hexdigest(),
         "train_cpu_seconds": seconds,
         "torch": torch.__version__,
         "machine": platform.machine(),
