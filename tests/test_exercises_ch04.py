@@ -431,12 +431,53 @@ def test_rope_rotate_rejects_the_matrix_route_the_chapter_shows(matrix_route):
     x, positions = torch.randn(3, 7, 8, generator=g), torch.tensor([3, 0, 7, 7, 40, 1, 2])
     torch.testing.assert_close(matrix_route(x, positions), ch04.reference_rope_rotate(x, positions))
     result = ch04.check_rope_rotate(matrix_route, verbose=False)
-    assert not result and "d_k × d_k matrix" in result.message, result.message
+    assert not result and "d_k × d_k rotation matrix" in result.message, result.message
+
+
+def rope_cache_full_width(x, positions):
+    """Right (the GPT-NeoX / Hugging Face way): cos/sin tables for positions 0..max(positions),
+    full width (repeat_interleave), gathered by position, then x·cos + (-b, a)·sin."""
+    d_k = x.shape[-1]
+    omega = 10000 ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    angles = torch.arange(int(positions.max()) + 1, dtype=torch.float64)[:, None] * omega
+    cos = angles.cos().repeat_interleave(2, -1).to(x.dtype)[positions]  # (seq_len, d_k)
+    sin = angles.sin().repeat_interleave(2, -1).to(x.dtype)[positions]
+    rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)  # (-b, a)
+    return x * cos + rotated * sin
+
+
+def rope_cache_square(x, positions):
+    """Right: a cache of exactly d_k positions (a d_k × d_k table, unsqueezed as in Hugging
+    Face's code), gathered by position; positions beyond it wrap into a second table."""
+    d_k = x.shape[-1]
+    omega = 10000 ** (-torch.arange(0, d_k, 2, dtype=torch.float64) / d_k)
+    rows = torch.arange(d_k, dtype=torch.float64)[:, None]  # a d_k-row cache: (d_k, d_k) tables
+    cos_cache = (rows * omega).cos().repeat_interleave(2, -1)[None, None]  # (1, 1, d_k, d_k)
+    sin_cache = (rows * omega).sin().repeat_interleave(2, -1)[None, None]
+    angles = positions.double()[:, None] * omega  # any position: computed directly
+    cos = angles.cos().repeat_interleave(2, -1).to(x.dtype)
+    sin = angles.sin().repeat_interleave(2, -1).to(x.dtype)
+    inside = positions < d_k
+    cos[inside] = cos_cache[0, 0, positions[inside]].to(x.dtype)
+    sin[inside] = sin_cache[0, 0, positions[inside]].to(x.dtype)
+    rotated = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+    return x * cos + rotated * sin
+
+
+@pytest.mark.parametrize("cached", [rope_cache_full_width, rope_cache_square])
+def test_rope_rotate_accepts_a_cos_sin_cache_of_any_shape(cached):
+    """A (d_k, d_k) table of cosines and sines is not section 4.5's R_i: only a matrix product
+    with a d_k × d_k operand, block_diag or complex numbers are refused."""
+    result = ch04.check_rope_rotate(cached, verbose=False)
+    assert result, result.message
 
 
 def test_rope_cases_never_have_seq_len_equal_to_d_k():
-    """The (d_k, d_k) watch must not flag a right answer's own (seq_len, d_k) tensors."""
-    assert all(case["x"].shape[-2] != case["x"].shape[-1] for case in ch04._rope_cases())
+    """Neither a right answer's (seq_len, d_k) tensors nor a cos/sin table for positions
+    0..max(positions) is d_k × d_k in any case."""
+    for case in ch04._rope_cases():
+        seq_len, d_k = case["x"].shape[-2:]
+        assert seq_len != d_k and int(case["positions"].max()) + 1 != d_k
 
 
 def test_rope_rotate_rejects_companion_rotary_embedding():
@@ -975,6 +1016,7 @@ def test_relative_test_accepts_correct(correct):
         relative_same_start,
         relative_shapes_only,
         relative_tolerance(1e-2),  # misses the faint codes
+        relative_tolerance(1e-3),  # misses the faint parity code (100 times "about 1e-5")
         relative_tolerance(1e-5, (2, 4, 100, 1000)),  # even starts only: misses the parity code
         relative_tolerance(1e-5, (1, 2, 3)),  # near starts only: misses the slow code
         relative_tolerance(1e-5, (1,)),
@@ -1045,6 +1087,37 @@ def test_relative_test_names_a_too_strict_comparison(too_strict):
     assert "rejected attention with RoPE (relative)" in result.message
     assert "do NOT depend on the start" in result.message
     assert "float32 rounding" in result.message and "atol=1e-5" in result.message
+
+
+def relative_norm(layer, x):
+    """Right: the norm of the move below 1e-4 of the outputs' norm."""
+    out = layer(x, 0)
+    return all((layer(x, s) - out).norm() < 1e-4 * out.norm() for s in STARTS)
+
+
+def relative_to_largest(layer, x):
+    """Right: every entry within 1e-4 of the largest output."""
+    out = layer(x, 0)
+    return all((layer(x, s) - out).abs().max() < 1e-4 * out.abs().max() for s in STARTS)
+
+
+@pytest.mark.parametrize("correct", [relative_norm, relative_to_largest])
+def test_relative_test_accepts_relative_tolerances(correct):
+    assert ch04.check_shift_invariant(correct, verbose=False)
+
+
+def test_relative_test_rejects_a_tolerance_of_1e_3():
+    """The statement asks for about 1e-5; a tolerance of 1e-3 misses the faint parity code."""
+    result = ch04.check_shift_invariant(relative_tolerance(1e-3), verbose=False)
+    assert not result and "faint period-2 code" in result.message, result.message
+    assert "stricter tolerance" in result.message
+    cases = {repr(case["layer"]): case for case in ch04._relative_cases()}
+    faint = next(case for name, case in cases.items() if "faint period-2" in name)
+    with torch.no_grad():
+        out = faint["layer"](faint["x"], 0)
+        move = (faint["layer"](faint["x"], 1) - out).abs().max().item()
+        assert 2e-4 * out.abs().max() < move < 1e-3, move  # caught at "about 1e-5", missed at 1e-3
+        assert torch.equal(faint["layer"](faint["x"], 2), out)  # even starts: exactly the same
 
 
 def test_relative_test_explains_a_missed_dependence():
