@@ -16,6 +16,129 @@ from companion.masking import sliding_window_mask
 from companion.positional import RotaryEmbedding, sinusoidal_frequencies
 
 # --------------------------------------------------------------------------------------------
+# kv_cache_bytes
+# --------------------------------------------------------------------------------------------
+
+
+def cache_by_formula(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    head_dim = d_model // num_heads
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize * batch * seq_len
+
+
+def cache_by_allocation(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    # build one layer's key tensor (batch, g, n, head_dim) as a cache would, count its bytes
+    key = torch.empty(batch, num_kv_heads, seq_len, d_model // num_heads, dtype=dtype)
+    return torch.tensor(2 * num_layers * key.nbytes)  # a 0-dim tensor is accepted too
+
+
+def cache_without_the_2(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    return (
+        cache_by_formula(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len) // 2
+    )
+
+
+def cache_in_numbers(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    head_dim = d_model // num_heads
+    return 2 * num_layers * num_kv_heads * head_dim * batch * seq_len
+
+
+def cache_in_bits(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    return 8 * cache_by_formula(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len)
+
+
+def cache_of_one_layer(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    return cache_by_formula(1, d_model, num_heads, num_kv_heads, dtype, batch, seq_len)
+
+
+def cache_of_every_query_head(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    return cache_by_formula(num_layers, d_model, num_heads, num_heads, dtype, batch, seq_len)
+
+
+def cache_head_dim_from_kv_heads(
+    num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len
+):
+    head_dim = d_model // num_kv_heads  # the slip: d_model split over the key/value heads
+    return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize * batch * seq_len
+
+
+def cache_of_one_sequence(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    return cache_by_formula(num_layers, d_model, num_heads, num_kv_heads, dtype, 1, seq_len)
+
+
+def cache_in_gib(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    return (
+        cache_by_formula(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len)
+        / 2**30
+    )
+
+
+def cache_p_always_2(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    head_dim = d_model // num_heads  # bfloat16 assumed whatever the dtype
+    return 2 * num_layers * num_kv_heads * head_dim * 2 * batch * seq_len
+
+
+def test_kv_cache_bytes_accepts_correct():
+    for fn in [ch09.reference_kv_cache_bytes, cache_by_formula, cache_by_allocation]:
+        assert ch09.check_kv_cache_bytes(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (cache_without_the_2, "a key AND a value"),
+        (cache_in_numbers, "numbers, not bytes"),
+        (cache_in_bits, "bits, not bytes"),
+        (cache_of_one_layer, "one layer's cache"),
+        (cache_of_every_query_head, "per query head"),
+        (cache_head_dim_from_kv_heads, "per query head"),
+        (cache_of_one_sequence, "one sequence's cache"),
+        (cache_in_gib, None),
+        (cache_p_always_2, None),
+    ],
+)
+def test_kv_cache_bytes_rejects_the_classic_slips(wrong, hint):
+    result = ch09.check_kv_cache_bytes(wrong, verbose=False)
+    assert not result, wrong.__name__
+    assert "case 1 is wrong" in result.message, result.message  # the first case catches each
+    if hint is not None:
+        assert hint in result.message, result.message
+
+
+def test_kv_cache_bytes_first_case_separates_the_slips():
+    case = ch09._cache_cases()[0]
+    answers = {
+        fn(**case)
+        for fn in (
+            cache_by_formula,
+            cache_without_the_2,
+            cache_in_numbers,
+            cache_in_bits,
+            cache_of_one_layer,
+            cache_of_every_query_head,
+            cache_of_one_sequence,
+        )
+    }
+    assert len(answers) == 7, answers
+
+
+def test_kv_cache_bytes_matches_the_chapter_table():
+    # LLaMA 2 70B (GQA) in bfloat16: 320 KiB per token (section 9.1)
+    per_token = ch09.reference_kv_cache_bytes(80, 8192, 64, 8, torch.bfloat16, 1, 1)
+    assert per_token == 320 * 2**10
+
+
+def test_kv_cache_bytes_stub_and_wrong_type_are_reported():
+    def stub(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+        raise NotImplementedError
+
+    def as_text(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+        return "98560"
+
+    assert not ch09.check_kv_cache_bytes(stub, verbose=False)
+    assert "number of bytes" in ch09.check_kv_cache_bytes(as_text, verbose=False).message
+
+
+# --------------------------------------------------------------------------------------------
 # mean_pool_kv_heads
 # --------------------------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ so keep the parameter names of the stub in the notebook.
 ==============================================  ===================================
 exercise                                        check
 ==============================================  ===================================
+the key/value cache of a batch, in bytes        :func:`check_kv_cache_bytes`
 MHA → GQA: mean-pool the key/value heads        :func:`check_mean_pool_kv_heads`
 merge two partial attentions by their lse       :func:`check_merge_partial_attention`
 a test: does a score depend only on ``i − j``?  :func:`check_is_relative`
@@ -34,6 +35,7 @@ from companion.exercises._checker import Case, CheckResult, report, run_check, s
 from companion.positional import RotaryEmbedding, sinusoidal_frequencies, sinusoidal_table
 
 __all__ = [
+    "check_kv_cache_bytes",
     "check_mean_pool_kv_heads",
     "check_merge_partial_attention",
     "check_is_relative",
@@ -67,7 +69,105 @@ def _returning(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: turn multi-head attention into grouped-query attention (uptraining's first step)
+# Exercise 1: the key/value cache of a batch, in bytes
+# --------------------------------------------------------------------------------------------
+
+
+def reference_kv_cache_bytes(
+    num_layers: int,
+    d_model: int,
+    num_heads: int,
+    num_kv_heads: int,
+    dtype: torch.dtype,
+    batch: int,
+    seq_len: int,
+) -> int:
+    """Bytes of the key/value cache of a decoder-only model holding ``batch`` sequences of
+    ``seq_len`` tokens: every layer stores a key and a value (the 2) for each of its
+    ``num_kv_heads`` key/value heads of ``head_dim = d_model / num_heads`` numbers, each number
+    ``dtype.itemsize`` bytes: ``2 · N · g · head_dim · p`` bytes per token and sequence.
+
+    Args:
+        num_layers: number of decoder layers ``N``.
+        d_model: model width; ``num_heads`` query heads of ``d_model / num_heads`` each.
+        num_heads: number of query heads ``h``.
+        num_kv_heads: number of key/value heads ``g`` (``h``: multi-head attention, ``1``:
+            multi-query attention).
+        dtype: the cache's dtype (``torch.bfloat16``: 2 bytes a number).
+        batch: number of sequences.
+        seq_len: tokens cached per sequence.
+
+    Returns:
+        The cache's size in bytes, an ``int``.
+    """
+    head_dim = d_model // num_heads
+    per_token = 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+    return per_token * batch * seq_len
+
+
+def _cache_cases() -> list[Case]:
+    configs = [
+        # (num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len); in the first
+        # every classic slip gives a different wrong number (ratios 1/2, 1/4, 1/5, 3, 1/7, 8)
+        (5, 96, 12, 4, torch.float32, 7, 11),
+        (3, 64, 8, 2, torch.bfloat16, 5, 13),  # grouped-query attention in bfloat16
+        (2, 48, 6, 6, torch.float16, 3, 9),  # multi-head attention: g = h
+        (4, 80, 10, 1, torch.float64, 2, 17),  # multi-query attention, 8-byte numbers
+        (80, 8192, 64, 8, torch.bfloat16, 16, 8192),  # Llama 3 70B's attention, 16 × 8k tokens
+    ]
+    keys = ("num_layers", "d_model", "num_heads", "num_kv_heads", "dtype", "batch", "seq_len")
+    return [dict(zip(keys, config)) for config in configs]
+
+
+def _cache_hint(case: Case, got: object) -> str:
+    """Name the classic slip whose answer ``got`` equals, if any."""
+    expected = reference_kv_cache_bytes(**case)
+    itemsize, layers = case["dtype"].itemsize, case["num_layers"]
+    heads_ratio = case["num_heads"] // case["num_kv_heads"]
+    slips = [
+        (expected / 2, "you count one tensor per layer: the cache holds a key AND a value (the 2)"),
+        (expected / itemsize, f"this counts numbers, not bytes: each {case['dtype']} number takes {itemsize} bytes"),
+        (expected * 8, "this counts bits, not bytes"),
+        (expected / layers, f"this is one layer's cache: the model has {layers} layers"),
+        (expected * heads_ratio, "this caches a key and a value per query head: only the "
+         f"{case['num_kv_heads']} key/value heads are stored, and head_dim = d_model / num_heads"),
+        (expected / case["batch"], "this is one sequence's cache: the batch holds "
+         f"{case['batch']}"),
+    ]  # fmt: skip
+    hints = [why for value, why in slips if value != expected and got == value]
+    return f"\n   hint: {' or '.join(hints)}." if hints else ""
+
+
+def check_kv_cache_bytes(kv_cache_bytes: Callable[..., int], verbose: bool = True) -> CheckResult:
+    """Check ``kv_cache_bytes(num_layers, d_model, num_heads, num_kv_heads, dtype, batch,
+    seq_len)``: the bytes of the key/value cache of ``batch`` sequences of ``seq_len`` tokens,
+    exactly. The first case is chosen so that forgetting the 2 (key and value), counting numbers
+    instead of bytes, counting one layer, caching every query head or one sequence each give a
+    different wrong number, and a wrong answer that equals one of them is named."""
+
+    @functools.wraps(kv_cache_bytes)
+    def as_number(**kwargs: object) -> float:
+        result = kv_cache_bytes(**kwargs)
+        if isinstance(result, Tensor) and result.numel() == 1:
+            result = result.item()
+        if isinstance(result, bool) or not isinstance(result, (int, float)):
+            raise TypeError(f"kv_cache_bytes must return a number of bytes, got {result!r}")
+        return result
+
+    return run_check(
+        "kv_cache_bytes",
+        as_number,
+        reference_kv_cache_bytes,
+        _cache_cases(),
+        atol=0.0,
+        rtol=0.0,
+        verbose=verbose,
+        hint=_cache_hint,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: turn multi-head attention into grouped-query attention (uptraining's first step)
 # --------------------------------------------------------------------------------------------
 
 
@@ -161,7 +261,7 @@ def check_mean_pool_kv_heads(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: merge the attention over two disjoint sets of keys
+# Exercise 3: merge the attention over two disjoint sets of keys
 # --------------------------------------------------------------------------------------------
 
 
@@ -281,7 +381,7 @@ def check_merge_partial_attention(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: a property test - does the score depend on the positions only through i - j?
+# Exercise 4: a property test - does the score depend on the positions only through i - j?
 # --------------------------------------------------------------------------------------------
 
 #: Positions a score function of this exercise accepts: ``0 <= i, j < MAX_POSITION``.
@@ -576,7 +676,7 @@ def check_is_relative(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: Longformer's dilated sliding window
+# Exercise 5: Longformer's dilated sliding window
 # --------------------------------------------------------------------------------------------
 
 
@@ -641,7 +741,7 @@ def check_dilated_window_mask(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: RoPE with NTK-aware scaling
+# Exercise 6: RoPE with NTK-aware scaling
 # --------------------------------------------------------------------------------------------
 
 
