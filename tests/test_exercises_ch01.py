@@ -1105,3 +1105,71 @@ def test_equivariance_test_without_a_swap_is_told_to_try_one():
     result = ch01.check_is_permutation_equivariant(equivariance_test_reversal_only, verbose=False)
     assert not result
     assert "the swap of two tokens" in result.message, result.message
+
+
+# --------------------------------------------------------------------------------------------
+# is_permutation_equivariant: the message says what the test's own reorderings missed
+# --------------------------------------------------------------------------------------------
+
+
+def _three_cycle(n):
+    """An even reordering of n >= 3 tokens: the first three turn by one place."""
+    perm = torch.arange(n)
+    perm[:3] = torch.roll(perm[:3], 1)
+    return perm
+
+
+def test_equivariance_identity_only_on_two_tokens_is_told_so():
+    """A test whose reorderings of a two-token case are all the identity (what k random draws
+    do with probability 2^-k) is told exactly that, not to try a swap it may already try."""
+    test = _equivariant_under(
+        lambda n: [torch.arange(n)] if n == 2 else [_swap(n, i, i + 1) for i in range(n - 1)]
+    )
+    result = ch01.check_is_permutation_equivariant(test, verbose=False)
+    assert not result and "(2 tokens)" in result.message, result.message
+    assert "all your permutations were the identity" in result.message, result.message
+    assert "2 tokens is the identity half the time" in result.message, result.message
+    assert "moves something" in result.message, result.message
+    assert "already swaps" not in result.message, result.message
+
+
+def test_equivariance_random_draws_that_miss_are_told_why():
+    """Whichever case a test of k unseeded draws misses, the message names what its own draws
+    did there: all the identity, or none of them changed that layer (the parity layer: all
+    even). A random-only test is never told it 'already swaps two tokens' on an even miss."""
+    failed = 0
+    for k in range(1, 9):
+        result = ch01.check_is_permutation_equivariant(_k_random_draws(k), verbose=False)
+        if result:
+            continue
+        failed += 1
+        message = result.message
+        if "(2 tokens)" in message:
+            assert "2 tokens is the identity half the time" in message, (k, message)
+        else:
+            assert "were the identity" in message or "outputs" in message, (k, message)
+        if "all of them even" in message:
+            assert "already swaps" not in message, (k, message)
+    assert failed >= 4, f"expected most of k = 1..8 to fail, {failed} did"
+
+
+def test_equivariance_even_reorderings_only_are_told_so():
+    test = _equivariant_under(lambda n: [_three_cycle(n)] if n > 2 else [_swap(2, 0, 1)])
+    result = ch01.check_is_permutation_equivariant(test, verbose=False)
+    assert not result
+    assert "does not change this layer's outputs (an even one)" in result.message, result.message
+    assert "already swaps" not in result.message, result.message
+
+
+def test_equivariance_any_instead_of_all_is_told_so():
+    """A test that returns True when one comparison holds (any, not all) sees a reordering that
+    changes the outputs and still accepts: the message says so."""
+
+    def any_test(layer, x):
+        out = layer(x)
+        perms = [_swap(x.shape[0], 0, x.shape[0] - 1), torch.arange(x.shape[0])]
+        return any(torch.allclose(layer(x[p]), out[p], atol=1e-5) for p in perms)
+
+    result = ch01.check_is_permutation_equivariant(any_test, verbose=False)
+    assert not result and "yet it returned True" in result.message, result.message
+    assert "all, not any" in result.message, result.message

@@ -740,41 +740,97 @@ def _ignores_row_order(test: Callable[[Callable[[Tensor], Tensor], Tensor], obje
     return verdict(order_blind) is True and verdict(positioned) is False
 
 
-def _tries_a_swap(test: Callable[[Callable[[Tensor], Tensor], Tensor], object]) -> bool:
-    """Does the reader's test already hand the layer a reordering that swaps two tokens only?
-
-    It runs the test on an identity layer that records its inputs, six different tokens, and
-    looks for an input whose rows are those tokens with exactly two of them exchanged.
-    """
-    x = torch.arange(24, dtype=torch.float32).reshape(6, 4)  # row i starts with 4 i
-    seen: list[Tensor] = []
-
-    def record(t: Tensor) -> Tensor:
-        seen.append(t.detach().clone())
-        return t.clone()
-
-    try:
-        test(NamedLayer("identity", record), x.clone())
-    except Exception:  # noqa: BLE001 - the reader's code: any failure means "no swap seen"
-        return False
-    for t in seen:
+def _tried_permutations(inputs: list[Tensor], x: Tensor) -> list[Tensor] | None:
+    """The reorderings of ``x (seq_len, d)`` that the reader's test handed the layer, each a
+    ``(seq_len,)`` index tensor (``x[perm]`` is that input), read from the layer's recorded
+    ``inputs``; ``None`` when an input is not ``x`` with its rows reordered (features shuffled,
+    noise added) or the layer was never called, so the reorderings tried are unknown."""
+    if not inputs:
+        return None
+    perms = []
+    for t in inputs:
         if t.shape != x.shape:
-            continue
-        rows = (t[:, 0] / 4).round().long()  # which token each row holds
-        if ((rows < 0) | (rows > 5)).any() or not torch.equal(x[rows], t):
-            continue
-        if int((rows != torch.arange(6)).sum()) == 2:
-            return True
-    return False
+            return None
+        # (seq_len, seq_len): row r of t is row j of x
+        same = (t[:, None, :] == x[None, :, :]).all(dim=-1)
+        if not same.any(dim=-1).all():
+            return None
+        perms.append(same.float().argmax(dim=-1))  # (seq_len,): the first matching row of x
+    return perms
+
+
+def _is_transposition(perm: Tensor) -> bool:
+    """Does ``perm (seq_len,)`` exchange exactly two tokens?"""
+    return int((perm != torch.arange(perm.shape[0])).sum()) == 2
+
+
+def _is_even(perm: Tensor) -> bool:
+    """Is ``perm (seq_len,)`` an even permutation (an even number of swaps)?"""
+    return bool(_order_parity_sign(perm.float()) > 0)
+
+
+def _reorderings_hint(layer: Callable[[Tensor], Tensor], x: Tensor, perms: list[Tensor]) -> str:
+    """What the reorderings the reader's test tried on this case (``perms``, none the identity)
+    missed: the hint of a test that accepted a layer that is not equivariant."""
+    output = layer(x)  # (seq_len, d_out)
+    changes = [(layer(x[perm]) - output[perm]).abs().max().item() for perm in perms]
+    tried = f"Your test tried {len(perms)} reordering{'s' if len(perms) > 1 else ''} here"
+    none = "none of them changes" if len(perms) > 1 else "it does not change"
+    if max(changes) > 0.1:
+        return (
+            f" {tried}, and one of them changes the outputs by {max(changes):.1e}, yet it "
+            "returned True: does it return False as soon as one comparison fails (all, not any)?"
+        )
+    if max(changes) > 1e-4:
+        return (
+            f" {tried}; the largest change they make, {max(changes):.1e}, is not rounding: "
+            "your tolerance is too loose"
+        )
+    kinds = ""
+    if all(_is_even(perm) for perm in perms):
+        kinds = (
+            " (all of them even: an even number of swaps)" if len(perms) > 1 else " (an even one)"
+        )
+    if any(_is_transposition(perm) for perm in perms):
+        return (
+            f" {tried}, and {none} this layer's outputs{kinds}. Your test already "
+            "swaps two tokens: try more reorderings, such as random permutations"
+        )
+    return (
+        f" {tried}, and {none} this layer's outputs{kinds}. Try more reorderings: "
+        "the swap of two tokens, and random permutations"
+    )
+
+
+def _identity_only_hint(seq_len: int) -> str:
+    """The hint of a test whose every reordering of this case was the identity."""
+    if seq_len > 3:  # not bad luck (1/24 or less per draw): a test that stops too early, say
+        return (
+            " On this case all your permutations were the identity. Include a permutation that "
+            "moves something; if your test stops early, it must stop at the first comparison "
+            "that fails (all, not any)"
+        )
+    chance = "half the time" if seq_len == 2 else "one time in 6"
+    return (
+        f" On this case all your permutations were the identity: a random permutation of "
+        f"{seq_len} tokens is the identity {chance}. Include a permutation that moves "
+        "something (such as the swap of two tokens)"
+    )
 
 
 def _equivariance_verdict_problem(
-    got: object, expected: bool, case: Case, test: Callable[..., object] | None = None
+    got: object,
+    expected: bool,
+    case: Case,
+    test: Callable[..., object] | None = None,
+    inputs: list[Tensor] | None = None,
 ) -> str | None:
     """Why the reader's verdict ``got`` on ``case`` is wrong, or ``None`` when it is right.
 
     ``test`` (the reader's function) is probed on the identity layer when it rejects an
-    equivariant layer, to tell a wrong comparison from a too strict tolerance."""
+    equivariant layer, to tell a wrong comparison from a too strict tolerance. ``inputs`` are
+    what the test handed the layer on this case: when it accepts a layer that is not
+    equivariant, they say which reorderings it tried (all the identity, say)."""
     layer, x = case["layer"], case["x"]
     if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
         got = bool(got)
@@ -802,17 +858,20 @@ def _equivariance_verdict_problem(
             "(exact equality, and torch.allclose with its default atol=1e-8, reject rounding): "
             "compare with a tolerance such as atol=1e-5"
         )
-    if test is not None and _ignores_row_order(test):
+    perms = _tried_permutations(inputs or [], x)  # None: not known
+    identity = torch.arange(x.shape[0])  # (seq_len,)
+    moved = None if perms is None else [p for p in perms if not torch.equal(p, identity)]
+    if moved == []:
+        hint = _identity_only_hint(x.shape[0])
+    elif test is not None and _ignores_row_order(test):
         hint = (
             " Your comparison ignores which output row is which (sorted outputs, say): "
             "compare layer(x[perm]) with layer(x)[perm] row by row"
         )
     elif gap < 0.1:
         hint = " Your test needs a stricter tolerance (differences this small are not rounding)"
-    elif test is not None and _tries_a_swap(test):
-        hint = (
-            " Your test already swaps two tokens: try more reorderings, such as random permutations"
-        )
+    elif moved:
+        hint = _reorderings_hint(layer, x, moved)
     else:
         hint = " Try more reorderings: the swap of two tokens, and random permutations"
     return (
@@ -834,13 +893,26 @@ def check_is_permutation_equivariant(
     circular convolution), and compares its verdicts with the reference test. A wrong verdict
     is explained: a rejected equivariant layer with the size of its float32 rounding (the
     trap of exact equality and of ``torch.allclose``'s default tolerance), an accepted
-    non-equivariant one with the size of the difference it missed. PyTorch's global generator is
+    non-equivariant one with the size of the difference it missed and what the test's own
+    reorderings of that case were (all the identity, say, or all even). PyTorch's global generator is
     seeded while the check runs (and given back afterwards), so a test that draws unseeded
     permutations gets the same verdict on every call.
     """
     name = "is_permutation_equivariant"
     _check_callable("the function to check", is_permutation_equivariant)
     cases = _equivariance_cases()
+    inputs: list[Tensor] = []  # what the reader's test hands the layer, on the current case
+
+    def arguments(case: Case) -> dict[str, object]:
+        layer = case["layer"]
+        inputs.clear()
+
+        def recorded(t: Tensor) -> Tensor:
+            inputs.append(t.detach().clone())
+            return layer(t)
+
+        return {"layer": NamedLayer(layer.name, recorded), "x": case["x"].clone()}
+
     # A test may draw its permutations from PyTorch's global generator (torch.randperm without
     # a generator). Seeding it here makes the verdict the same on every call for the same test;
     # fork_rng gives the caller's generator back untouched afterwards.
@@ -850,12 +922,13 @@ def check_is_permutation_equivariant(
             name,
             is_permutation_equivariant,
             cases,
-            lambda case: {"layer": case["layer"], "x": case["x"].clone()},
+            arguments,
             lambda got, case: _equivariance_verdict_problem(
                 got,
                 reference_is_permutation_equivariant(case["layer"], case["x"].clone()),
                 case,
                 is_permutation_equivariant,
+                list(inputs),
             ),
             what="layers",
             verbose=verbose,
