@@ -1,7 +1,7 @@
 """Chapter 11 exercise checks: the fixed versions pass, the bugs of the clinic are rejected (heads
-split without a transpose or transposed first, the scale after the softmax or by d_k, a
-discarded masked_fill, a mask filled with 0, an inverted mask, no softmax or one over the queries,
-the doubled positional exponent, a float64 table, the blog's greedy loop, its partial fixes, a
+split without a transpose or transposed first, the classic wrong rules for how far a shifted
+causal mask leaks, the classic wrong predictions of which findings three patients fail,
+the blog's greedy loop, its partial fixes, a
 loop without the source mask or one that keeps <bos>, wrong names for the mystery
 patients, and batch-independence tests that reverse the batch only, watch one row, the first
 two rows or the last position, compare exactly or too loosely)."""
@@ -16,7 +16,6 @@ import torch
 from companion import clinic
 from companion.clinic import registry
 from companion.exercises import ch11
-from companion.positional import sinusoidal_table
 
 # --------------------------------------------------------------------------------------------
 # split_heads
@@ -75,145 +74,105 @@ def test_split_heads_reference_is_the_clinic_split():
 
 
 # --------------------------------------------------------------------------------------------
-# attention
+# leak reach (exercise 3): a prediction, checked against clinic.causal_leak
 # --------------------------------------------------------------------------------------------
 
-
-def attention_parts(q, k, v, mask, *, scale="sqrt", keep_mask=True, softmax=True, after=False):
-    d_k = q.shape[-1]
-    scores = q @ k.transpose(-2, -1)
-    if not after:
-        scores = scores / (math.sqrt(d_k) if scale == "sqrt" else d_k)
-    if mask is not None:
-        if keep_mask:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1) if softmax else scores.masked_fill(scores.isinf(), 0)
-    if after:
-        weights = weights / math.sqrt(d_k)
-    return weights @ v
+RIGHT_REACH = {(3, 1): 3, (2, 2): 4, (1, 3): 3}  # N layers times the diagonal k
 
 
-def test_attention_accepts_correct():
-    assert ch11.check_attention(ch11.reference_attention, verbose=False)
-    assert ch11.check_attention(attention_parts, verbose=False)
+def test_leak_reach_measured_is_layers_times_diagonal():
+    for (layers, diagonal), reach in RIGHT_REACH.items():
+        assert ch11.measured_reach(layers, diagonal) == layers * diagonal == reach
+    assert ch11.measured_reach(2, 0) == 0  # the healthy mask: no leak
 
 
-def test_attention_refuses_the_fused_call(capsys):
-    """One call to F.scaled_dot_product_attention scales and masks inside: it would pass without
-    fixing either bug, so the check refuses it and says why."""
-
-    def fused(q, k, v, mask):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-    assert not ch11.check_attention(fused)
-    assert "scaled_dot_product_attention" in capsys.readouterr().out
+def test_leak_reach_accepts_the_right_reaches(capsys):
+    assert ch11.check_leak_reach(RIGHT_REACH)
+    assert "✅" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
-    "options",
+    "rule",
     [
-        {"after": True},  # bug 7a
-        {"scale": "d_k"},  # bug 7b
-        {"keep_mask": False},  # bug 12
-        {"softmax": False},  # bug 13
-        {"keep_mask": False, "after": True},  # the notebook's stub
+        lambda n, k: k,  # one layer's reach
+        lambda n, k: n,  # the layers only
+        lambda n, k: n + k - 1,  # one more per layer after the first
+        lambda n, k: k**n,
+        lambda n, k: 12,  # every later token
+        lambda n, k: n * k + 1,
     ],
-    ids=["after-softmax", "by-d_k", "discarded-mask", "no-softmax", "stub"],
 )
-def test_attention_rejects_wrong(options):
-    assert not ch11.check_attention(
-        lambda q, k, v, mask: attention_parts(q, k, v, mask, **options), verbose=False
+def test_leak_reach_rejects_the_classic_wrong_rules(rule, capsys):
+    answers = {(n, k): rule(n, k) for n, k in ch11.LEAK_CASES}
+    assert not ch11.check_leak_reach(answers)
+    out = capsys.readouterr().out
+    assert "❌" in out and "not " in out
+    for reach in set(RIGHT_REACH.values()) - set(answers.values()):
+        assert f" {reach} " not in out.split(": not")[-1]  # the hint does not give the reach
+
+
+def test_leak_reach_stub_and_bad_input(capsys):
+    assert not ch11.check_leak_reach({})
+    assert "not attempted yet" in capsys.readouterr().out
+    assert not ch11.check_leak_reach({**RIGHT_REACH, (2, 2): "4"})
+    assert "must be an int" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="must be a dict"):
+        ch11.check_leak_reach([3, 4, 3])
+
+
+# --------------------------------------------------------------------------------------------
+# predictions (exercise 4): which findings three new patients fail
+# --------------------------------------------------------------------------------------------
+
+RIGHT_PREDICTIONS = {
+    "padding mask inverted": {"causal leak", "padding invariance"},
+    "loss over every position": {"loss ignores padding"},
+    "embedding not scaled": set(),
+}
+
+
+def test_predictions_truth_is_what_examine_finds():
+    assert {name: ch11.failed_findings(name) for name in ch11.PREDICT_PATIENTS} == RIGHT_PREDICTIONS
+    assert set(ch11.FINDINGS) == {f.test for f in clinic.examine(clinic.admit(None))}
+
+
+def test_predictions_accept_the_right_sets_in_any_case(capsys):
+    assert ch11.check_predictions(RIGHT_PREDICTIONS)
+    assert ch11.check_predictions(
+        {**RIGHT_PREDICTIONS, "padding mask inverted": ["Causal Leak", "padding  invariance"]}
     )
-
-
-def test_attention_rejects_a_mask_filled_with_zero():
-    def zero_filled(q, k, v, mask):  # masked scores set to 0, not -inf: the keys keep weight
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        if mask is not None:
-            scores = scores.masked_fill(~mask, 0.0)
-        return torch.softmax(scores, dim=-1) @ v
-
-    assert not ch11.check_attention(zero_filled, verbose=False)
-
-
-def test_attention_rejects_the_softmax_over_the_queries():
-    def over_queries(q, k, v, mask):  # dim=-2: each key's weights sum to 1, not each query's
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores, dim=-2).nan_to_num() @ v
-
-    assert not ch11.check_attention(over_queries, verbose=False)
-
-
-def test_attention_rejects_inverted_mask():
-    def inverted(q, k, v, mask):  # bug 6b: the blocked keys passed as the allowed ones
-        return ch11.reference_attention(q, k, v, None if mask is None else ~mask)
-
-    assert not ch11.check_attention(inverted, verbose=False)
-
-
-# --------------------------------------------------------------------------------------------
-# positional table
-# --------------------------------------------------------------------------------------------
-
-
-def table_loop(max_len, d_model, *, double=False, next_cos=False):
-    table = torch.zeros(max_len, d_model)
-    for pos in range(max_len):
-        for i in range(0, d_model, 2):
-            exponent = (2 * i if double else i) / d_model
-            table[pos, i] = math.sin(pos / 10000**exponent)
-            cos_exponent = (2 * (i + 1) if double else (i + 1 if next_cos else i)) / d_model
-            table[pos, i + 1] = math.cos(pos / 10000**cos_exponent)
-    return table
-
-
-def test_positional_table_accepts_correct():
-    assert ch11.check_positional_table(ch11.reference_positional_table, verbose=False)
-    assert ch11.check_positional_table(table_loop, verbose=False)
+    assert capsys.readouterr().out.count("✅") == 2
 
 
 @pytest.mark.parametrize(
-    "borrowed",
+    "name,wrong",
     [
-        lambda max_len, d_model: sinusoidal_table(max_len, d_model),  # companion.positional
-        lambda max_len, d_model: clinic.PositionalEncoding.build_table(max_len, d_model),
-        lambda max_len, d_model: ch11.reference_positional_table(max_len, d_model),
+        ("padding mask inverted", {"padding invariance"}),  # the mask's own test only
+        ("padding mask inverted", {"causal leak"}),
+        ("padding mask inverted", {"padding invariance", "batch independence"}),
+        ("loss over every position", set()),  # "the pads' losses are zeroed"
+        ("loss over every position", {"loss at initialisation"}),
+        ("embedding not scaled", {"loss at initialisation"}),  # "a different first loss"
+        ("embedding not scaled", {"padding invariance"}),
     ],
-    ids=["package", "clinic", "reference"],
 )
-def test_positional_table_refuses_a_borrowed_table(borrowed, capsys):
-    assert not ch11.check_positional_table(borrowed)
-    assert "build the table yourself" in capsys.readouterr().out
+def test_predictions_reject_the_classic_wrong_sets(name, wrong, capsys):
+    assert not ch11.check_predictions({**RIGHT_PREDICTIONS, name: wrong})
+    out = capsys.readouterr().out
+    assert f"'{name}'" in out and "not " in out
 
 
-@pytest.mark.parametrize(
-    "wrong",
-    [
-        clinic.DoubledExponentPositions.build_table,  # bug 8, both halves
-        lambda max_len, d_model: table_loop(max_len, d_model, next_cos=True),  # half fixed
-        lambda max_len, d_model: table_loop(max_len, d_model, double=True),
-        lambda max_len, d_model: table_loop(max_len, d_model).flip(1),  # cos first
-    ],
-    ids=["bug-8", "cosine-next-index", "doubled", "cos-sin"],
-)
-def test_positional_table_rejects_wrong(wrong):
-    assert not ch11.check_positional_table(wrong, verbose=False)
-
-
-def test_positional_table_rejects_float64(capsys):
-    def table_float64(max_len, d_model):  # the right values, the wrong dtype
-        return table_loop(max_len, d_model).double()
-
-    assert not ch11.check_positional_table(table_float64)
-    assert "float64" in capsys.readouterr().out
-
-
-def test_reference_table_is_the_package_table():
-    assert torch.allclose(ch11.reference_positional_table(40, 16), sinusoidal_table(40, 16))
+def test_predictions_stub_and_bad_input(capsys):
+    assert not ch11.check_predictions({})
+    assert "not attempted yet" in capsys.readouterr().out
+    assert not ch11.check_predictions({**RIGHT_PREDICTIONS, "embedding not scaled": "none"})
+    assert "set of finding names" in capsys.readouterr().out
+    assert not ch11.check_predictions({**RIGHT_PREDICTIONS, "embedding not scaled": {"the loss"}})
+    assert "is not a finding" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="must be a dict"):
+        ch11.check_predictions([set()])
+    with pytest.raises(ValueError, match="must be one of"):
+        ch11.predict_patient("nope")
 
 
 # --------------------------------------------------------------------------------------------
@@ -498,8 +457,6 @@ def test_mystery_stub_and_bad_input(capsys):
     "check,reference",
     [
         (ch11.check_split_heads, ch11.reference_split_heads),
-        (ch11.check_attention, ch11.reference_attention),
-        (ch11.check_positional_table, ch11.reference_positional_table),
         (ch11.check_greedy_decode, ch11.reference_greedy_decode),
     ],
 )
@@ -512,10 +469,9 @@ def test_stubs_are_reported_not_raised(capsys):
     def stub(**kwargs):
         raise NotImplementedError
 
-    for check in (ch11.check_split_heads, ch11.check_attention,
-                  ch11.check_positional_table, ch11.check_greedy_decode):  # fmt: skip
+    for check in (ch11.check_split_heads, ch11.check_greedy_decode):
         assert not check(stub)
-    assert capsys.readouterr().out.count("not attempted yet") == 4
+    assert capsys.readouterr().out.count("not attempted yet") == 2
 
 
 def test_only_the_checks_are_exported():
@@ -761,26 +717,17 @@ def test_the_toolkit_catches_the_rows_that_read_others(how):
     assert not finding and finding.details["largest"] > 1e-4, finding
 
 
-def test_split_heads_and_attention_refuse_the_clinics_correct_code():
-    """Exercises 1 and 3 ask for the code by hand: delegating to the clinic's healthy model (or
-    to companion.attention) is refused with a message; the references still pass."""
+def test_split_heads_refuses_the_clinics_correct_code():
+    """Exercise 1 asks for the code by hand: delegating to the clinic's healthy model is refused
+    with a message; the reference still passes."""
     from companion import clinic
 
     def borrowed_split(x, num_heads):
         return clinic.MultiHeadAttention(x.shape[-1], num_heads).split_heads(x)
 
-    def borrowed_attention(q, k, v, mask):
-        layer = clinic.MultiHeadAttention(q.shape[1] * q.shape[-1], q.shape[1])
-        return layer.attend(q, k, v, mask)[0]
-
-    for check, answer in (
-        (ch11.check_split_heads, borrowed_split),
-        (ch11.check_attention, borrowed_attention),
-    ):
-        result = check(answer, verbose=False)
-        assert not result and "yourself" in result.message, result.message
+    result = ch11.check_split_heads(borrowed_split, verbose=False)
+    assert not result and "yourself" in result.message, result.message
     assert ch11.check_split_heads(ch11.reference_split_heads, verbose=False)
-    assert ch11.check_attention(ch11.reference_attention, verbose=False)
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,13 @@
-"""Exercises of chapter 11, "Bug clinic": find the bug, write the fixed version.
+"""Exercises of chapter 11, "Bug clinic": fix a bug, name a bug, predict what a bug does.
 
-Each exercise hands the reader a buggy piece of the clinic's Transformer
-(:mod:`companion.clinic`); the reader writes the fixed one. Each ``check_*`` function runs it on
+Exercises 1 and 5 hand the reader a buggy piece of the clinic's Transformer
+(:mod:`companion.clinic`); the reader writes the fixed one. Their ``check_*`` functions run it on
 cases drawn from a seeded generator next to the reference solution kept in this module; the
 report of a wrong split into heads says whether an attention module with it is still
 permutation-equivariant (the chapter's test for bug 4). Exercise 2 is a diagnosis: four mystery patients of
-:mod:`companion.clinic`, examined and named from a menu (:data:`MYSTERY_MENU`). The checks
+:mod:`companion.clinic`, examined and named from a menu (:data:`MYSTERY_MENU`). Exercises 3 and
+4 are predictions, checked against a measurement: how far a shifted causal mask leaks with
+``N`` layers, and which findings of ``clinic.examine`` three new patients fail. The checks
 call your function with keyword arguments, so keep the parameter names of the stub in the
 notebook.
 
@@ -13,8 +15,8 @@ notebook.
 exercise                                        check
 ==============================================  ===================================
 the heads split without a transpose (bug 4)     :func:`check_split_heads`
-the scale and the mask of attention (7, 12)     :func:`check_attention`
-the positional table (bug 8)                    :func:`check_positional_table`
+predict how far a shifted mask leaks            :func:`check_leak_reach`
+predict which findings three patients fail      :func:`check_predictions`
 the greedy loop (bug 9)                         :func:`check_greedy_decode`
 four mystery patients: the bug's name         :func:`check_mystery`
 a batch-independence test of your own          :func:`check_batch_independent`
@@ -26,7 +28,6 @@ are not exported.
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Mapping
 
@@ -35,14 +36,11 @@ from torch import Tensor
 
 import companion.attention as _attention
 import companion.decode as _decode
-from companion import clinic, positional
+from companion import clinic
 from companion.clinic import patient, registry, toolkit
 from companion.exercises._checker import (
     Case,
     CheckResult,
-    call_reader,
-    causal_bool_mask,
-    lengths_mask,
     refusing_calls,
     report,
     run_check,
@@ -51,8 +49,8 @@ from companion.exercises._checker import (
 
 __all__ = [
     "check_split_heads",
-    "check_attention",
-    "check_positional_table",
+    "check_leak_reach",
+    "check_predictions",
     "check_greedy_decode",
     "check_mystery",
     "check_batch_independent",
@@ -132,116 +130,225 @@ def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) 
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: attention, scaled and masked (bugs 7 and 12)
+# Exercise 3: predict how far a shifted causal mask leaks
 # --------------------------------------------------------------------------------------------
 
+#: the decoders of the exercise: (layers per stack N, the mask's diagonal k), for a causal mask
+#: built as ``torch.tril(ones, diagonal=k)``. Chosen so that the classic wrong rules give a
+#: wrong reach in at least one case: k (one layer), N, N + k - 1, k ** N, and every later token.
+LEAK_CASES = ((3, 1), (2, 2), (1, 3))
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """Scaled dot-product attention.
 
-    Args:
-        q: ``(batch, heads, q_len, d_k)``; k: ``(batch, heads, k_len, d_k)``;
-            v: ``(batch, heads, k_len, d_v)``.
-        mask: bool broadcastable to ``(batch, heads, q_len, k_len)``, ``True`` = may attend
-            (every row keeps at least one key), or ``None``.
+class _ShiftedMask(clinic.Transformer):
+    """A small clinic model whose causal mask is ``tril(ones, diagonal=k)``."""
 
-    Returns:
-        ``(batch, heads, q_len, d_v)``.
+    def __init__(self, num_layers: int, diagonal: int) -> None:
+        super().__init__(d_model=16, num_heads=2, num_layers=num_layers, d_ff=32)
+        self.diagonal = diagonal
+
+    def causal_mask(self, size: int) -> Tensor:
+        return torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=self.diagonal)
+
+
+def leak_patient(num_layers: int, diagonal: int) -> clinic.Transformer:
+    """The exercise's decoder: a small clinic model (seed 0, ``d_model`` 16, ``num_layers`` in
+    each stack) whose causal mask is ``torch.tril(ones, diagonal=diagonal)``."""
+    torch.manual_seed(0)
+    return _ShiftedMask(num_layers, diagonal).eval()
+
+
+def measured_reach(num_layers: int, diagonal: int) -> int:
+    """The largest ``j - i`` for which output ``i`` of :func:`leak_patient` moves when decoder
+    input ``j`` changes (:func:`companion.clinic.causal_leak` on one toy sentence of 13 tokens);
+    0 for a decoder that does not leak."""
+    src, tgt_in, _ = clinic.toy_batch(1, torch.Generator().manual_seed(0))  # (1, 13) each
+    moved = clinic.causal_leak(leak_patient(num_layers, diagonal), src, tgt_in)  # (13, 13)
+    i, j = torch.nonzero(moved, as_tuple=True)
+    return int((j - i).max().clamp(min=0))
+
+
+def _reach_hint(num_layers: int, diagonal: int, answer: int) -> str:
+    """Why ``answer`` is wrong, without the right reach."""
+    if answer == diagonal:
+        return (
+            f"{answer} is how far one layer reads ahead. Layer 2 reads the outputs of layer 1 "
+            "at the positions it may see: how far ahead had those already read?"
+        )
+    if answer == num_layers:
+        return f"{answer} counts the layers only; what does the mask's diagonal add per layer?"
+    if answer >= 12:
+        return "the mask still blocks most of the future: each layer reads a fixed number ahead"
+    return "count, for output i, the furthest input that each layer lets through, layer by layer"
+
+
+def check_leak_reach(answers: Mapping[tuple[int, int], int], verbose: bool = True) -> CheckResult:
+    """Check ``answers``, ``{(num_layers, diagonal): reach}`` for the decoders of
+    :data:`LEAK_CASES`: the reach is the largest ``j - i`` for which output ``i`` moves when
+    decoder input ``j`` changes, measured with :func:`companion.clinic.causal_leak` on
+    :func:`leak_patient` (:func:`measured_reach`).
+
+    Raises:
+        TypeError: ``answers`` is not a dict.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (batch, heads, q_len, k_len)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.softmax(scores, dim=-1) @ v  # (batch, heads, q_len, d_v)
-
-
-def _attention_cases() -> list[Case]:
-    g = seeded_generator(113)
-    cases: list[Case] = []
-    for b, h, q_len, k_len, d_k, d_v, kind in [
-        (2, 2, 5, 5, 8, 8, "causal"),
-        (1, 4, 6, 6, 16, 4, "causal"),
-        (2, 2, 4, 7, 8, 8, "padding"),
-        (3, 1, 3, 3, 4, 4, None),
-        (1, 2, 6, 6, 32, 8, "causal"),
-    ]:
-        if kind == "causal":
-            mask: Tensor | None = causal_bool_mask(q_len)  # (q_len, k_len)
-        elif kind == "padding":
-            lengths = torch.randint(1, k_len + 1, (b,), generator=g).tolist()
-            mask = lengths_mask(lengths, k_len)[:, None, None, :]  # (batch, 1, 1, k_len)
-        else:
-            mask = None
-        cases.append(
-            {
-                "q": torch.randn(b, h, q_len, d_k, generator=g) * 2,
-                "k": torch.randn(b, h, k_len, d_k, generator=g) * 2,
-                "v": torch.randn(b, h, k_len, d_v, generator=g),
-                "mask": mask,
-            }
+    if not isinstance(answers, Mapping):
+        raise TypeError(
+            f"answers must be a dict {{(num_layers, diagonal): reach}} for {LEAK_CASES}, "
+            f"got {type(answers).__name__}"
         )
-    return cases
-
-
-def check_attention(attention: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``attention(q, k, v, mask)`` → ``(batch, heads, q_len, d_v)``. A call into the
-    clinic's model, :mod:`companion.attention` or PyTorch's fused
-    ``F.scaled_dot_product_attention`` fails: each scales and masks for you."""
-    guarded = attention
-    if attention is not reference_attention:  # the reference passes its own check
-        guarded = refusing_calls(
-            attention,
-            "scale and mask the scores",
-            (patient, _attention),
-            # not this module (the check lives here); the fused kernel scales and masks inside
-            functions=(reference_attention, torch.nn.functional.scaled_dot_product_attention),
-        )
-    return run_check("attention", guarded, reference_attention, _attention_cases(), verbose=verbose)
+    name, total = "leak_reach", len(LEAK_CASES)
+    if all(answers.get(case) is None for case in LEAK_CASES):
+        result = CheckResult(name, False, 0, "⏳ leak_reach: not attempted yet (no answer given).")
+    else:
+        result = CheckResult(name, True, total, f"✅ leak_reach: all {total} reaches right.")
+        for count, (layers, diagonal) in enumerate(LEAK_CASES, start=1):
+            answer = answers.get((layers, diagonal))
+            label = f"N = {layers} layers, tril(..., diagonal={diagonal})"
+            if isinstance(answer, bool) or not isinstance(answer, int):
+                problem = f"the reach must be an int (a number of positions), got {answer!r}"
+            elif answer != measured_reach(layers, diagonal):
+                problem = f"not {answer}. {_reach_hint(layers, diagonal, answer)}"
+            else:
+                continue
+            result = CheckResult(name, False, count, f"❌ leak_reach: {label}: {problem}")
+            break
+    if verbose:
+        report(result)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: the positional table (bug 8)
+# Exercise 4: predict which findings fail
 # --------------------------------------------------------------------------------------------
 
+#: the names of ``clinic.examine``'s eight findings, in its order
+FINDINGS = (
+    "deterministic evaluation",
+    "registration",
+    "causal leak",
+    "batch independence",
+    "padding invariance",
+    "loss at initialisation",
+    "loss ignores padding",
+    "labels shifted",
+)
 
-def reference_positional_table(max_len: int, d_model: int) -> Tensor:
-    """``(max_len, d_model)`` float32: ``PE[p, 2m] = sin(p / 10000^(2m/d_model))``,
-    ``PE[p, 2m+1] = cos(p / 10000^(2m/d_model))`` for pair ``m``."""
-    position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-    two_m = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
-    angle = position / 10000 ** (two_m / d_model)  # (max_len, d_model/2)
-    table = torch.zeros(max_len, d_model, dtype=torch.float64)  # (max_len, d_model)
-    table[:, 0::2] = torch.sin(angle)
-    table[:, 1::2] = torch.cos(angle)
-    return table.float()  # (max_len, d_model)
+
+class _InvertedPaddingMask(patient.ReaderTransformer):
+    """The reader's model with its padding mask ``True`` on the pads."""
+
+    def padding_mask(self, ids: Tensor) -> Tensor:
+        return (ids == self.pad_id)[:, None, None, :]  # (batch, 1, 1, len)  # BUG: == for !=
 
 
-def check_positional_table(build_table: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``build_table(max_len, d_model)`` → ``(max_len, d_model)``, built by hand: a call
-    into :mod:`companion.positional`, the clinic's model or this module's reference fails."""
-    if build_table is not reference_positional_table:  # the reference passes its own check
-        modules = (positional, patient, sys.modules[__name__])
-        build_table = refusing_calls(build_table, "build the table", modules)
-    cases = [
-        {"max_len": n, "d_model": d} for n, d in ((10, 2), (50, 8), (100, 16), (64, 32), (5, 64))
-    ]
-    result = run_check(
-        "positional_table",
-        build_table,
-        reference_positional_table,
-        cases,
-        atol=1e-5,
-        verbose=False,
-    )
-    if result:  # the values match: now the dtype, which the comparison of values ignores
-        got, failed = call_reader("positional_table", 1, build_table, {"max_len": 4, "d_model": 4})
-        dtype = getattr(got, "dtype", type(got).__name__)
-        if failed is None and dtype != torch.float32:
-            result = CheckResult(
-                "positional_table", False, result.cases_run,
-                f"❌ positional_table: the values are right but the table is {dtype}; the model "
-                "adds it to float32 embeddings, so return float32 (e.g. `.float()`), as "
-                "sinusoidal_table does",
-            )  # fmt: skip
+class _UnscaledEmbedding(patient.ReaderTransformer):
+    """The reader's model without the ``√d_model`` scale of the token vectors."""
+
+    def embed_tokens(self, ids: Tensor) -> Tensor:
+        return self.drop(self.add_positions(self.embed(ids)))  # BUG: no * math.sqrt(self.d_model)
+
+
+def masked_mean_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """The pads' losses set to 0, then the mean."""
+    losses = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), labels.flatten(), reduction="none"
+    )  # (batch * len,)
+    real = (labels.flatten() != clinic.PAD_ID).float()  # (batch * len,)
+    return (losses * real).sum() / real.numel()  # BUG: / real.sum()
+
+
+#: the exercise's patients: name -> (the buggy code, what builds the patient)
+PREDICT_PATIENTS: dict[str, tuple[Callable[..., object], Callable[[], clinic.Patient]]] = {}
+
+
+def _reader_patient(model_class: type, loss: Callable[[Tensor, Tensor], Tensor]) -> clinic.Patient:
+    torch.manual_seed(0)
+    model = model_class()
+    return clinic.Patient(
+        model=model, logits=clinic.as_logits_fn(model), loss=loss, shift=clinic.teacher_forcing,
+        vocab_size=clinic.READER_VOCAB_SIZE,
+    )  # fmt: skip
+
+
+PREDICT_PATIENTS["padding mask inverted"] = (
+    _InvertedPaddingMask.padding_mask,
+    lambda: _reader_patient(_InvertedPaddingMask, clinic.sequence_loss),
+)
+PREDICT_PATIENTS["loss over every position"] = (
+    masked_mean_loss,
+    lambda: _reader_patient(patient.ReaderTransformer, masked_mean_loss),
+)
+PREDICT_PATIENTS["embedding not scaled"] = (
+    _UnscaledEmbedding.embed_tokens,
+    lambda: _reader_patient(_UnscaledEmbedding, clinic.sequence_loss),
+)
+
+
+def predict_patient(name: str) -> clinic.Patient:
+    """The patient ``name`` of :data:`PREDICT_PATIENTS`, built at seed 0."""
+    if name not in PREDICT_PATIENTS:
+        raise ValueError(f"name must be one of {sorted(PREDICT_PATIENTS)}, got {name!r}")
+    return PREDICT_PATIENTS[name][1]()
+
+
+def failed_findings(name: str) -> set[str]:
+    """The findings of ``clinic.examine`` that the patient ``name`` fails."""
+    return {finding.test for finding in clinic.examine(predict_patient(name)) if not finding}
+
+
+_PREDICT_HINTS = {
+    "padding mask inverted": (
+        "with the mask True on the pads, what does a decoder query of a sentence without pads "
+        "see? A row with every key blocked gets -1e9 everywhere, and the softmax of that row"
+    ),
+    "loss over every position": (
+        "the pads' losses are zeroed, but look at what the sum is divided by, and what that "
+        "number does when pads are appended"
+    ),
+    "embedding not scaled": (
+        "ask of each finding what it compares; a change that keeps every comparison equal "
+        "fails none of them, however much it slows training"
+    ),
+}
+
+
+def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> CheckResult:
+    """Check ``answers``, ``{patient name: the set of findings it fails}`` for the patients of
+    :data:`PREDICT_PATIENTS` (an empty set: it passes all eight). Each finding is one name of
+    :data:`FINDINGS`; the truth is ``clinic.examine`` run on the patient (:func:`failed_findings`).
+
+    Raises:
+        TypeError: ``answers`` is not a dict.
+    """
+    if not isinstance(answers, Mapping):
+        raise TypeError(
+            f"answers must be a dict {{patient name: set of findings}} for {sorted(PREDICT_PATIENTS)}, "
+            f"got {type(answers).__name__}"
+        )
+    name, total = "predictions", len(PREDICT_PATIENTS)
+    if all(answers.get(patient_name) is None for patient_name in PREDICT_PATIENTS):
+        result = CheckResult(name, False, 0, "⏳ predictions: not attempted yet (no answer given).")
+    else:
+        result = CheckResult(name, True, total, f"✅ predictions: all {total} patients right.")
+        for count, patient_name in enumerate(PREDICT_PATIENTS, start=1):
+            answer = answers.get(patient_name)
+            if isinstance(answer, str) or not isinstance(answer, (set, frozenset, list, tuple)):
+                problem = f"answer with a set of finding names (set() for none), got {answer!r}"
+            else:
+                unknown = [
+                    f
+                    for f in answer
+                    if not isinstance(f, str) or _normal(f) not in map(_normal, FINDINGS)
+                ]
+                said = {_normal(f) for f in answer if f not in unknown}
+                truth = {_normal(f) for f in failed_findings(patient_name)}
+                if unknown:
+                    problem = f"{unknown[0]!r} is not a finding; use the names of ch11.FINDINGS"
+                elif said != truth:
+                    problem = f"not {sorted(said) or 'none'}. {_PREDICT_HINTS[patient_name]}"
+                else:
+                    continue
+            result = CheckResult(name, False, count, f"❌ predictions: {patient_name!r}: {problem}")
+            break
     if verbose:
         report(result)
     return result
@@ -333,6 +440,10 @@ MYSTERY_MENU = tuple(sorted(clinic.CONDITIONS, key=str.casefold))
 GENERIC_TEST_EXEMPT = {
     "check_mystery": "it takes the reader's answers (a dict of condition names), not a "
     "function; tests/test_exercises_ch11.py checks right, wrong and missing answers",
+    "check_leak_reach": "it takes the reader's predictions (a dict of ints), not a function; "
+    "tests/test_exercises_ch11.py checks right, wrong and missing answers",
+    "check_predictions": "it takes the reader's predictions (a dict of sets of finding names), "
+    "not a function; tests/test_exercises_ch11.py checks right, wrong and missing answers",
 }
 
 
