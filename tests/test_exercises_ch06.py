@@ -455,6 +455,61 @@ def test_stream_size_slope_per_token_hint_is_not_the_std_one():
     assert "6.6.3" in result.message, result.message
 
 
+def _pooled_or_per_sequence(depths, norm_first, per_sequence=False):
+    """Right measurement, averaged in another order (about 1e-3 from the reference)."""
+    from companion import norm_study
+
+    sizes = []
+    for depth in depths:
+        values = []
+        for seed in (0, 1, 2):
+            encoder = norm_study.init_encoder(depth, norm_first, seed, final_norm=False)
+            with torch.no_grad():
+                y = encoder(norm_study.init_inputs(seed)[0])
+            values.append(
+                y.pow(2).mean(dim=(1, 2)).sqrt().mean().item()
+                if per_sequence
+                else y.pow(2).mean().item()
+            )
+        sizes.append(float(np.mean(values)) if per_sequence else float(np.sqrt(np.mean(values))))
+    return float(np.polyfit(np.log(depths), np.log(sizes), 1)[0]), sizes
+
+
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_stream_size_slope_names_another_averaging_order(per_sequence):
+    """Pooling the seeds' mean squares, or averaging per-sequence values, is the right
+    measurement averaged in another order: refused (the exercise fixes the order), with a hint
+    that says so instead of pointing at the seeds or the setup."""
+    result = ch06.check_stream_size_slope(
+        lambda depths, norm_first: _pooled_or_per_sequence(depths, norm_first, per_sequence),
+        verbose=False,
+    )
+    assert not result
+    assert "another order" in result.message, result.message
+    assert ("per sequence" in result.message) == per_sequence, result.message
+
+
+def test_stream_size_prediction_accepts_plus_a_half():
+    for value in (0.5, 0.53, np.float64(0.45), 1 / 2):
+        assert ch06.check_stream_size_prediction(value, verbose=False), value
+
+
+@pytest.mark.parametrize("wrong", [-0.5, -0.52, 0, 0.0, 1, 1.0, 0.25, 2])
+def test_stream_size_prediction_rejects_classic_slips(wrong):
+    result = ch06.check_stream_size_prediction(wrong, verbose=False)
+    assert not result
+    if wrong < 0:
+        assert "opposite signs" in result.message, result.message
+
+
+@pytest.mark.parametrize("value", [None, "0.5", True, [0.5]])
+def test_stream_size_prediction_needs_a_number(value, capsys):
+    result = ch06.check_stream_size_prediction(value)
+    assert not result
+    out = capsys.readouterr().out
+    assert ("not attempted yet" in out) == (value is None), out
+
+
 def test_stream_size_slope_hints_at_the_final_norm():
     result = ch06.check_stream_size_slope(stream_final_norm_on, verbose=False)
     assert "final_norm=False" in result.message

@@ -13,7 +13,8 @@ exercise                         check
 the gradient through LayerNorm   :func:`check_layer_norm_backward`
 a Peri-LN (sandwich) block       :func:`check_peri_ln_block`
 relative updates (6.6.3)         :func:`check_relative_updates`
-the stream's size (Pre-LN)       :func:`check_stream_size_slope`
+the stream's size (Pre-LN)       :func:`check_stream_size_prediction`,
+                                 :func:`check_stream_size_slope`
 ===============================  ==================================================
 """
 
@@ -43,6 +44,7 @@ __all__ = [
     "check_peri_ln_block",
     "check_relative_updates",
     "check_stream_size_slope",
+    "check_stream_size_prediction",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -393,24 +395,31 @@ def final_stream_size(num_layers: int, norm_first: bool, seed: int) -> float:
 
 
 _stream_size_cache: dict[tuple, tuple[float, list[float]]] = {}
-_stream_std_cache: dict[tuple, list[float]] = {}
+_stream_variant_cache: dict[tuple, dict[str, list[float]]] = {}
 
 
-def _stream_std_sizes(depths: Sequence[int], norm_first: bool) -> list[float]:
-    """The classic wrong size: the standard deviation of all entries of the stream (its mean
-    subtracted) instead of their root mean square, averaged over :data:`STREAM_SIZE_SEEDS`."""
+def _stream_variant_sizes(depths: Sequence[int], norm_first: bool) -> dict[str, list[float]]:
+    """Near misses of the reference's sizes, averaged over :data:`STREAM_SIZE_SEEDS` unless
+    said: ``"std"``, the standard deviation of all entries (the mean subtracted) instead of
+    their root mean square; ``"pooled"``, the seeds pooled as the root of the mean of their
+    mean squares; ``"per_sequence"``, the mean of each sequence's root mean square."""
     key = (tuple(int(d) for d in depths), bool(norm_first))
-    if key not in _stream_std_cache:
-        stds = []
+    if key not in _stream_variant_cache:
+        variants: dict[str, list[float]] = {"std": [], "pooled": [], "per_sequence": []}
         for depth in key[0]:
-            per_seed = []
+            stds, squares, per_sequence = [], [], []
             for seed in STREAM_SIZE_SEEDS:
                 encoder, x, _ = _init_encoder_and_inputs(depth, key[1], False, seed)
                 with torch.no_grad():
-                    per_seed.append(encoder(x).std().item())
-            stds.append(float(np.mean(per_seed)))
-        _stream_std_cache[key] = stds
-    return list(_stream_std_cache[key])
+                    y = encoder(x)  # (batch, len, d)
+                stds.append(y.std().item())
+                squares.append(y.pow(2).mean().item())
+                per_sequence.append(y.pow(2).mean(dim=(1, 2)).sqrt().mean().item())
+            variants["std"].append(float(np.mean(stds)))
+            variants["pooled"].append(float(np.sqrt(np.mean(squares))))
+            variants["per_sequence"].append(float(np.mean(per_sequence)))
+        _stream_variant_cache[key] = variants
+    return {name: list(sizes) for name, sizes in _stream_variant_cache[key].items()}
 
 
 def reference_stream_size_slope(
@@ -475,11 +484,27 @@ def _stream_size_hint(case: dict, got: object) -> str:
     if case["norm_first"] and all(abs(g - 1) < 0.01 for g in got[1]):
         return "\n   hint: every size is 1: the final norm is still on (final_norm=False)."
     if all(abs(r - 1) < 0.1 for r in ratios):
-        stds = _stream_std_sizes(**case)
-        if all(abs(g - e) < STREAM_SIZE_ATOL for g, e in zip(got[1], stds)):
+        variants = _stream_variant_sizes(**case)
+
+        def close(name: str) -> bool:
+            return all(abs(g - e) < STREAM_SIZE_ATOL for g, e in zip(got[1], variants[name]))
+
+        if close("std"):
             return (
                 "\n   hint: these look like standard deviations, which subtract the mean of the"
                 " entries; the size is the root mean square, x.pow(2).mean().sqrt()."
+            )
+        if close("pooled") or close("per_sequence"):
+            order = (
+                "pooled the seeds (the root of the mean of their mean squares)"
+                if close("pooled")
+                else "averaged one root mean square per sequence"
+            )
+            return (
+                f"\n   hint: right measurement, averaged in another order: you {order}. The"
+                " check wants, for each seed, the root mean square of all entries of the"
+                " output, then the plain mean of the three seeds' values (the orders differ by"
+                " about 1e-3, more than the check's tolerance)."
             )
         return (
             "\n   hint: the sizes are close but not equal: use seeds 0, 1 and 2, section 6.3's"
@@ -545,3 +570,49 @@ def check_stream_size_slope(
         verbose=verbose,
         hint=_stream_size_hint,
     )
+
+
+GENERIC_TEST_EXEMPT = {
+    "check_stream_size_prediction": "it takes the reader's predicted number, not a function; "
+    "tests/test_exercises_ch06.py checks right, wrong and missing predictions",
+}
+
+#: the predicted slope of the stream's size: the final norm divides the gradient by that size,
+#: so a gradient slope of -1/2 needs a size slope of +1/2; a prediction within this of +1/2
+#: passes (the measured slope is +0.53), a sign error (-1/2), "no growth" (0) or a linear
+#: growth (+1) does not
+PREDICTION_TOLERANCE: float = 0.15
+
+
+def check_stream_size_prediction(predicted_slope: object, verbose: bool = True) -> CheckResult:
+    """Check exercise 3's prediction: the log-log slope the size of :math:`x_{2N}` must have
+    against :math:`N` if the final norm's division by it is all that makes Pre-LN's last-layer
+    gradient fall with slope :math:`-\\tfrac12` (about :math:`+\\tfrac12`)."""
+    name = "stream_size_prediction"
+    if predicted_slope is None:
+        result = CheckResult(name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).")
+    elif isinstance(predicted_slope, bool) or not isinstance(
+        predicted_slope, (int, float, np.integer, np.floating)
+    ):
+        result = CheckResult(
+            name, False, 0,
+            f"❌ {name}: expected a number (the predicted slope), got {type(predicted_slope).__name__}",
+        )  # fmt: skip
+    else:
+        value = float(predicted_slope)
+        if abs(value - 0.5) <= PREDICTION_TOLERANCE:
+            result = CheckResult(
+                name, True, 1, f"✅ {name}: {value:+.2f}, the opposite of the gradient's slope."
+            )
+        elif abs(value + 0.5) <= PREDICTION_TOLERANCE:
+            hint = "that is the gradient's own slope: the gradient is divided by the size, so their slopes have opposite signs"
+            result = CheckResult(name, False, 1, f"❌ {name}: {value:+.2f}: {hint}.")
+        else:
+            hint = (
+                "if the gradient is divided by the size and nothing else changes with depth, "
+                "log(gradient) = -log(size) + constant: what slope does that give the size?"
+            )
+            result = CheckResult(name, False, 1, f"❌ {name}: {value:+.2f}: {hint}")
+    if verbose:
+        report(result)
+    return result
