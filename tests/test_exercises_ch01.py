@@ -1173,3 +1173,50 @@ def test_equivariance_any_instead_of_all_is_told_so():
     result = ch01.check_is_permutation_equivariant(any_test, verbose=False)
     assert not result and "yet it returned True" in result.message, result.message
     assert "all, not any" in result.message, result.message
+
+
+def _equivariance_test_with_atol(atol):
+    def test(layer, x):
+        n = x.shape[0]
+        out = layer(x)
+        swap = torch.arange(n)
+        swap[[0, -1]] = swap[[-1, 0]]
+        g = torch.Generator().manual_seed(0)
+        perms = [swap] + [torch.randperm(n, generator=g) for _ in range(20)]
+        return all(torch.allclose(layer(x[p]), out[p], atol=atol) for p in perms)
+
+    return test
+
+
+@pytest.mark.parametrize("atol", [1e-2, 1e-3])
+def test_equivariance_loose_tolerance_is_rejected_by_the_tiny_position_codes(atol):
+    """atol=1e-2 or 1e-3 is far above float32 rounding (about 1e-6 here): the layer with
+    position codes 10,000 times smaller than the tokens, changed by a few 1e-4, catches it."""
+    result = ch01.check_is_permutation_equivariant(
+        _equivariance_test_with_atol(atol), verbose=False
+    )
+    assert not result
+    message = result.message
+    assert "your test accepted NamedLayer('attention with tiny position codes')" in message, message
+    assert "stricter tolerance" in message, message
+    # atol=1e-5 passes; the layer changes by far more than rounding, yet under 1e-3
+    assert ch01.check_is_permutation_equivariant(_equivariance_test_with_atol(1e-5), verbose=False)
+    layer = ch01.equivariance_test_layers()["attention with tiny position codes"]
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(3))
+    assert 1e-4 < ch01.equivariance_gap(layer, x) < 1e-3
+
+
+def equivariance_test_wrong_axis(layer, x):  # a permutation of the features used on the tokens
+    perm = torch.randperm(x.shape[-1], generator=torch.Generator().manual_seed(0))
+    return torch.allclose(layer(x[perm]), layer(x)[perm], atol=1e-5)
+
+
+@pytest.mark.parametrize("wrong", [equivariance_test_features, equivariance_test_wrong_axis])
+def test_equivariance_wrong_axis_is_told_so_not_to_loosen_the_tolerance(wrong):
+    """A test that reorders the features (or uses a permutation of the wrong length) already
+    has atol=1e-5: the message must say its inputs are not x with its rows reordered."""
+    result = ch01.check_is_permutation_equivariant(wrong, verbose=False)
+    assert not result
+    message = result.message
+    assert "not x with its rows (tokens) reordered" in message, message
+    assert "atol=1e-5" not in message and "rounding" not in message, message

@@ -496,7 +496,7 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     """The layers the equivariance check feeds to the reader's test, by name.
 
     Equivariant: self-attention, a per-token linear layer, attention plus the mean token.
-    Not equivariant: attention with added position codes (large, small, or symmetric under
+    Not equivariant: attention with added position codes (large, small, tiny, or symmetric under
     reversal, or alike at positions 0 and 1, or only on the middle positions and alike under the
     reversal), causal attention, a window layer over the
     flattened sequence, two circular convolutions along the sequence (one commutes with
@@ -569,6 +569,12 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
         ),
         "attention with small position codes": NamedLayer(
             "attention with small position codes", with_positions(0.02)
+        ),
+        # codes 10,000 times smaller than the tokens: reordering changes the outputs by a few
+        # 1e-4 (3.5e-4 on the check's case), so a test with atol=1e-3 or looser accepts it,
+        # while atol=1e-5 (float32 rounding here is about 1e-6) rejects it
+        "attention with tiny position codes": NamedLayer(
+            "attention with tiny position codes", with_positions(1e-4)
         ),
         "attention with reversal-symmetric codes": NamedLayer(
             "attention with reversal-symmetric codes", with_positions(1.0, symmetric=True)
@@ -829,8 +835,9 @@ def _equivariance_verdict_problem(
 
     ``test`` (the reader's function) is probed on the identity layer when it rejects an
     equivariant layer, to tell a wrong comparison from a too strict tolerance. ``inputs`` are
-    what the test handed the layer on this case: when it accepts a layer that is not
-    equivariant, they say which reorderings it tried (all the identity, say)."""
+    what the test handed the layer on this case: when they are not ``x`` with its rows
+    reordered (features reordered, say), the message says so; when the test accepts a layer
+    that is not equivariant, they say which reorderings it tried (all the identity, say)."""
     layer, x = case["layer"], case["x"]
     if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
         got = bool(got)
@@ -849,16 +856,26 @@ def _equivariance_verdict_problem(
             "layer(x)[perm], the original output reordered by the same perm (not with "
             "layer(x) itself, nor with the output reordered by the inverse permutation)"
         )
+    perms = _tried_permutations(inputs or [], x)  # None: not known
+    if inputs and perms is None:  # the layer was called, but not on x with its rows reordered
+        verdict = "rejected" if expected else "accepted"
+        kind = "IS" if expected else "is NOT"
+        return (
+            f"your test {verdict} {layer!r} ({tokens}), a layer that {kind} "
+            "permutation-equivariant. The inputs your test handed the layer are not x with its "
+            "rows (tokens) reordered: reorder the rows, x[perm] with perm a permutation of "
+            "range(x.shape[0]), not the features (x[:, perm]) and without changing any value"
+        )
     if expected:
         return (
             f"your test rejected {layer!r} ({tokens}), a layer that IS permutation-equivariant; "
             f"its outputs differ from the permuted ones by at most {gap:.1e} (on outputs up to "
             f"{size:.1e}), float32 rounding: a reordered sum differs in its last bits. If your "
-            "test compares layer(x[perm]) with layer(x)[perm], its comparison is too strict "
-            "(exact equality, and torch.allclose with its default atol=1e-8, reject rounding): "
-            "compare with a tolerance such as atol=1e-5"
+            "test compares layer(x[perm]) with layer(x)[perm], its comparison is too strict: "
+            "exact equality rejects rounding, and so can torch.allclose's default tolerance "
+            "(atol=1e-8, plus rtol=1e-5 of each entry: almost nothing where an output is near "
+            "0). Compare with a tolerance such as atol=1e-5"
         )
-    perms = _tried_permutations(inputs or [], x)  # None: not known
     identity = torch.arange(x.shape[0])  # (seq_len,)
     moved = None if perms is None else [p for p in perms if not torch.equal(p, identity)]
     if moved == []:
@@ -930,7 +947,7 @@ def check_is_permutation_equivariant(
                 is_permutation_equivariant,
                 list(inputs),
             ),
-            what="layers",
+            what="cases",
             verbose=verbose,
         )
 
