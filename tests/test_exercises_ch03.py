@@ -399,6 +399,12 @@ def permute_only_queries_and_keys(w_q, w_k, w_v, w_o, num_heads, order):
     return q, k, w_v, w_o
 
 
+def permute_forgets_w_v(w_q, w_k, w_v, w_o, num_heads, order):
+    # W_Q, W_K and W_O move, W_V does not: each map averages another head's values
+    q, k, _, o = ch03.reference_permute_heads(w_q, w_k, w_v, w_o, num_heads, order)
+    return q, k, w_v, o
+
+
 def permute_inverse(w_q, w_k, w_v, w_o, num_heads, order):
     # a consistent reordering (the output is unchanged), but by the inverse permutation
     inverse = torch.argsort(torch.tensor(order)).tolist()
@@ -432,6 +438,7 @@ def test_permute_heads_accepts_correct():
         permute_forgets_w_o,
         permute_w_o_columns,
         permute_only_queries_and_keys,
+        permute_forgets_w_v,
         permute_inverse,
         permute_strided_blocks,
     ],
@@ -454,7 +461,9 @@ def test_permute_heads_explains_what_changed():
     assert "W_O's columns moved" in result.message, result.message
     result = ch03.check_permute_heads(permute_forgets_w_o, verbose=False)
     assert "W_O kept as it was" in result.message, result.message
-    # a wrong answer that is none of the three gets no name
+    result = ch03.check_permute_heads(permute_forgets_w_v, verbose=False)
+    assert "W_V kept as it was" in result.message, result.message
+    # a wrong answer that is none of the named slips gets no name
     result = ch03.check_permute_heads(permute_strided_blocks, verbose=False)
     assert "this looks like" not in result.message, result.message
 

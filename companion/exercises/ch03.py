@@ -662,6 +662,8 @@ def _permute_hint(case: Case, got: tuple) -> str:
         "its columns of W_Q, W_K and W_V and its rows of W_O, moved together": (q, k, w_v, w_o),
         "W_O kept as it was: it still expects the head outputs in the old order; move its "
         "blocks of d_v rows too": (q, k, v, w_o),
+        "W_V kept as it was: each moved map now averages the values of the head that used to "
+        "sit there; move W_V's blocks of d_v columns with W_Q's and W_K's": (q, k, w_v, o),
     }
     if w_o.shape[1] % heads == 0:
         cols = w_o.unflatten(1, (heads, -1))[:, torch.as_tensor(order)].flatten(1)
