@@ -492,10 +492,24 @@ def _order_parity_sign(values: Tensor) -> Tensor:
     return 1.0 - 2.0 * (inversions % 2).float()  # scalar tensor: +1 or -1
 
 
+def _forwards_minus_backwards(x: Tensor) -> Tensor:
+    """Σ_i x_i added in token order minus the same sum in reverse order, on every output row.
+
+    Plain float32 additions one row at a time (no library reduction, whose order or
+    accumulator could differ between machines), so the rounding is the same on every CPU.
+    """
+    forwards, backwards = x[0], x[-1]  # (d,) each
+    for i in range(1, x.shape[0]):
+        forwards = forwards + x[i]  # (d,)
+        backwards = backwards + x[-1 - i]  # (d,)
+    return (forwards - backwards).expand_as(x)  # (seq_len, d)
+
+
 def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
     """The layers the equivariance check feeds to the reader's test, by name.
 
-    Equivariant: self-attention, a per-token linear layer, attention plus the mean token.
+    Equivariant: self-attention, a per-token linear layer, attention plus the mean token, and
+    the tokens summed forwards minus backwards (0 up to float32 rounding, which moves with them).
     Not equivariant: attention with added position codes (large, small, tiny, or symmetric under
     reversal, or alike at positions 0 and 1, or only on the middle positions and alike under the
     reversal), causal attention, a window layer over the
@@ -563,6 +577,12 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
         "per-token linear layer": NamedLayer("per-token linear layer", lambda x: x @ token_layer),
         "attention plus the mean token": NamedLayer(
             "attention plus the mean token", lambda x: attention(x) + x.mean(0, keepdim=True)
+        ),
+        # 0 in exact arithmetic and equivariant; in float32 the two sums round differently, so
+        # its outputs are rounding noise near 0 (about 1e-7) that moves when the tokens move:
+        # torch.allclose's default atol=1e-8 rejects it on any machine, atol=1e-5 accepts it
+        "the tokens summed forwards minus backwards": NamedLayer(
+            "the tokens summed forwards minus backwards", _forwards_minus_backwards
         ),
         "attention with position codes": NamedLayer(
             "attention with position codes", with_positions(1.0)
