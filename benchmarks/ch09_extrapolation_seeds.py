@@ -5,7 +5,9 @@ The chapter trains four small causal stacks (sinusoidal, learned, RoPE and ALiBi
 and how far does RoPE fall by 4n_train? This script runs the chapter's own code for several
 seeds and writes ``companion/results/ch09_extrapolation_seeds.json``:
 
-* ``lag2``: every scheme on the chapter's task (y_i = x_(i-2)), at most 600 steps;
+* ``lag2``: every scheme on the chapter's task (y_i = x_(i-2)), at most 600 steps, and a
+  control with no position code at all (``none``: only the causal mask tells positions apart),
+  for fewer seeds;
 * ``lag8``: the control (y_i = x_(i-8)), RoPE and ALiBi, at most 400 steps;
 * ``lag8_long``: ALiBi on the control with 1,500 steps, to see whether 400 steps were too few.
 
@@ -65,6 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(6)))
     parser.add_argument("--long-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--none-seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
     set_threads(limit=1)
     code = chapter_code()
@@ -90,6 +93,7 @@ def main() -> None:
         for seed in args.seeds
         for kind in code["EXTRAPOLATION_KINDS"]
     ]
+    plan += [("lag2", "none", seed, 600, code["LAG"]) for seed in args.none_seeds]
     plan += [
         ("lag8", kind, seed, 400, code["FAR_LAG"])
         for seed in args.seeds

@@ -93,7 +93,7 @@ def test_kv_cache_bytes_accepts_correct():
         (cache_head_dim_from_kv_heads, "per query head"),
         (cache_of_one_sequence, "one sequence's cache"),
         (cache_in_gib, None),
-        (cache_p_always_2, None),
+        (cache_p_always_2, "2 bytes per number"),
     ],
 )
 def test_kv_cache_bytes_rejects_the_classic_slips(wrong, hint):
@@ -116,9 +116,16 @@ def test_kv_cache_bytes_first_case_separates_the_slips():
             cache_of_one_layer,
             cache_of_every_query_head,
             cache_of_one_sequence,
+            cache_p_always_2,
         )
     }
-    assert len(answers) == 7, answers
+    assert len(answers) == 8, answers
+
+
+def test_kv_cache_bytes_hint_for_2_bytes_is_not_the_missing_2():
+    # in float32 a hard-coded 2 bytes gives exactly half, as forgetting the key/value 2 does
+    message = ch09.check_kv_cache_bytes(cache_p_always_2, verbose=False).message
+    assert "a key AND a value" not in message, message
 
 
 def test_kv_cache_bytes_matches_the_chapter_table():

@@ -108,8 +108,9 @@ def reference_kv_cache_bytes(
 def _cache_cases() -> list[Case]:
     configs = [
         # (num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len); in the first
-        # every classic slip gives a different wrong number (ratios 1/2, 1/4, 1/5, 3, 1/7, 8)
-        (5, 96, 12, 4, torch.float32, 7, 11),
+        # every classic slip gives a different wrong number (ratios 1/2, 1/8, 8, 1/5, 3, 1/7, and
+        # 1/4 for 2 bytes per number assumed): float64, so that the last is not 1/2 as in float32
+        (5, 96, 12, 4, torch.float64, 7, 11),
         (3, 64, 8, 2, torch.bfloat16, 5, 13),  # grouped-query attention in bfloat16
         (2, 48, 6, 6, torch.float16, 3, 9),  # multi-head attention: g = h
         (4, 80, 10, 1, torch.float64, 2, 17),  # multi-query attention, 8-byte numbers
@@ -133,6 +134,8 @@ def _cache_hint(case: Case, got: object) -> str:
          f"{case['num_kv_heads']} key/value heads are stored, and head_dim = d_model / num_heads"),
         (expected / case["batch"], "this is one sequence's cache: the batch holds "
          f"{case['batch']}"),
+        (expected * 2 / itemsize, f"this assumes 2 bytes per number: each {case['dtype']} number "
+         f"takes {itemsize}"),
     ]  # fmt: skip
     hints = [why for value, why in slips if value != expected and got == value]
     return f"\n   hint: {' or '.join(hints)}." if hints else ""
@@ -142,8 +145,9 @@ def check_kv_cache_bytes(kv_cache_bytes: Callable[..., int], verbose: bool = Tru
     """Check ``kv_cache_bytes(num_layers, d_model, num_heads, num_kv_heads, dtype, batch,
     seq_len)``: the bytes of the key/value cache of ``batch`` sequences of ``seq_len`` tokens,
     exactly. The first case is chosen so that forgetting the 2 (key and value), counting numbers
-    instead of bytes, counting one layer, caching every query head or one sequence each give a
-    different wrong number, and a wrong answer that equals one of them is named."""
+    or bits instead of bytes, assuming 2 bytes per number, counting one layer, caching every query
+    head or one sequence each give a different wrong number, and a wrong answer that equals one of
+    them is named."""
 
     @functools.wraps(kv_cache_bytes)
     def as_number(**kwargs: object) -> float:
