@@ -111,12 +111,19 @@ def _correct_split_scale(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return weights @ v  # (..., q_len, d_v)
 
 
-def _correct_shifted_values(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    # weights @ (v + 8) - 8 = weights @ v since each row of weights sums to 1; float32 then
-    # rounds on the scale of 8 (about 1e-6), so an output entry near 0 carries a relative
-    # error far above torch.allclose's default rtol=1e-5, on almost any random inputs
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    return weights @ (v + 8.0) - 8.0  # (..., q_len, d_v)
+#: How far :func:`_correct_off_by_rounding` moves every output entry: "a few 1e-6", the size of
+#: float32 rounding the exercise's prompt allows, well inside the solution's atol=1e-5
+_ROUNDING_OFFSET = 4e-6
+
+
+def _correct_off_by_rounding(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    # the formula, every output entry then 4e-6 too large: a correct function whose rounding is
+    # as large as the prompt allows, on every entry rather than on the few that happen to round
+    # badly. A test that compares with a relative tolerance alone (rtol=1e-4, atol=0) rejects
+    # it whenever an output entry lies within 0.04 of 0, one with atol=1e-6 (rtol=1e-5)
+    # whenever one lies within 0.3: random normal inputs of a few dozen output entries always
+    # have such entries (tests/test_exercises_ch02.py tries many seeds)
+    return _correct_four_lines(q, k, v) + _ROUNDING_OFFSET  # (..., q_len, d_v)
 
 
 def _with_factor(factor: Callable[[Tensor, Tensor, Tensor], float]) -> Callable[..., Tensor]:
@@ -242,9 +249,9 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         "tighten the tolerance: float32 rounding is about 1e-7, so atol=1e-5 has room enough",
     ),
     (
-        "the values shifted by 8 and back, weights @ (v + 8) − 8: the same output, rounded on"
-        " the scale of 8",
-        _correct_shifted_values,
+        "the formula with every output entry 4e-6 too large, a rounding error of the size the"
+        " prompt allows",
+        _correct_off_by_rounding,
         True,
         "",
     ),
@@ -354,9 +361,10 @@ def _scale_verdict_problem(
             f" inputs your test used ({shapes}) its outputs differ from the exact values by at"
             f" most {error:.1e} (on outputs up to {size:.1e}), float32 rounding. Exact equality"
             " always rejects rounding; a tolerance that shrinks to nothing near zero"
-            " (torch.allclose's default atol=1e-8, or rtol alone) rejects it whenever an output"
-            " entry lands close to 0, so such a test passes or fails with the inputs it happens"
-            " to draw: compare with an absolute tolerance such as atol=1e-5"
+            " (torch.allclose's default atol=1e-8, or rtol alone), or an atol below a few 1e-6,"
+            " rejects it whenever an output entry lands close to 0, so such a test passes or"
+            " fails with the inputs it happens to draw: compare with an absolute tolerance such"
+            " as atol=1e-5"
         )
     if error < 1e-5 and _largest_score(recorded) < 0.1:
         # every scale gives nearly uniform weights when the scores are tiny
@@ -389,8 +397,10 @@ def check_scale_test(
     :func:`reference_scaled_attention`, the output only, as PyTorch's function returns it)
     and must say whether it computes ``softmax(q kᵀ/√d_k) v``. The check hands it the
     functions of :data:`SCALE_TEST_CANDIDATES`, five correct ones (with different float32
-    rounding, one of them about 1e-6 off, which a purely relative tolerance rejects whenever
-    the test's inputs put an output entry near 0) and thirteen with a slip (no scale,
+    rounding, one of them 4e-6 off in every entry, which a purely relative tolerance such as
+    ``rtol=1e-4, atol=0`` rejects whenever an output entry lies within 0.04 of 0 and
+    ``atol=1e-6`` whenever one lies within 0.3: on random normal inputs with a few dozen
+    output entries, always) and thirteen with a slip (no scale,
     ``d_k``, a fixed ``√64``, ``√d_v``, ``√k_len``, ``√q_len``, ``√q.size(1)``, the softmax
     over axis 1 or axis 2, a multiplication, the scale after the softmax, and two small ones
     that only a tight tolerance catches: ``√(d_k + 1)``, float16 weights). A
