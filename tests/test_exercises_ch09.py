@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,8 +78,19 @@ def cache_p_always_2(num_layers, d_model, num_heads, num_kv_heads, dtype, batch,
     return 2 * num_layers * num_kv_heads * head_dim * 2 * batch * seq_len
 
 
+def cache_by_numpy_product(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    head_dim = d_model // num_heads
+    factors = [2, num_layers, num_kv_heads, head_dim, dtype.itemsize, batch, seq_len]
+    return np.prod(factors)  # a NumPy integer, not a Python int
+
+
 def test_kv_cache_bytes_accepts_correct():
-    for fn in [ch09.reference_kv_cache_bytes, cache_by_formula, cache_by_allocation]:
+    for fn in [
+        ch09.reference_kv_cache_bytes,
+        cache_by_formula,
+        cache_by_allocation,
+        cache_by_numpy_product,
+    ]:
         assert ch09.check_kv_cache_bytes(fn, verbose=False), fn.__name__
 
 

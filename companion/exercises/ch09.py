@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import operator
 from collections.abc import Callable
 
@@ -154,6 +155,8 @@ def check_kv_cache_bytes(kv_cache_bytes: Callable[..., int], verbose: bool = Tru
         result = kv_cache_bytes(**kwargs)
         if isinstance(result, Tensor) and result.numel() == 1:
             result = result.item()
+        if isinstance(result, numbers.Real) and not isinstance(result, (bool, int, float)):
+            result = float(result)  # a NumPy integer or float (np.prod, say) is a number too
         if isinstance(result, bool) or not isinstance(result, (int, float)):
             raise TypeError(f"kv_cache_bytes must return a number of bytes, got {result!r}")
         return result
