@@ -745,3 +745,47 @@ def test_batch_independent_failure_names_what_the_model_does(wrong, hint):
     result = ch11.check_batch_independent(wrong, verbose=False)
     assert not result, result.message
     assert "hint: " in result.message and hint in result.message, result.message
+
+
+# --------------------------------------------------------------------------------------------
+# the chapter's exercise section: each exercise keeps its heading, statement, stub, check and
+# hidden solution (exercise 5's heading and statement were once lost in an edit)
+# --------------------------------------------------------------------------------------------
+
+
+def test_every_exercise_has_heading_statement_stub_check_and_solution():
+    import json
+    import re
+    from pathlib import Path
+
+    notebook = Path(__file__).parents[1] / "book" / "11_bug_clinic.ipynb"
+    cells = json.loads(notebook.read_text("utf-8"))["cells"]
+    sources = ["".join(cell["source"]) for cell in cells]
+    stubs = [
+        i
+        for i, (cell, text) in enumerate(zip(cells, sources))
+        if cell["cell_type"] == "code" and re.search(r"^ch11\.check_\w+\(", text, re.M)
+    ]
+    assert len(stubs) == len(ch11.__all__), f"expected one stub cell per check, got {len(stubs)}"
+    for number, i in enumerate(stubs, start=1):
+        before = sources[i - 1]
+        assert cells[i - 1]["cell_type"] == "markdown", (
+            f"exercise {number}: no statement before its stub"
+        )
+        heading = list(re.finditer(r"^### Exercise (\d+):", before, re.M))
+        assert heading and int(heading[-1][1]) == number, (
+            f"exercise {number}: the cell before its stub should end with '### Exercise {number}:'"
+        )
+        statement = before[heading[-1].end() :].split("\n", 1)[1].strip()
+        assert len(statement.split()) >= 30, (
+            f"exercise {number}: the statement is missing or too short"
+        )
+        assert "<details" not in statement, f"exercise {number}: the statement runs into a solution"
+        after = sources[i + 1]
+        assert cells[i + 1]["cell_type"] == "markdown" and after.startswith(
+            '<details class="solution">'
+        ), f"exercise {number}: the cell after its stub should be the hidden solution"
+        checks = re.findall(r"ch11\.(check_\w+)\(", sources[i])
+        assert checks and f"ch11.{checks[0]}" in after.split("</details>")[0], (
+            f"exercise {number}: the solution should call the stub's check, {checks[0]}"
+        )

@@ -150,7 +150,7 @@ class _ShiftedMask(clinic.Transformer):
         return torch.tril(torch.ones(size, size, dtype=torch.bool), diagonal=self.diagonal)
 
 
-def leak_patient(num_layers: int, diagonal: int) -> clinic.Transformer:
+def leak_decoder(num_layers: int, diagonal: int) -> clinic.Transformer:
     """The exercise's decoder: a small clinic model (seed 0, ``d_model`` 16, ``num_layers`` in
     each stack) whose causal mask is ``torch.tril(ones, diagonal=diagonal)``."""
     torch.manual_seed(0)
@@ -158,11 +158,11 @@ def leak_patient(num_layers: int, diagonal: int) -> clinic.Transformer:
 
 
 def measured_reach(num_layers: int, diagonal: int) -> int:
-    """The largest ``j - i`` for which output ``i`` of :func:`leak_patient` moves when decoder
+    """The largest ``j - i`` for which output ``i`` of :func:`leak_decoder` moves when decoder
     input ``j`` changes (:func:`companion.clinic.causal_leak` on one toy sentence of 13 tokens);
     0 for a decoder that does not leak."""
     src, tgt_in, _ = clinic.toy_batch(1, torch.Generator().manual_seed(0))  # (1, 13) each
-    moved = clinic.causal_leak(leak_patient(num_layers, diagonal), src, tgt_in)  # (13, 13)
+    moved = clinic.causal_leak(leak_decoder(num_layers, diagonal), src, tgt_in)  # (13, 13)
     i, j = torch.nonzero(moved, as_tuple=True)
     return int((j - i).max().clamp(min=0))
 
@@ -185,7 +185,7 @@ def check_leak_reach(answers: Mapping[tuple[int, int], int], verbose: bool = Tru
     """Check ``answers``, ``{(num_layers, diagonal): reach}`` for the decoders of
     :data:`LEAK_CASES`: the reach is the largest ``j - i`` for which output ``i`` moves when
     decoder input ``j`` changes, measured with :func:`companion.clinic.causal_leak` on
-    :func:`leak_patient` (:func:`measured_reach`).
+    :func:`leak_decoder` (:func:`measured_reach`).
 
     Raises:
         TypeError: ``answers`` is not a dict.
@@ -305,8 +305,9 @@ _PREDICT_HINTS = {
         "number does when pads are appended"
     ),
     "embedding not scaled": (
-        "ask of each finding what it compares; a change that keeps every comparison equal "
-        "fails none of them, however much it slows training"
+        "most findings compare two runs of the same model, which a change of the input scale "
+        "keeps equal; the first loss is absolute, but a LayerNorm sits between the embedding "
+        "and the output"
     ),
 }
 
