@@ -949,7 +949,7 @@ def test_encode_rejects_wrong(wrong):
     assert not ch04.check_encode(wrong, verbose=False)
 
 
-STARTS = (1, 2, 3, 1000)
+STARTS = (1, 2, 3, 10_000)
 
 
 def relative_correct(layer, x):
@@ -958,9 +958,9 @@ def relative_correct(layer, x):
 
 
 def relative_solution(layer, x):
-    """The notebook's solution: start 1 moves every periodic code, start 1000 the slow ones."""
+    """The notebook's solution: start 1 moves every periodic code, start 10 000 the slow ones."""
     out = layer(x, 0)
-    return all(torch.allclose(layer(x, s), out, atol=1e-5, rtol=1e-4) for s in (1, 1000))
+    return all(torch.allclose(layer(x, s), out, atol=1e-5, rtol=1e-4) for s in (1, 10_000))
 
 
 def relative_tolerance(atol, starts=STARTS):
@@ -969,6 +969,17 @@ def relative_tolerance(atol, starts=STARTS):
         return all(torch.allclose(layer(x, s), out, atol=atol) for s in starts)
 
     test.__name__ = f"relative_atol_{atol:g}_starts_{'_'.join(map(str, starts))}"
+    return test
+
+
+def relative_near_only(atol, rtol, starts):
+    """Wrong: a good tolerance, but near starts only; the slow code moves by rounding there."""
+
+    def test(layer, x):
+        out = layer(x, 0)
+        return all(torch.allclose(layer(x, s), out, atol=atol, rtol=rtol) for s in starts)
+
+    test.__name__ = f"relative_near_only_atol_{atol:g}_rtol_{rtol:g}_starts_1_to_{max(starts)}"
     return test
 
 
@@ -1019,6 +1030,9 @@ def test_relative_test_accepts_correct(correct):
         relative_tolerance(1e-3),  # misses the faint parity code (100 times "about 1e-5")
         relative_tolerance(1e-5, (2, 4, 100, 1000)),  # even starts only: misses the parity code
         relative_tolerance(1e-5, (1, 2, 3)),  # near starts only: misses the slow code
+        relative_near_only(1e-5, 0.0, (1, 2, 3)),  # whatever the tolerance near 1e-5
+        relative_near_only(1e-5, 1e-5, tuple(range(1, 11))),
+        relative_near_only(1e-5, 1e-4, tuple(range(1, 11))),
         relative_tolerance(1e-5, (1,)),
         relative_tolerance(1e-5, (1001,)),  # one far odd start: misses periods 7, 11, 13
         relative_tolerance(1e-5, (12345,)),  # misses periods 3 and 5
@@ -1148,11 +1162,23 @@ def test_relative_cases_are_what_they_say():
     parity = "attention on tokens plus ±1 by the parity of the position (period 2)"
     assert gap(parity, 1) > 0.1 and gap(parity, 100) == 0
     slow = [name for name in cases if "wavelength" in name][0]
-    assert gap(slow, 3) < 3e-5 and gap(slow, 1000) > 1e-4  # a near start barely moves it
+    # starts 1 to 10 move it by float32 rounding only (as RoPE moves), start 10 000 far more
+    assert max(gap(slow, start) for start in range(1, 11)) < 8e-6
+    assert gap(slow, 10_000) > 5e-4 > 2 * gap(rope, 12345)
     for period, divided in [(3, 12345), (5, 12345), (7, 1001)]:
         name = [name for name in cases if f"a code of period {period} " in name][0]
         assert gap(name, 1) > 0.1 and gap(name, 1000 + (-1000) % period + 1) > 0.1, period
         assert gap(name, period) == 0 and gap(name, divided) == 0, period  # it returns exactly
+
+
+@pytest.mark.parametrize("rtol", [0.0, 1e-5, 1e-4])
+def test_relative_test_near_starts_miss_the_slow_code(rtol):
+    """Near starts only (1 to 10) are rejected for the slow code itself, whatever the rtol."""
+    result = ch04.check_shift_invariant(
+        relative_near_only(1e-5, rtol, tuple(range(1, 11))), verbose=False
+    )
+    assert not result and "wavelength 2π·10^8" in result.message, result.message
+    assert ch04.check_shift_invariant(relative_solution, verbose=False)
 
 
 def test_relative_test_explains_a_missed_period():

@@ -1053,11 +1053,14 @@ def _relative_cases() -> list[Case]:
             False,
         ),
         (
-            "attention on tokens plus a code of wavelength 2π·10^6 (a step of 1 barely moves it)",
+            "attention on tokens plus a code of wavelength 2π·10^8 (a step of 10 barely moves it)",
+            # starts 1 to 10 move the outputs by at most about 3e-6, float32 rounding's size
+            # (RoPE's own moves), so no tolerance near 1e-5 sees them; start 1000 moves them by
+            # about 1.5e-4, start 10 000 by about 1.5e-3
             lambda x, s: attention(
                 x
-                + 0.5
-                * torch.sin(1e-6 * torch.arange(s, s + x.shape[1], dtype=torch.float64))[
+                + 2.0
+                * torch.sin(1e-8 * torch.arange(s, s + x.shape[1], dtype=torch.float64))[
                     :, None
                 ].float()
                 * direction,
@@ -1186,12 +1189,12 @@ def _relative_verdict_problem(got: object, case: Case) -> str | None:
         )
     elif "a code of period" in repr(layer):
         hint = (
-            " Try several starts: near ones (1, 2, 3) and far ones (1000 and more). A code of "
+            " Try several starts: near ones (1, 2, 3) and far ones (10 000 and more). A code of "
             "period p returns at every start that p divides, so a test with one start misses "
             "every period that divides it"
         )
     else:
-        hint = " Try several starts: near ones (1, 2, 3) and far ones (1000 and more)"
+        hint = " Try several starts: near ones (1, 2, 3) and far ones (10 000 and more)"
     return (
         f"your test accepted {layer!r}, a layer whose outputs DO depend on the absolute "
         f"position: at start {start} they move by {gap:.1e}.{hint}"
@@ -1213,7 +1216,8 @@ def check_shift_invariant(
     code of size ``5.3e-5`` (outputs move by ``8.7e-4``: a tolerance of ``1e-3`` misses it), RoPE on the
     queries only, a parity code (a test that tries only even starts misses it), codes of period
     3, 5 and 7 (a test with one far start such as 1001 or 12345 misses one of them) and a code
-    of wavelength ``2π·10^6`` (a test that tries only starts up to about 10 misses it); and four
+    of wavelength ``2π·10^8`` (starts up to 10 move it by float32 rounding only, so a test that
+    tries only near starts misses it at any tolerance; start 10 000 moves it by ``1.5e-3``); and four
     whose dependence cancels in a summary: outputs rolled by ``start % seq_len`` (a test of
     the sum or of the mean over the sequence misses it), a code on the last token's output
     only (a test of the first token misses it), on the first token's only (a test of the last
