@@ -179,6 +179,8 @@ def test_prefix_mask_rejects_a_non_boolean_mask_and_says_why(wrong):
     result = ch10.check_prefix_lm_mask(wrong, verbose=False)
     assert not result
     assert "must be a bool tensor" in result.message and "dtype torch." in result.message
+    # the float answer is told why a float mask blocks nothing; the integer one is not
+    assert ("adds a float mask to the scores" in result.message) == (wrong is prefix_float)
 
 
 def test_prefix_reference_is_the_package_mask_row_by_row():
@@ -298,6 +300,27 @@ bert_selects_20_percent = _with("bert_selects_20_percent", select=0.20)
 bert_80_20_0 = _with("bert_80_20_0", random=0.2)
 bert_90_5_5 = _with("bert_90_5_5", mask=0.9, random=0.05)
 bert_85_10_5 = _with("bert_85_10_5", mask=0.85)
+# special_ids ignored: <pad> <bos> <eos> <unk> and mask_id hard-coded, or "token > 3"; the
+# fourth layout's sentinels (ids 21 to 23, in special_ids) are then selected and drawn
+# (special_ids[4] is mask_id in every layout)
+bert_hard_coded_specials = _with(
+    "bert_hard_coded_specials",
+    eligible=lambda tokens, v, s: ~torch.isin(tokens, torch.tensor([0, 1, 2, 3, s[4]])),
+    ordinary=lambda tokens, v, s: ordinary_ids(v, [0, 1, 2, 3, s[4]]),
+)
+bert_above_three = _with(
+    "bert_above_three",
+    eligible=lambda tokens, v, s: tokens > 3,
+    ordinary=lambda tokens, v, s: torch.tensor([i for i in range(4, v) if i not in s[4:5]]),
+)
+bert_hard_coded_selection_only = _with(
+    "bert_hard_coded_selection_only",
+    eligible=lambda tokens, v, s: ~torch.isin(tokens, torch.tensor([0, 1, 2, 3, s[4]])),
+)
+bert_hard_coded_draws_only = _with(
+    "bert_hard_coded_draws_only",
+    ordinary=lambda tokens, v, s: ordinary_ids(v, [0, 1, 2, 3, s[4]]),
+)
 
 
 def bert_random_from_four_up(tokens, mask_id, vocab_size, special_ids, generator):
@@ -426,6 +449,10 @@ def test_bert_masking_refuses_the_package():
         (bert_80_20_0, "random other token / selected"),
         (bert_90_5_5, "[MASK] / selected"),
         (bert_85_10_5, "[MASK] / selected"),
+        (bert_hard_coded_specials, "take the special ids from special_ids"),
+        (bert_above_three, "take the special ids from special_ids"),
+        (bert_hard_coded_selection_only, "take the special ids from special_ids"),
+        (bert_hard_coded_draws_only, "a special id, as a random replacement"),
         (bert_independent_draws, "[MASK] / selected"),
         (bert_floor_count, "selected / real tokens"),
         (bert_round_count, "per row spreads too little"),
@@ -460,6 +487,15 @@ def test_bert_masking_cases_are_large_enough_for_the_bounds():
         assert all(t.min() >= 0 and (t[:, 0] == 1).all() for t in setting.batches)
         assert any(bool((t == 3).any()) for t in setting.batches)  # some <unk> to leave alone
         assert any(bool((t == 0).any()) for t in setting.batches)  # and padding
+        for sentinel in set(setting.special_ids) - {0, 1, 2, 3, setting.mask_id}:
+            assert any(bool((t == sentinel).any()) for t in setting.batches)  # in the text
+
+
+def test_bert_masking_has_a_layout_with_sentinels():
+    """special_ids is not always <pad> <bos> <eos> <unk> and mask_id: one layout adds
+    sentinels, and its batches hold them (a hard-coded list would select them)."""
+    layouts = [(s.special_ids, s.mask_id) for s in ch10._masking_settings()]
+    assert any(set(ids) - {0, 1, 2, 3, mask_id} for ids, mask_id in layouts), layouts
 
 
 def test_reference_masking_sits_well_inside_the_bounds():

@@ -116,10 +116,15 @@ def check_prefix_lm_mask(
     def boolean_only(**kwargs: object) -> Tensor:
         mask = prefix_lm_mask(**kwargs)
         if isinstance(mask, Tensor) and mask.dtype != torch.bool:
+            why = (
+                "PyTorch adds a float mask to the scores, so a 0/1 float mask blocks nothing"
+                if mask.is_floating_point()
+                else "scaled_dot_product_attention takes a bool mask, or a float one it adds "
+                "to the scores, not integers"
+            )
             raise TypeError(
                 f"the mask must be a bool tensor (True = may attend), got dtype {mask.dtype}; "
-                "PyTorch adds a float mask to the scores, so a 0/1 float mask blocks nothing: "
-                "return the comparison itself, or call .bool()"
+                f"{why}: return the comparison itself, or call .bool()"
             )
         return mask
 
@@ -215,16 +220,21 @@ def _masking_settings() -> list[_MaskingSetting]:
     (so the ordinary ids are not simply ``len(special_ids) .. vocab_size - 1``), and [MASK] as
     the last of 7 ids, with only two ordinary ids (4 and 5). In the last, a random id drawn
     from ``4 .. vocab_size - 1`` ("skip <pad> <bos> <eos> <unk>") is [MASK] one time in three,
-    which raises the [MASK] share from 0.8 to 0.833. Rows are ``<bos> words <eos>`` + padding,
-    with some ``<unk>`` among the words; 100 batches of 16 sentences of 3 to 40 words give
-    about 33,000 real tokens in each of the first two layouts, and 100 batches of 48 about
-    100,000 in the third, so that 0.833 lies well outside its 5-standard-deviation band."""
+    which raises the [MASK] share from 0.8 to 0.833. A fourth layout adds three sentinels
+    (T5's ``<X> <Y> <Z>``, ids 21 to 23) to ``special_ids`` and scatters them among the words,
+    as in chapter 10's own data: an answer that hard-codes ``<pad> <bos> <eos> <unk>`` and
+    ``mask_id`` (or selects ``token > 3``) selects them, or draws them as random tokens.
+    Rows are ``<bos> words <eos>`` + padding, with some ``<unk>`` among the words; 100 batches
+    of 16 sentences of 3 to 40 words give about 33,000 real tokens in each of the first two
+    layouts (and the fourth), and 100 batches of 48 about 100,000 in the third, so that 0.833
+    lies well outside its 5-standard-deviation band."""
     g = seeded_generator(1002)
     settings = []
     layouts = [
         (24, (0, 1, 2, 3, 4), 4, 16),
         (30, (0, 1, 2, 3, 29), 29, 16),
         (7, (0, 1, 2, 3, 6), 6, 48),
+        (24, (0, 1, 2, 3, 4, 21, 22, 23), 4, 16),
     ]
     for vocab_size, special_ids, mask_id, rows in layouts:
         ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])  # (n,)
@@ -233,6 +243,10 @@ def _masking_settings() -> list[_MaskingSetting]:
             lengths = torch.randint(3, 41, (rows,), generator=g)  # (rows,) words per sentence
             words = ordinary[torch.randint(len(ordinary), (rows, 40), generator=g)]  # (rows, 40)
             words = words.masked_fill(torch.rand(rows, 40, generator=g) < 0.05, 3)  # some <unk>
+            extra = [i for i in special_ids if i not in (0, 1, 2, 3, mask_id)]  # sentinels
+            if extra:  # (only the fourth layout draws these, so the others stay as they were)
+                sentinel = torch.tensor(extra)[torch.randint(len(extra), (rows, 40), generator=g)]
+                words = torch.where(torch.rand(rows, 40, generator=g) < 0.05, sentinel, words)
             tokens = torch.zeros(rows, int(lengths.max()) + 2, dtype=torch.long)  # (rows, len)
             for row, n in enumerate(lengths.tolist()):
                 tokens[row, : n + 2] = torch.tensor([1, *words[row, :n].tolist(), 2])
@@ -269,11 +283,18 @@ def _masking_problem(got: object, tokens: Tensor, setting: _MaskingSetting) -> s
     touched = special & ((inputs != tokens) | (targets != 0))  # (batch, len)
     if bool(touched.any()):
         index = _first_index(touched)
-        kind = "padding (<pad> = 0)" if int(tokens[index]) == 0 else "a special token"
+        token = int(tokens[index])
+        kind = "padding (<pad> = 0)" if token == 0 else "a special token"
+        hint = (
+            f" (id {token} is in special_ids {list(setting.special_ids)}: take the special "
+            "ids from special_ids, not from a fixed list or a threshold)"
+            if token > 3 and token != setting.mask_id
+            else ""
+        )
         return (
-            f"position {list(index)} holds {kind}, id {int(tokens[index])}, but got input "
+            f"position {list(index)} holds {kind}, id {token}, but got input "
             f"{int(inputs[index])} and target {int(targets[index])}: padding and special tokens "
-            "are never selected (input unchanged, target 0)"
+            f"are never selected (input unchanged, target 0){hint}"
         )
     selected = targets != 0  # (batch, len)
     wrong_target = selected & (targets != tokens)  # (batch, len)
@@ -405,7 +426,7 @@ def check_bert_masking(
     """Check ``bert_mask(tokens, mask_id, vocab_size, special_ids, generator)`` →
     ``(inputs, targets)``, both ``(batch, len)``, as :func:`reference_bert_masking` describes.
 
-    Your function masks 300 batches (three vocabulary layouts, 33,000 to 100,000 real tokens each),
+    Your function masks 400 batches (four vocabulary layouts, 33,000 to 100,000 real tokens each),
     each with a fresh generator. Every result must hold on its own: padding and special
     tokens untouched (input unchanged, target 0), the target of a selected position its
     original token, every other position unchanged with target 0, random replacements never
