@@ -633,8 +633,12 @@ def first_leak_max_abs(attend, x):  # right: the largest change of any entry
     return _pairs_compared(attend, x, lambda a, b: (a - b).abs().max() > 1e-5)
 
 
-def first_leak_allclose_default_rtol(attend, x):  # right here: atol=1e-5 plus the default rtol
+def first_leak_allclose_default_rtol(attend, x):  # atol=1e-5 plus the default rtol=1e-5 * |b|
     return _pairs_compared(attend, x, lambda a, b: not torch.allclose(a, b, atol=1e-5))
+
+
+def first_leak_uniform(attend, x):  # torch.rand_like: uniform in [0, 1), never negative
+    return _pairs(attend, x, torch.rand_like)
 
 
 def test_leak_cases_in_one_feature_of_one_sequence_and_through_the_batch():
@@ -645,7 +649,7 @@ def test_leak_cases_in_one_feature_of_one_sequence_and_through_the_batch():
     centred = cases["batch-centred x[2] into 0"]
     assert ch05.reference_first_leak(**one_entry) == (1, 3)
     assert ch05.reference_first_leak(**centred) == (0, 2)
-    right = (first_leak_correct, first_leak_max_abs, first_leak_allclose_default_rtol)
+    right = (first_leak_correct, first_leak_max_abs)
     for seed in range(200):
         torch.manual_seed(seed)
         assert first_leak_feature_zero_only(**one_entry) is None, seed
@@ -658,7 +662,7 @@ def test_leak_cases_in_one_feature_of_one_sequence_and_through_the_batch():
 
 def test_first_leak_right_answers_pass_whatever_the_seed():
     for seed in range(10):
-        for solution in (first_leak_correct, first_leak_max_abs, first_leak_allclose_default_rtol):
+        for solution in (first_leak_correct, first_leak_max_abs):
             torch.manual_seed(seed)
             assert ch05.check_first_leak(solution, verbose=False), (solution.__name__, seed)
 
@@ -672,6 +676,24 @@ def test_leak_case_below_the_tolerance_fails_an_exact_comparison():
         torch.manual_seed(seed)
         assert first_leak_exact(**tiny) == (0, 3), seed
         assert first_leak_correct(**tiny) is None, seed
+
+
+def test_leak_cases_missed_by_the_default_rtol_and_by_uniform_noise():
+    """The 1.5e-5 step on entries of size >= 1.5, and the leak through negative entries only:
+    each wrong answer misses its case whatever the seed, and the right ones never do."""
+    cases = {case["attend"].name: case for case in ch05._future_leak_cases()}
+    step = cases["1.5e-5 step of x[4] into 2"]
+    negative = cases["negative part of x[3] into 0"]
+    assert ch05.reference_first_leak(**step) == (2, 4)
+    assert ch05.reference_first_leak(**negative) == (0, 3)
+    assert step["attend"](step["x"])[:, 2].abs().min() > 1.5  # rtol * |b| >= 1.5e-5 there
+    for seed in range(200):
+        torch.manual_seed(seed)
+        assert first_leak_allclose_default_rtol(**step) is None, seed
+        assert first_leak_uniform(**negative) is None, seed
+        for solution in (first_leak_correct, first_leak_max_abs):
+            assert solution(**step) == (2, 4), (solution.__name__, seed)
+            assert solution(**negative) == (0, 3), (solution.__name__, seed)
 
 
 def test_leak_case_missed_by_a_loose_tolerance():
@@ -710,6 +732,8 @@ def test_first_leak_accepts_correct():
         first_leak_feature_zero_only,
         first_leak_mean_change,
         first_leak_batch_summed,
+        first_leak_allclose_default_rtol,
+        first_leak_uniform,
     ],
 )
 def test_first_leak_rejects_wrong(wrong):

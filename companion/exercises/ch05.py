@@ -591,6 +591,27 @@ def _batch_centred(v: Tensor) -> Tensor:  # (batch, d): a leak through batch sta
     return 1e-3 * (v - v.mean(dim=0, keepdim=True))
 
 
+def _offset_step(v: Tensor) -> Tensor:
+    """``(batch, d)``: ``4 + 1.5e-5 tanh(100 |v|^2)`` in every entry. At a zero input the
+    step is 0; a random input sets it to about ``1.5e-5``, above ``1e-5`` but below ``atol=1e-5``
+    plus the default ``rtol=1e-5`` times the entries it lands on (1.5 or more in size in the
+    case below, so at least ``2.5e-5``)."""
+    step = 1.5e-5 * torch.tanh(100 * v.square().sum(dim=-1, keepdim=True))  # (batch, 1)
+    return (4.0 + step).expand_as(v)
+
+
+def _negative_part(v: Tensor) -> Tensor:  # (batch, d): 1e-3 relu(-v), closed for inputs >= 0
+    return 1e-3 * (-v).relu()
+
+
+def _abs_at(x: Tensor, j: int) -> Tensor:
+    """``x`` with input ``j`` made non-negative: where :func:`_negative_part` is closed, as it
+    stays for uniform noise in ``[0, 1)``."""
+    x = x.clone()  # (batch, seq_len, d)
+    x[:, j] = x[:, j].abs()
+    return x
+
+
 def _zero_at(x: Tensor, j: int) -> Tensor:
     """``x`` with input ``j`` set to zero: where :func:`_last_feature_of_sequence_1` is 0."""
     x = x.clone()  # (batch, seq_len, d)
@@ -723,6 +744,23 @@ def _future_leak_cases() -> list[Case]:
             ),
             "x": x(4),
         },  # (0, 2)
+        # a step of about 1.5e-5 on entries of size 1.5 or more: allclose(atol=1e-5) with its
+        # default rtol=1e-5 allows at least 2.5e-5 there and misses it
+        {
+            "attend": _Elementwise(
+                "1.5e-5 step of x[4] into 2", _add_at(causal, 2, 4, _offset_step)
+            ),
+            "x": _zero_at(x(5), 4),
+        },  # (2, 4)
+        # a leak only through negative entries, closed at the sample: uniform noise in [0, 1)
+        # (torch.rand_like) never opens it; 16 standard-normal entries all >= -0.01 have a
+        # chance of about 2e-5
+        {
+            "attend": _Elementwise(
+                "negative part of x[3] into 0", _add_at(causal, 0, 3, _negative_part)
+            ),
+            "x": _abs_at(x(5, batch=4), 3),
+        },  # (0, 3)
     ]
 
 
@@ -737,8 +775,11 @@ def check_first_leak(
     a leak of about ``1e-3`` (missed by a loose tolerance), a change of about ``1e-6`` below
     the tolerance (reported by an exact comparison), a leak of about ``5e-5`` into the last
     feature of sequence 1 only (missed by output feature 0 alone and by the mean change), a
-    leak that sums to zero over the batch (missed by batch-summed outputs), and leaks that a
-    positive rescale, an added constant, a negation or a replacement by zeros cannot reveal."""
+    leak that sums to zero over the batch (missed by batch-summed outputs), a step of about
+    ``1.5e-5`` on entries of size 1.5 or more (missed by ``allclose`` with its default
+    ``rtol``), a leak through negative entries only (missed by uniform noise,
+    ``torch.rand_like``), and leaks that a positive rescale, an added constant, a negation or
+    a replacement by zeros cannot reveal."""
     return _run(
         "first_leak",
         first_leak,
