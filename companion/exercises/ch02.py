@@ -546,7 +546,8 @@ class _BlockRule(TorchFunctionMode):
 
     A call is refused (:class:`BlockRuleBroken`) when it returns a tensor ending in
     ``(q_len, k_len)`` or ``(k_len, q_len)``, a score or weight matrix over all the keys,
-    transposed or not (``q @ k.transpose``, ``k @ q.transpose``,
+    transposed or not, also with a width-1 axis among its last three (``(..., q_len, k_len, 1)``
+    from ``sum(-1, keepdim=True)``) (``q @ k.transpose``, ``k @ q.transpose``,
     ``torch.softmax`` of it, ``torch.cat`` of the blocks' scores, ...), or when it is
     PyTorch's fused ``scaled_dot_product_attention`` on more than ``block_size`` keys, or
     when it returns a float tensor ending in ``k_len`` (one query's scores over all the
@@ -589,10 +590,7 @@ class _BlockRule(TorchFunctionMode):
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", repr(func))
         for tensor in _tensors(result):
-            if tensor.dim() >= 2 and tuple(tensor.shape[-2:]) in (
-                (self.q_len, self.k_len),
-                (self.k_len, self.q_len),  # the same scores transposed, k @ q.mT
-            ):
+            if self._all_scores(tuple(tensor.shape)):
                 self._refuse(
                     f"{name} returned a tensor of shape {tuple(tensor.shape)}, the scores of"
                     f" all {self.k_len} keys for each of the {self.q_len} queries"
@@ -613,6 +611,18 @@ class _BlockRule(TorchFunctionMode):
             ):  # width-1 columns count too: one key's scores kept per key add up
                 self._count(tensor, name)
         return result
+
+    def _all_scores(self, shape: tuple[int, ...]) -> bool:
+        """Does a tensor of this shape hold the scores of all the keys for every query?"""
+        pairs = ((self.q_len, self.k_len), (self.k_len, self.q_len))  # k @ q.mT: transposed
+        if shape[-2:] in pairs:
+            return True
+        # the broadcasting form with keepdim=True, (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(
+        # -1, keepdim=True): (..., q_len, k_len, 1), or a width-1 axis elsewhere in the last three
+        last = shape[-3:]
+        return len(last) == 3 and any(
+            last[i] == 1 and last[:i] + last[i + 1 :] in pairs for i in range(3)
+        )
 
     def _count(self, tensor: Tensor, name: str) -> None:
         """Adds a score-shaped tensor to the live ones; refuses when too many are alive."""
@@ -638,8 +648,9 @@ def check_blockwise_attention(
     last block, blocks of one key, one block for all keys, scores in the thousands and keys
     whose scores rise from block to block. While the reader's function runs, a
     :class:`~torch.overrides.TorchFunctionMode` refuses any PyTorch call that returns a
-    tensor ending in ``(q_len, k_len)`` or ``(k_len, q_len)`` (the scores or weights of all
-    keys at once, transposed or not) or runs
+    tensor ending in ``(q_len, k_len)`` or ``(k_len, q_len)``, or in ``(q_len, k_len, 1)``
+    (the scores or weights of all keys at once, transposed or not, or kept with
+    ``keepdim=True``) or runs
     PyTorch's fused attention on more than ``block_size`` keys, so the plain full softmax is
     reported, not passed. (Work done outside PyTorch, in NumPy say, is not watched.) A call
     into :mod:`companion.efficient_attention`, whose ``blockwise_attention`` is the answer, is
