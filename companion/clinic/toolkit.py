@@ -1300,9 +1300,11 @@ def examine(patient: Patient, *, batch_size: int = 8, seed: int = 0) -> list[Fin
     """Run the diagnostics that need no training on ``patient``
     (:class:`~companion.clinic.patient.Patient`), in this order: deterministic evaluation,
     registration, causal leak, batch independence, padding invariance (of the source), loss
-    at initialisation, loss ignores padding, labels shifted. Each on the patient's own
-    adapter, loss and label shift, on a padded batch of ``batch_size`` sentences; about half
-    a second on a laptop. Read them in order: when two evaluations differ (dropout on), the
+    at initialisation, loss ignores padding, labels shifted, on a padded batch of
+    ``batch_size`` sentences; about half a second on a laptop. The patient's adapter feeds
+    every check that calls the model, its loss function only "loss ignores padding" (the loss
+    at initialisation is plain cross-entropy with the pads ignored, whatever the patient's
+    loss), its label shift only the last. Read them in order: when two evaluations differ (dropout on), the
     comparisons after it differ too, so the first failure is the one to explain.
     :func:`overfit_check` and :func:`parity_with_torch` are left to the reader (one trains,
     the other needs a key map)."""
