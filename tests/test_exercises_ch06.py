@@ -636,3 +636,76 @@ def test_peri_ln_output_norm_bounds_the_branch():
         big.weight.mul_(100)
     added = ch06.reference_peri_ln_block(x, big, nn.LayerNorm(16), nn.LayerNorm(16)) - x
     torch.testing.assert_close(added.pow(2).mean(-1).sqrt(), torch.ones(4), atol=1e-3, rtol=0)
+
+
+def _stream_seed_average(depths, norm_first, how):
+    """Right measurement, but the three seeds' RMS averaged by ``how`` (not the plain mean)."""
+    from companion import norm_study
+
+    sizes = []
+    for depth in depths:
+        rms = []
+        for seed in (0, 1, 2):
+            encoder = norm_study.init_encoder(depth, norm_first, seed, final_norm=False)
+            with torch.no_grad():
+                rms.append(encoder(norm_study.init_inputs(seed)[0]).pow(2).mean().sqrt().item())
+        sizes.append(float(np.exp(np.mean(np.log(rms))) if how == "geometric" else np.median(rms)))
+    return float(np.polyfit(np.log(depths), np.log(sizes), 1)[0]), sizes
+
+
+@pytest.mark.parametrize("how", ["geometric", "median"])
+def test_stream_size_slope_names_the_geometric_mean_and_the_median(how):
+    """Averaging the seeds by their geometric mean or median is refused (the exercise asks for
+    the plain mean), with a hint that names what was done instead of pointing at the setup."""
+    result = ch06.check_stream_size_slope(
+        lambda depths, norm_first: _stream_seed_average(depths, norm_first, how), verbose=False
+    )
+    assert not result
+    assert "another order" in result.message, result.message
+    assert ("geometric mean" if how == "geometric" else "median") in result.message, result.message
+    assert "use seeds 0, 1 and 2" not in result.message, result.message
+
+
+def peri_ln_as_pre_ln(x, sublayer, input_norm, output_norm):  # output norm forgotten: Pre-LN
+    return x + sublayer(input_norm(x))
+
+
+@pytest.mark.parametrize("value", [1, 1.0, np.float64(0.99), 1.02])
+def test_peri_ln_added_size_accepts_one(value):
+    assert ch06.check_peri_ln_added_size(value, verbose=False), value
+    assert ch06.check_peri_ln_added_size(value, ch06.reference_peri_ln_block, verbose=False), value
+
+
+@pytest.mark.parametrize("wrong", [100, 100.0, 8, 0, 0.0, 0.5, 10])
+def test_peri_ln_added_size_rejects_classic_slips(wrong):
+    result = ch06.check_peri_ln_added_size(wrong, verbose=False)
+    assert not result
+    if wrong >= 5:
+        assert "its own" in result.message, result.message
+    if wrong == 0:
+        assert "variance 1, not 0" in result.message, result.message
+
+
+@pytest.mark.parametrize("value", [None, "1", True, [1.0]])
+def test_peri_ln_added_size_needs_a_number(value, capsys):
+    result = ch06.check_peri_ln_added_size(value)
+    assert not result
+    out = capsys.readouterr().out
+    assert ("not attempted yet" in out) == (value is None), out
+
+
+def test_peri_ln_added_size_measures_the_readers_block():
+    """Given the block, the check measures what it adds: 1 at both weight scales for Peri-LN;
+    a block without the output norm (Pre-LN) adds 100 times more at scale 100 and fails."""
+    good = ch06.check_peri_ln_added_size(1.0, ch06.reference_peri_ln_block, verbose=False)
+    assert good and "Measured with your block: 1.000" in good.message, good.message
+    bad = ch06.check_peri_ln_added_size(1.0, peri_ln_as_pre_ln, verbose=False)
+    assert not bad and "check your block" in bad.message, bad.message
+
+
+def test_peri_ln_added_size_with_an_unwritten_block():
+    def stub(x, sublayer, input_norm, output_norm):
+        raise NotImplementedError
+
+    result = ch06.check_peri_ln_added_size(1.0, stub, verbose=False)
+    assert result and "not written yet" in result.message, result.message

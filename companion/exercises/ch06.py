@@ -11,7 +11,8 @@ stub in the notebook.
 exercise                         check
 ===============================  ==================================================
 the gradient through LayerNorm   :func:`check_layer_norm_backward`
-a Peri-LN (sandwich) block       :func:`check_peri_ln_block`
+a Peri-LN (sandwich) block       :func:`check_peri_ln_block`,
+                                 :func:`check_peri_ln_added_size`
 relative updates (6.6.3)         :func:`check_relative_updates`
 the stream's size (Pre-LN)       :func:`check_stream_size_prediction`,
                                  :func:`check_stream_size_slope`
@@ -42,6 +43,7 @@ from companion.exercises.ch02 import autograd_forbidden
 __all__ = [
     "check_layer_norm_backward",
     "check_peri_ln_block",
+    "check_peri_ln_added_size",
     "check_relative_updates",
     "check_stream_size_slope",
     "check_stream_size_prediction",
@@ -280,6 +282,103 @@ def check_peri_ln_block(
         )
 
 
+#: exercise 2's prediction: with fresh norms (gain 1, bias 0) the block adds ``output_norm``'s
+#: output, every token standardised to mean 0 and variance 1 (up to the norm's eps), so its root
+#: mean square is 1 whatever the sub-layer's weights; a prediction within this of 1 passes
+PERI_PREDICTION_TOLERANCE: float = 0.05
+#: the width and the weight scales at which the check measures the reader's block
+_PERI_MEASURE_D, _PERI_MEASURE_SCALES = 64, (1.0, 100.0)
+
+
+def _peri_added_rms(peri_ln_block: Callable, scale: float) -> float:
+    """Root mean square of ``peri_ln_block(x, ...) - x`` with fresh LayerNorms and a seeded
+    linear sub-layer whose weights are multiplied by ``scale``."""
+    g = seeded_generator(607)
+    d = _PERI_MEASURE_D
+    sublayer = _seeded_linear(d, d, g)
+    with torch.no_grad():
+        sublayer.weight.mul_(scale)
+        x = 2 * torch.randn(4, 6, d, generator=g) + 1  # (batch, seq_len, d)
+        added = (
+            peri_ln_block(
+                x=x, sublayer=sublayer, input_norm=nn.LayerNorm(d), output_norm=nn.LayerNorm(d)
+            )
+            - x
+        )
+    return added.pow(2).mean().sqrt().item()
+
+
+def check_peri_ln_added_size(
+    predicted_rms: object, peri_ln_block: Callable | None = None, verbose: bool = True
+) -> CheckResult:
+    """Check exercise 2's prediction: the root mean square of what one Peri-LN block adds to
+    the stream, ``peri_ln_block(x, ...) - x``, with fresh norms (gain 1, bias 0) and a
+    sub-layer whose weights are multiplied by 100 (about 1: ``output_norm`` fixes it). Given
+    your ``peri_ln_block``, the check also measures it, at weight scales 1 and 100."""
+    name = "peri_ln_added_size"
+    measured = ""
+    block_ok = True
+    if peri_ln_block is not None:
+        try:
+            sizes = [_peri_added_rms(peri_ln_block, scale) for scale in _PERI_MEASURE_SCALES]
+        except NotImplementedError:
+            sizes = None
+            measured = " (your block is not written yet: nothing measured)"
+        if sizes is not None:
+            measured = (
+                f" Measured with your block: {sizes[0]:.3f} with the sub-layer's weights as"
+                f" drawn, {sizes[1]:.3f} with them multiplied by 100."
+            )
+            block_ok = all(abs(v - 1) < 0.01 for v in sizes)
+            if not block_ok:
+                measured += (
+                    " A Peri-LN block adds output_norm's output, of RMS 1 at any weight scale:"
+                    " check your block against exercise 2's check first."
+                )
+    if predicted_rms is None:
+        result = CheckResult(
+            name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).{measured}"
+        )
+    elif isinstance(predicted_rms, bool) or not isinstance(
+        predicted_rms, (int, float, np.integer, np.floating)
+    ):
+        result = CheckResult(
+            name, False, 0,
+            f"❌ {name}: expected a number (the predicted RMS), got {type(predicted_rms).__name__}",
+        )  # fmt: skip
+    else:
+        value = float(predicted_rms)
+        if abs(value - 1) <= PERI_PREDICTION_TOLERANCE:
+            ok = block_ok
+            text = (
+                "✅" if ok else "❌",
+                f"{value:.2f}: output_norm standardises every token (mean 0, variance 1), and its"
+                " gain 1 and bias 0 leave that as it is, so the sub-layer's weights do not"
+                " matter.",
+            )
+            result = CheckResult(name, ok, 1, f"{text[0]} {name}: {text[1]}{measured}")
+        else:
+            if value >= 5:
+                hint = (
+                    "the sub-layer's output is large, but output_norm divides it by its own"
+                    " standard deviation before the sum: what is left of the factor 100?"
+                )
+            elif value <= 0.05:
+                hint = (
+                    "a LayerNorm output has mean 0 over each token, but variance 1, not 0:"
+                    " what is the root mean square of numbers with mean 0 and variance 1?"
+                )
+            else:
+                hint = (
+                    "with gain 1 and bias 0, output_norm returns each token with mean 0 and"
+                    " variance 1 over its features: what is its root mean square?"
+                )
+            result = CheckResult(name, False, 1, f"❌ {name}: {value:g}: {hint}{measured}")
+    if verbose:
+        report(result)
+    return result
+
+
 # --------------------------------------------------------------------------------------------
 # Section 6.6.3's exercise: the relative size of each sub-layer's update
 # --------------------------------------------------------------------------------------------
@@ -402,12 +501,16 @@ def _stream_variant_sizes(depths: Sequence[int], norm_first: bool) -> dict[str, 
     """Near misses of the reference's sizes, averaged over :data:`STREAM_SIZE_SEEDS` unless
     said: ``"std"``, the standard deviation of all entries (the mean subtracted) instead of
     their root mean square; ``"pooled"``, the seeds pooled as the root of the mean of their
-    mean squares; ``"per_sequence"``, the mean of each sequence's root mean square."""
+    mean squares; ``"per_sequence"``, the mean of each sequence's root mean square;
+    ``"geometric"`` and ``"median"``, the seeds' root mean squares averaged by their geometric
+    mean or their median instead of their plain mean."""
     key = (tuple(int(d) for d in depths), bool(norm_first))
     if key not in _stream_variant_cache:
-        variants: dict[str, list[float]] = {"std": [], "pooled": [], "per_sequence": []}
+        variants: dict[str, list[float]] = {
+            "std": [], "pooled": [], "per_sequence": [], "geometric": [], "median": []
+        }  # fmt: skip
         for depth in key[0]:
-            stds, squares, per_sequence = [], [], []
+            stds, squares, per_sequence, rms = [], [], [], []
             for seed in STREAM_SIZE_SEEDS:
                 encoder, x, _ = _init_encoder_and_inputs(depth, key[1], False, seed)
                 with torch.no_grad():
@@ -415,9 +518,12 @@ def _stream_variant_sizes(depths: Sequence[int], norm_first: bool) -> dict[str, 
                 stds.append(y.std().item())
                 squares.append(y.pow(2).mean().item())
                 per_sequence.append(y.pow(2).mean(dim=(1, 2)).sqrt().mean().item())
+                rms.append(y.pow(2).mean().sqrt().item())
             variants["std"].append(float(np.mean(stds)))
             variants["pooled"].append(float(np.sqrt(np.mean(squares))))
             variants["per_sequence"].append(float(np.mean(per_sequence)))
+            variants["geometric"].append(float(np.exp(np.mean(np.log(rms)))))
+            variants["median"].append(float(np.median(rms)))
         _stream_variant_cache[key] = variants
     return {name: list(sizes) for name, sizes in _stream_variant_cache[key].items()}
 
@@ -494,17 +600,20 @@ def _stream_size_hint(case: dict, got: object) -> str:
                 "\n   hint: these look like standard deviations, which subtract the mean of the"
                 " entries; the size is the root mean square, x.pow(2).mean().sqrt()."
             )
-        if close("pooled") or close("per_sequence"):
-            order = (
-                "pooled the seeds (the root of the mean of their mean squares)"
-                if close("pooled")
-                else "averaged one root mean square per sequence"
-            )
+        orders = {
+            "pooled": "pooled the seeds (the root of the mean of their mean squares)",
+            "per_sequence": "averaged one root mean square per sequence",
+            "geometric": "took the geometric mean of the three seeds' values (its log-log"
+            " slope is the mean of the per-seed slopes)",
+            "median": "took the median of the three seeds' values",
+        }
+        order = next((text for variant, text in orders.items() if close(variant)), None)
+        if order is not None:
             return (
                 f"\n   hint: right measurement, averaged in another order: you {order}. The"
                 " check wants, for each seed, the root mean square of all entries of the"
-                " output, then the plain mean of the three seeds' values (the orders differ by"
-                " about 1e-3, more than the check's tolerance)."
+                " output, then the plain (arithmetic) mean of the three seeds' values (the"
+                " averages differ by about 1e-3, more than the check's tolerance)."
             )
         return (
             "\n   hint: the sizes are close but not equal: use seeds 0, 1 and 2, section 6.3's"
@@ -573,6 +682,8 @@ def check_stream_size_slope(
 
 
 GENERIC_TEST_EXEMPT = {
+    "check_peri_ln_added_size": "it takes the reader's predicted number, not a function; "
+    "tests/test_exercises_ch06.py checks right, wrong and missing predictions",
     "check_stream_size_prediction": "it takes the reader's predicted number, not a function; "
     "tests/test_exercises_ch06.py checks right, wrong and missing predictions",
 }
