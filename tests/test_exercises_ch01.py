@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -613,6 +614,21 @@ def test_equivariance_too_loose_test_is_rejected_and_the_message_says_why():
     assert not result
     assert "your test accepted NamedLayer('attention with small position codes')" in result.message
     assert "NOT permutation-equivariant" in result.message and "stricter" in result.message
+
+
+def equivariance_test_numpy_bool(layer, x):  # np.all returns numpy.bool_, not bool
+    n = x.shape[0]
+    out = layer(x).numpy()
+    perms = [torch.randperm(n, generator=torch.Generator().manual_seed(s)) for s in range(20)]
+    perms.append(torch.arange(n).flip(0))
+    return np.all(
+        [np.allclose(layer(x[p]).numpy(), out[p.numpy()], atol=1e-5, rtol=0) for p in perms]
+    )
+
+
+def test_equivariance_accepts_a_numpy_bool():
+    result = ch01.check_is_permutation_equivariant(equivariance_test_numpy_bool, verbose=False)
+    assert "True or False" not in result.message, result.message
 
 
 def test_equivariance_verdict_must_be_a_bool():

@@ -861,6 +861,8 @@ def _equivariance_verdict_problem(
     layer, x = case["layer"], case["x"]
     if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
         got = bool(got)
+    if type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
+        got = bool(got)  # np.all(...) returns NumPy's bool, a right answer too
     if not isinstance(got, bool):
         return f"your test must return True or False, got {type(got).__name__} {got!r}"[:200]
     if got == expected:
