@@ -452,7 +452,7 @@ def reference_first_leak(attend: Callable[[Tensor], Tensor], x: Tensor) -> tuple
         x: an input ``(batch, seq_len, d)``.
 
     Returns:
-        ``(i, j)`` with ``i < j``, or ``None`` when no output depends on a later input.
+        ``(i, j)`` with ``i < j``, or ``None`` when no output changes by more than 1e-5 that way.
     """
     g = seeded_generator(505)
     seq_len = x.shape[1]
