@@ -49,6 +49,12 @@ __all__ = [
     "check_stream_size_prediction",
 ]
 
+
+def _is_number(value: object) -> bool:
+    """A predicted number: a Python or NumPy int or float, not a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+
+
 # --------------------------------------------------------------------------------------------
 # Exercise 1: the gradient through a LayerNorm
 # --------------------------------------------------------------------------------------------
@@ -339,9 +345,7 @@ def check_peri_ln_added_size(
         result = CheckResult(
             name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).{measured}"
         )
-    elif isinstance(predicted_rms, bool) or not isinstance(
-        predicted_rms, (int, float, np.integer, np.floating)
-    ):
+    elif not _is_number(predicted_rms):
         result = CheckResult(
             name, False, 0,
             f"❌ {name}: expected a number (the predicted RMS), got {type(predicted_rms).__name__}",
@@ -702,9 +706,7 @@ def check_stream_size_prediction(predicted_slope: object, verbose: bool = True) 
     name = "stream_size_prediction"
     if predicted_slope is None:
         result = CheckResult(name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).")
-    elif isinstance(predicted_slope, bool) or not isinstance(
-        predicted_slope, (int, float, np.integer, np.floating)
-    ):
+    elif not _is_number(predicted_slope):
         result = CheckResult(
             name, False, 0,
             f"❌ {name}: expected a number (the predicted slope), got {type(predicted_slope).__name__}",
