@@ -25,7 +25,7 @@ from torch import Tensor
 from companion._validation import check_nonnegative_float, check_positive_int
 from companion.data.vocab import BOS_ID, EOS_ID, PAD_ID, SPECIAL_TOKENS, check_sentences
 
-__all__ = ["KneserNeyTrigram", "NeighbourGuesser"]
+__all__ = ["KneserNey", "KneserNeyTrigram", "NeighbourGuesser"]
 
 
 class KneserNeyTrigram:
@@ -136,6 +136,86 @@ class KneserNeyTrigram:
         if count == 0:
             raise ValueError("sentences must hold at least one sentence, got none")
         return math.exp(total / count)
+
+
+class KneserNey:
+    """Interpolated Kneser-Ney of any ``order`` with one discount ``D``: :class:`KneserNeyTrigram`'s
+    rule with ``order - 1`` tokens of context (equal to it at ``order = 3``, tested).
+
+    The top order counts n-grams; every lower order counts how many distinct tokens precede an
+    n-gram (its continuation count), except n-grams that start with ``<bos>``, which nothing
+    precedes (their plain count). A context never seen falls to the order below; below the
+    unigram, the uniform ``1/V`` over ``V = vocab_size - 2`` outcomes.
+
+    Args:
+        train: training sentences, lists of ids in ``[0, vocab_size)``, no ``<pad>``/``<bos>``.
+        vocab_size: size of the vocabulary (specials included).
+        order: n of the n-gram, at least 1.
+    """
+
+    def __init__(self, train: Sequence[Sequence[int]], vocab_size: int, order: int) -> None:
+        self.vocab_size = check_positive_int("vocab_size", vocab_size, minimum=len(SPECIAL_TOKENS))
+        self.order = check_positive_int("order", order)
+        self.outcomes = vocab_size - 2  # every id but <pad> and <bos>
+        sentences = check_sentences("train", train, vocab_size)
+        raw: list[Counter[tuple[int, ...]]] = [Counter() for _ in range(order + 1)]
+        for sentence in sentences:
+            framed = (BOS_ID, *sentence, EOS_ID)
+            for m in range(1, order + 1):
+                raw[m].update(framed[i : i + m] for i in range(len(framed) - m + 1))
+        # count[m]: the top order's plain counts, the lower orders' continuation counts
+        self.count: list[Counter[tuple[int, ...]]] = [Counter() for _ in range(order + 1)]
+        self.count[order] = raw[order]
+        for m in range(1, order):
+            for gram in raw[m + 1]:
+                self.count[m][gram[1:]] += 1  # one more distinct token before gram[1:]
+            for gram, c in raw[m].items():
+                if gram[0] == BOS_ID:  # nothing precedes <bos>: its plain count
+                    self.count[m][gram] = c
+        # per context of each order: the counts' sum and the number of distinct next tokens
+        self.total: list[Counter[tuple[int, ...]]] = [Counter() for _ in range(order + 1)]
+        self.types: list[Counter[tuple[int, ...]]] = [Counter() for _ in range(order + 1)]
+        for m in range(1, order + 1):
+            for gram, c in self.count[m].items():
+                if gram[-1] != BOS_ID:
+                    self.total[m][gram[:-1]] += c
+                    self.types[m][gram[:-1]] += 1
+
+    def probability(self, word: int, context: Sequence[int], discount: float = 0.75) -> float:
+        """``P(word | the last order - 1 tokens of context)``; ``discount``: ``D`` in ``[0, 1]``."""
+        discount = check_nonnegative_float("discount", discount)
+        if discount > 1:
+            raise ValueError(f"discount must be in [0, 1], got {discount}")
+        if word in (PAD_ID, BOS_ID) or not 0 <= word < self.vocab_size:
+            raise ValueError(
+                f"word must be an id in [0, {self.vocab_size - 1}] other than <pad> and <bos>, "
+                f"got {word}"
+            )
+        context = tuple(int(t) for t in context)[max(0, len(context) - self.order + 1) :]
+        p = 1.0 / self.outcomes  # below the unigram: uniform
+        for m in range(1, len(context) + 2):  # from the unigram up to the longest context
+            history = context[len(context) - m + 1 :] if m > 1 else ()
+            total = self.total[m].get(history, 0)
+            if total:  # a context never seen keeps the order below
+                seen = max(self.count[m].get((*history, word), 0) - discount, 0) / total
+                p = seen + discount * self.types[m][history] / total * p
+        return p
+
+    def log_probabilities(self, sentence: Sequence[int], discount: float = 0.75) -> list[float]:
+        """``log P`` of each of the ``m + 1`` predictions of one sentence (``w1 … wm <eos>``)."""
+        framed = [BOS_ID, *sentence, EOS_ID]
+        return [
+            math.log(self.probability(framed[t], framed[max(0, t - self.order + 1) : t], discount))
+            for t in range(1, len(framed))
+        ]
+
+    def perplexity(self, sentences: Sequence[Sequence[int]], discount: float = 0.75) -> float:
+        """``exp`` of the mean negative log-probability over every prediction of ``sentences``."""
+        checked = check_sentences("sentences", sentences, self.vocab_size)
+        logs = [lp for sentence in checked for lp in self.log_probabilities(sentence, discount)]
+        if not logs:
+            raise ValueError("sentences must hold at least one sentence, got none")
+        return math.exp(-sum(logs) / len(logs))
 
 
 class NeighbourGuesser:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from companion.baselines import KneserNeyTrigram, NeighbourGuesser
+from companion.baselines import KneserNey, KneserNeyTrigram, NeighbourGuesser
 from companion.data.induction import repeated_segments
 
 # ids: 0 <pad>, 1 <bos>, 2 <eos>, 3 <unk>, then the words a = 4, b = 5, c = 6
@@ -123,3 +123,31 @@ def test_repeated_segments():
         repeated_segments(2, 5, 16, torch.Generator(), min_segment=3)
     with pytest.raises(TypeError, match="generator"):
         repeated_segments(2, 8, 16, 0)
+
+
+def test_kneser_ney_of_order_3_is_the_trigram_and_higher_orders_sum_to_1():
+    """KneserNey(order=3) gives KneserNeyTrigram's probabilities; every order is a distribution."""
+    g = torch.Generator().manual_seed(0)
+    train = [
+        torch.randint(3, 12, (int(n),), generator=g).tolist()
+        for n in torch.randint(1, 9, (60,), generator=g)
+    ]
+    test = [torch.randint(3, 12, (5,), generator=g).tolist() for _ in range(10)]
+    trigram, general = KneserNeyTrigram(train, 12), KneserNey(train, 12, 3)
+    for d in (0.1, 0.75, 1.0):
+        assert math.isclose(general.perplexity(test, d), trigram.perplexity(test, d), rel_tol=1e-12)
+    for order in (1, 2, 4, 5):
+        model = KneserNey(train, 12, order)
+        for context in [(BOS,), (BOS, 4), (5, 6, 7, 8), (11, 11, 11)]:
+            total = sum(model.probability(w, context, 0.7) for w in range(2, 12))
+            assert math.isclose(total, 1.0, rel_tol=1e-12), (order, context, total)
+
+
+def test_kneser_ney_rejects_bad_input():
+    with pytest.raises(ValueError, match="order"):
+        KneserNey(TINY, VOCAB, 0)
+    model = KneserNey(TINY, VOCAB, 4)
+    with pytest.raises(ValueError, match="discount"):
+        model.probability(A, (BOS,), 1.5)
+    with pytest.raises(ValueError, match="word"):
+        model.probability(BOS, (BOS,), 0.5)
