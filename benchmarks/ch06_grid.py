@@ -8,13 +8,16 @@ apart, and writes ``companion/results/ch06_grid.json`` after every run (it can b
 at any time; a re-run skips the arms already recorded).
 
 Rates: 1.5e-3, 3e-3 and 6e-3 for both placements; Post-LN also at 1.875e-4, 3.75e-4 and
-7.5e-4, since its best rates lie below the chapter's (each schedule is then compared at its
-own best rate, and the best lies inside the grid).
+7.5e-4, and Pre-LN at 7.5e-4, so that each placement's best rate lies inside the grid (each
+schedule is then compared at its own best rate).
 
-Schedules: "constant" and "warm-up" are ``norm_study.lr_schedule``'s; "decay" is the
-warm-up's schedule without its ramp (``inverse_sqrt_warmup(..., ramp=False)``): the peak
-rate from the first step to step ``WARMUP``, then the same 1/sqrt(step) decay. Warm-up and
-decay differ only in the first ``WARMUP`` steps, so comparing them isolates the ramp.
+Schedules: ``norm_study.lr_schedule``'s "constant", "warm-up" and "decay" ("decay" is the
+warm-up's schedule without its ramp: the peak rate from the first step to step ``WARMUP``,
+then the same 1/sqrt(step) decay). Warm-up and decay differ only in the first ``WARMUP``
+steps, so comparing them isolates the ramp.
+
+Warm-up length: every "warm-up" arm ramps for ``WARMUP`` (60) steps; Post-LN at the chapter's
+rate also ramps for 20 and 120 steps (``WARMUP_LENGTHS``; keys end in ``|w20`` and ``|w120``).
 
     .venv/bin/python benchmarks/ch06_grid.py                      # the whole grid
     .venv/bin/python benchmarks/ch06_grid.py --seeds 0 1 --time   # time one arm first
@@ -28,38 +31,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
 
 from companion import norm_study
 from companion.data import CopyReverseDataset
-from companion.norm_study import BATCH, D_MODEL, STEPS, WARMUP
-from companion.train import inverse_sqrt_warmup
+from companion.norm_study import BATCH, STEPS, WARMUP
 from companion.utils import set_seed
 
 # the chapter's setup (section 6.4), from companion.norm_study
 LAYERS, MAIN_LR = 6, 3e-3
 LEARNING_RATES = (1.5e-3, 3e-3, 6e-3)  # half, once and twice the chapter's peak rate
 POST_LN_LOW_RATES = (1.875e-4, 3.75e-4, 7.5e-4)  # Post-LN only: 1/16, 1/8 and 1/4 of it
+PRE_LN_LOW_RATES = (7.5e-4,)  # Pre-LN only: 1/4 of it, below Pre-LN's best rate
+WARMUP_LENGTHS = (20, 120)  # Post-LN, warm-up to MAIN_LR: ramps shorter and longer than WARMUP
 PLACEMENTS = ("Post-LN", "Pre-LN")
-SCHEDULES = (*norm_study.SCHEDULES, "decay")
+SCHEDULES = norm_study.SCHEDULES
 OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch06_grid.json"
-BASE_SCHEDULE = norm_study.lr_schedule  # kept: train_arm patches norm_study.lr_schedule with ours
-
-
-def lr_schedule(kind: str, peak_lr: float):
-    """``norm_study.lr_schedule``, plus "decay": the warm-up schedule without its ramp."""
-    if kind == "decay":
-        # as norm_study's warm-up: lr(WARMUP) = peak_lr
-        factor = peak_lr * math.sqrt(D_MODEL * WARMUP)
-        return inverse_sqrt_warmup(D_MODEL, WARMUP, factor, ramp=False)
-    return BASE_SCHEDULE(kind, peak_lr)
 
 
 def train_arm(
@@ -69,19 +61,28 @@ def train_arm(
     seed: int,
     steps: int = STEPS,
     data: CopyReverseDataset | None = None,
+    warmup: int = WARMUP,
 ) -> np.ndarray:
     """One arm of the grid, exactly as the chapter trains (``norm_study.train_run``):
-    returns the loss of every step. A "decay" arm runs the same ``train_run`` with this
-    module's :func:`lr_schedule` in place of ``norm_study``'s."""
+    returns the loss of every step."""
     data = norm_study.train_data() if data is None else data
     set_seed(seed)
     model = norm_study.build_model(LAYERS, placement == "Pre-LN", data.vocab_size)
-    with mock.patch.object(norm_study, "lr_schedule", lr_schedule):
-        return norm_study.train_run(model, data, peak_lr, schedule, seed, steps)["loss"]
+    return norm_study.train_run(model, data, peak_lr, schedule, seed, steps, warmup=warmup)["loss"]
 
 
-def arm_key(placement: str, schedule: str, peak_lr: float, seed: int) -> str:
-    return f"{placement}|{schedule}|{peak_lr:g}|{seed}"
+def arm_key(placement: str, schedule: str, peak_lr: float, seed: int, warmup: int = WARMUP) -> str:
+    suffix = "" if warmup == WARMUP else f"|w{warmup}"
+    return f"{placement}|{schedule}|{peak_lr:g}|{seed}{suffix}"
+
+
+def default_arms(placement: str, schedule: str) -> list[tuple[float, int]]:
+    """(peak rate, warm-up length) of every arm of one placement and schedule."""
+    low = POST_LN_LOW_RATES if placement == "Post-LN" else PRE_LN_LOW_RATES
+    arms = [(peak_lr, WARMUP) for peak_lr in (*low, *LEARNING_RATES)]
+    if placement == "Post-LN" and schedule == "warm-up":
+        arms += [(MAIN_LR, warmup) for warmup in WARMUP_LENGTHS]
+    return arms
 
 
 def main() -> None:
@@ -95,7 +96,7 @@ def main() -> None:
         "--lrs",
         type=float,
         nargs="+",
-        help="default: LEARNING_RATES, plus POST_LN_LOW_RATES for Post-LN",
+        help="default: LEARNING_RATES, plus POST_LN_LOW_RATES or PRE_LN_LOW_RATES, plus WARMUP_LENGTHS",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -121,6 +122,8 @@ def main() -> None:
             "warmup": WARMUP,
             "learning_rates": list(LEARNING_RATES),
             "post_ln_low_learning_rates": list(POST_LN_LOW_RATES),
+            "pre_ln_low_learning_rates": list(PRE_LN_LOW_RATES),
+            "warmup_lengths": list(WARMUP_LENGTHS),
             "placements": list(PLACEMENTS),
             "schedules": list(SCHEDULES),
             "seeds": sorted(set(result.get("seeds", [])) | set(args.seeds)),
@@ -130,17 +133,17 @@ def main() -> None:
     for seed in args.seeds:  # seed by seed, so that a stopped grid still has whole seeds
         for placement in args.placements:
             for schedule in args.schedules:
-                default = (
-                    (*POST_LN_LOW_RATES, *LEARNING_RATES)
-                    if placement == "Post-LN"
-                    else LEARNING_RATES
+                arms_wanted = (
+                    [(peak_lr, WARMUP) for peak_lr in args.lrs]
+                    if args.lrs
+                    else default_arms(placement, schedule)
                 )
-                for peak_lr in args.lrs or default:
-                    key = arm_key(placement, schedule, peak_lr, seed)
+                for peak_lr, warmup in arms_wanted:
+                    key = arm_key(placement, schedule, peak_lr, seed, warmup)
                     if key in arms:
                         continue
                     start = time.perf_counter()
-                    losses = train_arm(placement, schedule, peak_lr, seed, data=data)
+                    losses = train_arm(placement, schedule, peak_lr, seed, data=data, warmup=warmup)
                     arms[key] = {
                         "loss": [round(float(v), 6) for v in losses],
                         "seconds": round(time.perf_counter() - start, 1),

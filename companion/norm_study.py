@@ -10,7 +10,7 @@ name                         what it is
 ===========================  ===================================================================
 :func:`init_encoder`         section 6.3's encoder at initialisation (with or without a final norm)
 :func:`init_inputs`          section 6.3's inputs and loss (random read-out or cross-entropy)
-:func:`lr_schedule`          the two schedules, ``"constant"`` and ``"warm-up"``, for LambdaLR
+:func:`lr_schedule`          the schedules ``"constant"``, ``"warm-up"`` and ``"decay"``, for LambdaLR
 :func:`train_data`           the reversal data of section 6.4 (batches drawn by a seeded loader)
 :func:`probe_batch`          a fixed batch on which each update's change of the logits is measured
 :func:`build_model`          the 6 + 6-layer model (or ``num_layers`` + ``num_layers``)
@@ -65,7 +65,8 @@ D_MODEL, HEADS, D_FF = 64, 4, 128
 STEPS, BATCH, WARMUP = 200, 32, 60
 #: the first updates, whose effect on the logits and on the weights :func:`train_run` records
 FIRST_STEPS = 10
-SCHEDULES = ("constant", "warm-up")
+#: the learning-rate schedules of :func:`lr_schedule` (section 6.5 compares all three)
+SCHEDULES = ("constant", "warm-up", "decay")
 #: section 6.3's encoder at initialisation (``d_model`` and heads as above) and its inputs
 INIT_D_FF, INIT_BATCH, INIT_SEQ_LEN = 256, 8, 16
 LOSS_KINDS = ("random readout", "cross-entropy")
@@ -134,21 +135,25 @@ def init_inputs(
     return x, loss_fn
 
 
-def lr_schedule(kind: str, peak_lr: float) -> Callable[[int], float]:
+def lr_schedule(kind: str, peak_lr: float, warmup: int = WARMUP) -> Callable[[int], float]:
     """The learning rate of each step, for ``LambdaLR`` with a base learning rate of 1.
 
     ``"constant"``: ``peak_lr`` from the first step. ``"warm-up"``: a linear ramp to
-    ``peak_lr`` at step :data:`WARMUP`, then a decay like ``1/sqrt(step)`` (the 2017 paper's
-    schedule, rescaled so that its peak is ``peak_lr``).
+    ``peak_lr`` at step ``warmup`` (default :data:`WARMUP`), then a decay like ``1/sqrt(step)``
+    (the 2017 paper's schedule, rescaled so that its peak is ``peak_lr``). ``"decay"``: the
+    warm-up schedule without its ramp, ``peak_lr`` from the first step to step ``warmup``, then
+    the same decay; it differs from ``"warm-up"`` only before step ``warmup``.
     """
     if kind not in SCHEDULES:
         raise ValueError(f"kind: expected one of {SCHEDULES}, got {kind!r}")
     if isinstance(peak_lr, bool) or not isinstance(peak_lr, (int, float)) or not peak_lr > 0:
         raise ValueError(f"peak_lr: expected a positive number, got {peak_lr!r}")
-    if kind == "warm-up":
-        factor = peak_lr * math.sqrt(D_MODEL * WARMUP)  # so that lr(WARMUP) = peak_lr
-        return inverse_sqrt_warmup(D_MODEL, WARMUP, factor)
-    return lambda step: peak_lr
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+        raise ValueError(f"warmup: expected a positive int, got {warmup!r}")
+    if kind == "constant":
+        return lambda step: peak_lr
+    factor = peak_lr * math.sqrt(D_MODEL * warmup)  # so that lr(warmup) = peak_lr
+    return inverse_sqrt_warmup(D_MODEL, warmup, factor, ramp=kind == "warm-up")
 
 
 def train_data(steps: int = STEPS) -> CopyReverseDataset:
@@ -207,9 +212,11 @@ def train_run(
     moment_batches: int = 0,
     first_moment: bool = True,
     probe: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+    warmup: int = WARMUP,
 ) -> dict[str, np.ndarray]:
     """Train ``model`` on ``data`` with Adam (β = 0.9, 0.98; ε = 1e-9) and the schedule
-    ``schedule`` peaking at ``lr``; the seed fixes the batches' order. Returns arrays:
+    ``schedule`` peaking at ``lr`` (:func:`lr_schedule`, with ``warmup`` steps to the peak);
+    the seed fixes the batches' order. Returns arrays:
 
     * ``loss`` ``(steps,)``;
     * ``grad_ratio`` ``(steps,)``: gradient norm of the bottom decoder layer / the top one;
@@ -249,7 +256,7 @@ def train_run(
         eps=1e-9,
         foreach=True,  # foreach: faster
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(schedule, lr))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(schedule, lr, warmup))
     if moment_batches:
         other = DataLoader(data, batch_size=BATCH, shuffle=True, collate_fn=collate_batch,
                            generator=torch.Generator().manual_seed(seed + 100))  # fmt: skip
@@ -258,7 +265,7 @@ def train_run(
         for _, (src, tgt) in zip(range(moment_batches), other):
             train_step(model, src, tgt, optimizer, pad_id=PAD_ID, clip_norm=clip_norm)
         for group in optimizer.param_groups:
-            group["lr"] = lr_schedule(schedule, lr)(0)
+            group["lr"] = lr_schedule(schedule, lr, warmup)(0)
         if not first_moment:  # as RAdam's Adam-2k control: v̂ estimated, m̂ still empty
             for state in optimizer.state.values():
                 state["exp_avg"].zero_()

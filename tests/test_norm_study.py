@@ -21,10 +21,11 @@ def grid() -> dict:
 
 
 @pytest.mark.parametrize(
-    ("placement", "schedule"), [("Post-LN", "constant"), ("Pre-LN", "warm-up")]
+    ("placement", "schedule"),
+    [("Post-LN", "constant"), ("Pre-LN", "warm-up"), ("Post-LN", "decay")],
 )
 def test_train_run_reproduces_the_recorded_grid(grid, placement, schedule):
-    """The first steps of two recorded arms (seed 0, 3e-3), trained again with this module."""
+    """The first steps of three recorded arms (seed 0, 3e-3), trained again with this module."""
     torch.set_num_threads(1)
     steps = 6
     data = norm_study.train_data()
@@ -48,11 +49,24 @@ def test_lr_schedule_peaks_at_warmup():
     assert norm_study.lr_schedule("constant", 1e-3)(57) == 1e-3
 
 
+@pytest.mark.parametrize("warmup", [20, norm_study.WARMUP, 120])
+def test_decay_is_warm_up_without_its_ramp(warmup):
+    """The "decay" schedule holds the peak up to step ``warmup``, then follows warm-up exactly;
+    "warm-up" with another length peaks at that step."""
+    warm = [norm_study.lr_schedule("warm-up", 3e-3, warmup)(step) for step in range(200)]
+    decay = [norm_study.lr_schedule("decay", 3e-3, warmup)(step) for step in range(200)]
+    assert int(np.argmax(warm)) == warmup and math.isclose(max(warm), 3e-3)
+    np.testing.assert_allclose(decay[: warmup + 1], 3e-3, rtol=1e-12)
+    np.testing.assert_allclose(decay[warmup:], warm[warmup:], rtol=1e-12)
+    assert warm[warmup - 1] < decay[warmup - 1]  # the two differ before the peak
+
+
 @pytest.mark.parametrize(
     ("call", "argument"),
     [
         (lambda: norm_study.lr_schedule("cosine", 1e-3), "kind"),
         (lambda: norm_study.lr_schedule("constant", -1.0), "peak_lr"),
+        (lambda: norm_study.lr_schedule("decay", 1e-3, 0), "warmup"),
         (lambda: norm_study.train_data(0), "steps"),
         (lambda: norm_study.build_model(0, True), "num_layers"),
         (lambda: norm_study.build_model(2, "pre"), "norm_first"),
