@@ -23,7 +23,10 @@ How sure is a BLEU score? A test set is a sample of sentences, so a score has sa
 (Koehn, 2004), and :func:`paired_bootstrap` compares two systems on the *same* resamples,
 which is far more sensitive than comparing two intervals. Both work on
 :func:`bleu_statistics`, each sentence's n-gram counts; summed, they give :func:`corpus_bleu`
-exactly.
+exactly. For two models scored item by item on the same test items (chapter 10),
+:func:`clustered_se` is the standard error of the mean paired difference when items come in
+groups (the words of one sentence), and :func:`verdict` turns that difference into a win, a tie
+or a loss.
 
 :class:`Translator` bundles a model with its tokenizer and vocabularies: ``translate(sentences)``
 maps raw German strings to English strings (batched, greedy or beam search), and
@@ -77,6 +80,8 @@ __all__ = [
     "bootstrap_bleu",
     "PairedBootstrap",
     "paired_bootstrap",
+    "clustered_se",
+    "verdict",
     "Translator",
     "translate",
     "sequence_accuracy",
@@ -310,6 +315,69 @@ def paired_bootstrap(
         p_value=float(np.mean(differences <= 0)),
         samples=samples,
     )
+
+
+def clustered_se(
+    values: Sequence[float] | np.ndarray, clusters: Sequence[int] | np.ndarray
+) -> float:
+    """Standard error of the mean of ``values``, each cluster of items counted as one draw.
+
+    ``values`` (items,) are per-item scores, typically a paired difference (model A's loss minus
+    model B's on the same test item); ``clusters`` (items,) labels the group each item belongs
+    to (any hashable numbers, e.g. the test sentence of each predicted token). Items of one
+    cluster may be correlated; clusters are treated as independent. The estimate is the
+    cluster-robust ("sandwich") standard error without a small-sample correction::
+
+        sqrt( sum over clusters c of ( sum over items i in c of (values[i] - mean) )**2 ) / items
+
+    With one item per cluster it is ``values.std(ddof=0) / sqrt(items)``.
+
+    Raises:
+        ValueError: ``values`` or ``clusters`` is not one-dimensional, their lengths differ,
+            there are fewer than 2 items or fewer than 2 clusters, or a value is not finite.
+    """
+    values = np.asarray(values, dtype=float)
+    clusters = np.asarray(clusters)
+    if values.ndim != 1 or clusters.ndim != 1:
+        raise ValueError(
+            f"values and clusters must be 1-D, got shapes {values.shape} and {clusters.shape}"
+        )
+    if len(values) != len(clusters):
+        raise ValueError(f"one cluster per value: {len(values)} values, {len(clusters)} clusters")
+    if len(values) < 2:
+        raise ValueError(f"need at least 2 values, got {len(values)}")
+    if not np.isfinite(values).all():
+        raise ValueError("values must be finite")
+    _, index = np.unique(clusters, return_inverse=True)
+    if index.max() < 1:
+        raise ValueError("need at least 2 clusters, got 1")
+    sums = np.bincount(index.ravel(), weights=values - values.mean())  # (clusters,)
+    return math.sqrt(float((sums**2).sum())) / len(values)
+
+
+def verdict(advantage: float, se: float, *, threshold: float = 2.0) -> str:
+    """``"win"``, ``"tie"`` or ``"loss"`` for a model's mean ``advantage`` over a baseline.
+
+    ``advantage`` is positive when the model is better; ``se`` is its standard error (e.g.
+    :func:`clustered_se` of the paired differences). A win needs ``advantage > threshold * se``,
+    a loss ``advantage < -threshold * se``; anything in between is a tie. The rule covers the
+    sampling of the test items only, not the training run's seed.
+
+    Raises:
+        ValueError: ``advantage`` is not finite, ``se`` is negative or not finite, or
+            ``threshold`` is not positive.
+    """
+    if not math.isfinite(advantage):
+        raise ValueError(f"advantage must be finite, got {advantage!r}")
+    if not (math.isfinite(se) and se >= 0):
+        raise ValueError(f"se must be a finite number >= 0, got {se!r}")
+    if not (math.isfinite(threshold) and threshold > 0):
+        raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
+    if advantage > threshold * se:
+        return "win"
+    if advantage < -threshold * se:
+        return "loss"
+    return "tie"
 
 
 def _strip_special(ids: list[int]) -> list[int]:
