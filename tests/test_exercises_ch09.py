@@ -563,9 +563,22 @@ relative_tolerance_1e2 = _random_shift_test(500, lambda a, b: abs(a - b) <= 1e-2
 relative_tolerance_1e2.__name__ = "relative_tolerance_1e2"
 
 
+def relative_upper_triangle_only(score_fn, dim):
+    """The chapter's solution, but every pair puts the key at or after the query (j >= i)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        i, j = sorted(int(p) for p in torch.randint(0, 500, (2,), generator=g))
+        shift = int(torch.randint(1, 500, (), generator=g))
+        if abs(float(score_fn(q, k, i, j)) - float(score_fn(q, k, i + shift, j + shift))) > 1e-5:
+            return False
+    return True
+
+
 @pytest.mark.parametrize(
     "weak",
     [
+        relative_upper_triangle_only,
         relative_loose_tolerance,
         relative_first_positions_only,
         relative_equal_vectors,
@@ -580,7 +593,8 @@ def test_is_relative_rejects_weak_tests(weak):
     tolerance, 1e-3 with shifts below 10, one draw, and 1e-2: each misses one of the subtly
     non-relative scores (a faint bias, a bias beyond position 100, a bias gated by q - k, a bias
     2e-5·(i + j), a bias on every sixth or seventh position, a bias 7.5e-5 on odd query positions) or
-    rejects the score that is 0 up to rounding."""
+    rejects the score that is 0 up to rounding. Pairs drawn only with j >= i miss a bias that
+    acts only where the key comes first."""
     assert not ch09.check_is_relative(weak, verbose=False), weak.__name__
 
 
