@@ -107,6 +107,42 @@ def test_toolkit_detects_what_it_claims():
     assert clinic.causal_leak(leaky, src, tgt_in).triu(1).any()
 
 
+def test_traced_training_takes_the_same_steps():
+    """A StepTrace callback records, it does not steer: the same losses and the same weights as
+    the untraced run, one gradient and one update norm per step, a checkpoint every `every`."""
+    plain_model, traced_model = clinic.build(6), clinic.build(6)
+    trace = clinic.StepTrace(traced_model, every=2, measure=clinic.teacher_forced_accuracy)
+    plain = clinic.train_toy(plain_model, 5)
+    traced = clinic.train_toy(traced_model, 5, callback=trace)
+    assert traced == plain
+    for a, b in zip(plain_model.parameters(), traced_model.parameters()):
+        assert torch.equal(a, b)
+    assert len(trace.grad) == len(trace.update) == 5 and list(trace.checkpoints) == [2, 4]
+    assert all(g > 0 for g in trace.grad) and all(u > 0 for u in trace.update)
+    assert all(0 <= a <= 1 for a in trace.checkpoints.values())
+    assert not traced_model.training  # train_toy ends in evaluation mode
+    with pytest.raises(TypeError):
+        clinic.train_toy(clinic.build(), 1, callback="trace")
+
+
+def test_first_mismatch_names_where_parity_fails(batch):
+    src, tgt_in, _ = batch
+    healthy = clinic.build()
+    assert clinic.first_mismatch(healthy, clinic.reference_model(healthy), src, tgt_in) is None
+    broken = clinic.build(4)  # the head split without a transpose
+    start = clinic.first_mismatch(broken, clinic.reference_model(broken), src, tgt_in)
+    assert start == "encoder.layers.0.self_attention"
+
+
+def test_as_logits_fn_restores_the_training_mode(batch):
+    src, tgt_in, _ = batch
+    model = clinic.build().train()
+    clinic.as_logits_fn(model)(src, tgt_in)
+    assert model.training
+    clinic.as_logits_fn(model.eval())(src, tgt_in)
+    assert not model.training
+
+
 def test_registry_lists_the_eighteen_bugs():
     bugs = list(clinic.BUGS.values())
     assert [b.number for b in bugs] == list(range(1, 19))

@@ -116,8 +116,18 @@ def test_leak_reach_stub_and_bad_input(capsys):
     assert "not attempted yet" in capsys.readouterr().out
     assert not ch11.check_leak_reach({**RIGHT_REACH, (2, 2): "4"})
     assert "must be an int" in capsys.readouterr().out
+    assert not ch11.check_leak_reach({**RIGHT_REACH, (2, 2): 4.0})  # a float is not a count
+    assert "must be an int" in capsys.readouterr().out
     with pytest.raises(TypeError, match="must be a dict"):
         ch11.check_leak_reach([3, 4, 3])
+
+
+def test_leak_reach_accepts_numpy_and_tensor_integers():
+    import numpy as np
+
+    assert ch11.check_leak_reach({case: np.int64(reach) for case, reach in RIGHT_REACH.items()})
+    assert ch11.check_leak_reach({case: torch.tensor(reach) for case, reach in RIGHT_REACH.items()})
+    assert not ch11.check_leak_reach({**RIGHT_REACH, (2, 2): torch.tensor(2)})  # still checked
 
 
 # --------------------------------------------------------------------------------------------

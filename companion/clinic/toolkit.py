@@ -90,9 +90,12 @@ from companion.positional import sinusoidal_table
 __all__ = [
     "toy_batch",
     "train_toy",
+    "teacher_forced_accuracy",
+    "StepTrace",
     "greedy_accuracy",
     "reference_model",
     "parity",
+    "first_mismatch",
     "causal_leak",
     "is_permutation_equivariant",
     "overfit_one_batch",
@@ -141,30 +144,93 @@ def toy_batch(
 
 
 def _adam_steps(
-    model: nn.Module, steps: int, lr: float, next_batch: Callable[[], tuple[Tensor, Tensor, Tensor]]
+    model: nn.Module,
+    steps: int,
+    lr: float,
+    next_batch: Callable[[], tuple[Tensor, Tensor, Tensor]],
+    callback: Callable[[int, nn.Module, float], None] | None = None,
 ) -> list[float]:
-    """``steps`` Adam steps on the batches ``next_batch()`` returns; the loss of every step."""
+    """``steps`` Adam steps on the batches ``next_batch()`` returns; the loss of every step.
+    ``callback(step, model, loss)``, when given, runs after each step (``step`` from 1; the
+    parameters' ``.grad`` still hold that step's gradient); training mode is restored after it."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     losses = []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         src, tgt_in, tgt_out = next_batch()  # (batch, len) each
         loss = sequence_loss(model(src, tgt_in), tgt_out)  # a scalar
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+        if callback is not None:
+            callback(step, model, losses[-1])
+            model.train()
     model.eval()
     return losses
 
 
 def train_toy(
-    model: nn.Module, steps: int, *, batch_size: int = 64, lr: float = 3e-3, seed: int = 0
+    model: nn.Module,
+    steps: int,
+    *,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+    callback: Callable[[int, nn.Module, float], None] | None = None,
 ) -> list[float]:
-    """Train ``model`` on fresh :func:`toy_batch` batches with Adam; the loss of every step."""
+    """Train ``model`` on fresh :func:`toy_batch` batches with Adam; the loss of every step.
+
+    ``callback(step, model, loss)``, when given, runs after every step (``step`` counted from
+    1), e.g. a :class:`StepTrace`; it may switch the model to evaluation mode, and training
+    mode is restored after it. It does not change the steps taken."""
     check_positive_int("steps", steps)
+    if callback is not None:
+        check_callable("callback", callback)
     generator = torch.Generator().manual_seed(seed)
-    return _adam_steps(model, steps, lr, lambda: toy_batch(batch_size, generator))
+    return _adam_steps(model, steps, lr, lambda: toy_batch(batch_size, generator), callback)
+
+
+def teacher_forced_accuracy(model: nn.Module, *, batch_size: int = 200, seed: int = 1) -> float:
+    """Share of target tokens predicted right when the decoder reads the true previous tokens
+    (teacher forcing), on the fresh toy batch that :func:`greedy_accuracy` decodes."""
+    src, tgt_in, tgt_out = toy_batch(batch_size, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return (model(src, tgt_in).argmax(-1) == tgt_out).float().mean().item()
+
+
+class StepTrace:
+    """A ``callback`` for :func:`train_toy` that records every step's gradient norm
+    (``grad``) and update norm (``update``: how far the optimiser moved the weights, both over
+    all parameters), and every ``every`` steps, in evaluation mode, ``measure(model)`` in
+    ``checkpoints[step]``. Build it before training: it keeps the weights to measure the first
+    update from."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        every: int = 50,
+        measure: Callable[[nn.Module], Any] | None = None,
+    ) -> None:
+        check_positive_int("every", every)
+        self.every, self.measure = every, measure
+        self.grad: list[float] = []
+        self.update: list[float] = []
+        self.checkpoints: dict[int, Any] = {}
+        self._previous = [p.detach().clone() for p in model.parameters()]
+
+    def __call__(self, step: int, model: nn.Module, loss: float) -> None:
+        with torch.no_grad():
+            params = [p.detach() for p in model.parameters()]
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            self.grad.append(math.sqrt(sum((g**2).sum().item() for g in grads)))
+            moved = sum(((p - b) ** 2).sum().item() for p, b in zip(params, self._previous))
+            self.update.append(math.sqrt(moved))
+            self._previous = [p.clone() for p in params]
+        if self.measure is not None and step % self.every == 0:
+            model.eval()
+            self.checkpoints[step] = self.measure(model)
 
 
 def greedy_accuracy(
@@ -213,6 +279,56 @@ def parity(model: Transformer, src: Tensor, tgt: Tensor) -> float:
     model.eval()
     with torch.no_grad():
         return (model(src, tgt) - reference(src, tgt)).abs().max().nan_to_num(float("inf")).item()
+
+
+def first_mismatch(
+    model: nn.Module, trusted: nn.Module, *inputs: Tensor, tol: float = 1e-5
+) -> str | None:
+    """Where a parity gap starts: the name of the first module of ``model`` (in the order the
+    modules finish their forward pass) whose tensor inputs agree with the module of the same
+    name in ``trusted`` and whose output differs by more than ``tol``; ``""`` names the whole
+    model, ``None`` means that no module differs. Both models run once on ``inputs`` in
+    evaluation mode; forward hooks keep each module's first inputs and output (of a tuple
+    output, its first entry)."""
+    # (0 for model or 1 for trusted, module name) -> (inputs, output) of the module's first call
+    calls: dict[tuple[int, str], tuple[tuple, Any]] = {}
+
+    def keeper(key: tuple[int, str]) -> Callable[..., None]:
+        def keep(module: nn.Module, args: tuple, output: Any) -> None:  # None: output unchanged
+            calls.setdefault(key, (args, output))
+
+        return keep
+
+    hooks = [
+        module.register_forward_hook(keeper((which, name)))
+        for which, net in enumerate((model, trusted))
+        for name, module in net.named_modules()
+    ]
+    try:
+        with torch.no_grad():
+            model.eval()(*inputs)
+            trusted.eval()(*inputs)
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+    def differ(a: Any, b: Any) -> bool:
+        a, b = (x[0] if isinstance(x, tuple) else x for x in (a, b))
+        return a.shape != b.shape or not torch.allclose(a.float(), b.float(), rtol=0, atol=tol)
+
+    for (which, name), (args, out) in calls.items():  # the model's modules, in finishing order
+        if which == 1 or (1, name) not in calls:
+            continue
+        trusted_args, trusted_out = calls[(1, name)]
+        ours = [a for a in args if torch.is_tensor(a)]
+        theirs = [a for a in trusted_args if torch.is_tensor(a)]
+        if (
+            len(ours) == len(theirs)
+            and not any(map(differ, ours, theirs))
+            and differ(out, trusted_out)
+        ):
+            return name
+    return None
 
 
 def causal_leak(model: nn.Module, src: Tensor, tgt: Tensor) -> Tensor:
@@ -291,7 +407,8 @@ class Finding:
 
 def as_logits_fn(model: nn.Module, *, eval_mode: bool = True) -> LogitsFn:
     """The adapter of a module: ``fn(*ids)`` calls ``model(*ids)`` under ``torch.no_grad()``,
-    after ``model.eval()`` when ``eval_mode`` (the default: dropout off), and returns the
+    after ``model.eval()`` when ``eval_mode`` (the default: dropout off), restores the model's
+    training mode afterwards, and returns the
     logits ``(batch, len, vocab)``. A tuple or list output gives its first element, an output
     with a ``.logits`` attribute (Hugging Face style) that attribute.
 
@@ -304,10 +421,14 @@ def as_logits_fn(model: nn.Module, *, eval_mode: bool = True) -> LogitsFn:
         raise TypeError(f"eval_mode must be a bool, got {type(eval_mode).__name__}")
 
     def logits_fn(*ids: Tensor) -> Tensor:
+        was_training = model.training
         if eval_mode:
             model.eval()
-        with torch.no_grad():
-            out = model(*ids)
+        try:
+            with torch.no_grad():
+                out = model(*ids)
+        finally:
+            model.train(was_training)  # a call mid-training leaves dropout as it was
         if isinstance(out, (tuple, list)):
             out = out[0]
         elif not isinstance(out, Tensor) and hasattr(out, "logits"):

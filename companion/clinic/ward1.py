@@ -247,11 +247,11 @@ class SoftmaxOverQueries(ReaderAttention):
         return torch.softmax(scores, dim=-2)  # BUG: should be dim=-1, the keys
 
 
-def loss_over_padding(logits: Tensor, labels: Tensor) -> Tensor:
-    """Padding tokens counted in the loss: ``logits (batch, len, vocab)``, ``labels (batch,
+def loss_over_padding(logits: Tensor, targets: Tensor) -> Tensor:
+    """Padding tokens counted in the loss: ``logits (batch, len, vocab)``, ``targets (batch,
     len)`` → the mean over *every* position, pads included (the fix:
     :func:`~companion.clinic.patient.sequence_loss`, ``ignore_index=PAD_ID``)."""
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten())  # BUG: no ignore_index
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # BUG: no ignore_index
 
 
 def unshifted_labels(tgt: Tensor) -> tuple[Tensor, Tensor]:

@@ -28,6 +28,7 @@ are not exported.
 
 from __future__ import annotations
 
+import numbers
 import sys
 from collections.abc import Callable, Mapping
 
@@ -55,6 +56,47 @@ __all__ = [
     "check_mystery",
     "check_batch_independent",
 ]
+
+
+# --------------------------------------------------------------------------------------------
+# The frame of the dict-answer checks (exercises 2, 3 and 4)
+# --------------------------------------------------------------------------------------------
+
+
+def _check_answers(
+    name: str,
+    answers: object,
+    keys: tuple,
+    shape: str,
+    problem_of: Callable[[object, object], str | None],
+    label_of: Callable[[object], str],
+    done: str,
+    verbose: bool,
+    empty: Callable[[object], bool] = lambda answer: answer is None,
+    keys_problem: Callable[[Mapping], str | None] = lambda answers: None,
+) -> CheckResult:
+    """The shared frame of the checks that take a dict of answers (exercises 2, 3 and 4):
+    ``TypeError`` unless ``answers`` is a dict ``shape``; "not attempted" when every answer is
+    ``empty``; else the first of ``keys`` whose ``problem_of(key, answer)`` is not None fails,
+    reported as ``label_of(key)``. ``keys_problem(answers)``, when not None, fails at once."""
+    if not isinstance(answers, Mapping):
+        raise TypeError(f"answers must be a dict {shape}, got {type(answers).__name__}")
+    total = len(keys)
+    wrong_keys = keys_problem(answers)
+    if wrong_keys is not None:
+        result = CheckResult(name, False, 0, f"❌ {name}: {wrong_keys}")
+    elif all(empty(answers.get(key)) for key in keys):
+        result = CheckResult(name, False, 0, f"⏳ {name}: not attempted yet (no answer given).")
+    else:
+        result = CheckResult(name, True, total, f"✅ {name}: {done}")
+        for count, key in enumerate(keys, start=1):
+            problem = problem_of(key, answers.get(key))
+            if problem is not None:
+                result = CheckResult(name, False, count, f"❌ {name}: {label_of(key)}: {problem}")
+                break
+    if verbose:
+        report(result)
+    return result
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,30 +232,21 @@ def check_leak_reach(answers: Mapping[tuple[int, int], int], verbose: bool = Tru
     Raises:
         TypeError: ``answers`` is not a dict.
     """
-    if not isinstance(answers, Mapping):
-        raise TypeError(
-            f"answers must be a dict {{(num_layers, diagonal): reach}} for {LEAK_CASES}, "
-            f"got {type(answers).__name__}"
-        )
-    name, total = "leak_reach", len(LEAK_CASES)
-    if all(answers.get(case) is None for case in LEAK_CASES):
-        result = CheckResult(name, False, 0, "⏳ leak_reach: not attempted yet (no answer given).")
-    else:
-        result = CheckResult(name, True, total, f"✅ leak_reach: all {total} reaches right.")
-        for count, (layers, diagonal) in enumerate(LEAK_CASES, start=1):
-            answer = answers.get((layers, diagonal))
-            label = f"N = {layers} layers, tril(..., diagonal={diagonal})"
-            if isinstance(answer, bool) or not isinstance(answer, int):
-                problem = f"the reach must be an int (a number of positions), got {answer!r}"
-            elif answer != measured_reach(layers, diagonal):
-                problem = f"not {answer}. {_reach_hint(layers, diagonal, answer)}"
-            else:
-                continue
-            result = CheckResult(name, False, count, f"❌ leak_reach: {label}: {problem}")
-            break
-    if verbose:
-        report(result)
-    return result
+
+    def problem_of(case: tuple[int, int], answer: object) -> str | None:
+        if isinstance(answer, Tensor) and answer.dim() == 0 and not answer.is_floating_point():
+            answer = answer.item()  # a 0-dim integer tensor counts as its int
+        if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
+            return f"the reach must be an int (a number of positions), got {answer!r}"
+        if int(answer) != measured_reach(*case):
+            return f"not {int(answer)}. {_reach_hint(*case, int(answer))}"
+        return None
+
+    return _check_answers(
+        "leak_reach", answers, LEAK_CASES, f"{{(num_layers, diagonal): reach}} for {LEAK_CASES}",
+        problem_of, lambda case: f"N = {case[0]} layers, tril(..., diagonal={case[1]})",
+        f"all {len(LEAK_CASES)} reaches right.", verbose,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -320,39 +353,25 @@ def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> Ch
     Raises:
         TypeError: ``answers`` is not a dict.
     """
-    if not isinstance(answers, Mapping):
-        raise TypeError(
-            f"answers must be a dict {{patient name: set of findings}} for {sorted(PREDICT_PATIENTS)}, "
-            f"got {type(answers).__name__}"
-        )
-    name, total = "predictions", len(PREDICT_PATIENTS)
-    if all(answers.get(patient_name) is None for patient_name in PREDICT_PATIENTS):
-        result = CheckResult(name, False, 0, "⏳ predictions: not attempted yet (no answer given).")
-    else:
-        result = CheckResult(name, True, total, f"✅ predictions: all {total} patients right.")
-        for count, patient_name in enumerate(PREDICT_PATIENTS, start=1):
-            answer = answers.get(patient_name)
-            if isinstance(answer, str) or not isinstance(answer, (set, frozenset, list, tuple)):
-                problem = f"answer with a set of finding names (set() for none), got {answer!r}"
-            else:
-                unknown = [
-                    f
-                    for f in answer
-                    if not isinstance(f, str) or _normal(f) not in map(_normal, FINDINGS)
-                ]
-                said = {_normal(f) for f in answer if f not in unknown}
-                truth = {_normal(f) for f in failed_findings(patient_name)}
-                if unknown:
-                    problem = f"{unknown[0]!r} is not a finding; use the names of ch11.FINDINGS"
-                elif said != truth:
-                    problem = f"not {sorted(said) or 'none'}. {_PREDICT_HINTS[patient_name]}"
-                else:
-                    continue
-            result = CheckResult(name, False, count, f"❌ predictions: {patient_name!r}: {problem}")
-            break
-    if verbose:
-        report(result)
-    return result
+
+    def problem_of(patient_name: str, answer: object) -> str | None:
+        if isinstance(answer, str) or not isinstance(answer, (set, frozenset, list, tuple)):
+            return f"answer with a set of finding names (set() for none), got {answer!r}"
+        unknown = [
+            f for f in answer if not isinstance(f, str) or _normal(f) not in map(_normal, FINDINGS)
+        ]
+        if unknown:
+            return f"{unknown[0]!r} is not a finding; use the names of ch11.FINDINGS"
+        said = {_normal(f) for f in answer}
+        if said != {_normal(f) for f in failed_findings(patient_name)}:
+            return f"not {sorted(said) or 'none'}. {_PREDICT_HINTS[patient_name]}"
+        return None
+
+    keys = tuple(PREDICT_PATIENTS)
+    return _check_answers(
+        "predictions", answers, keys, f"{{patient name: set of findings}} for {sorted(keys)}",
+        problem_of, repr, f"all {len(keys)} patients right.", verbose,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -500,42 +519,29 @@ def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResu
     Raises:
         TypeError: ``answers`` is not a dict.
     """
-    if not isinstance(answers, Mapping):
-        raise TypeError(
-            f"answers must be a dict {{seed: the name of the bug}} for the seeds {MYSTERY_SEEDS}, "
-            f"got {type(answers).__name__}"
+
+    def keys_problem(answers: Mapping) -> str | None:
+        wrong = [key for key in answers if not isinstance(key, int) or isinstance(key, bool)]
+        if not wrong:
+            return None
+        return (
+            f"the keys must be the seeds as int, {MYSTERY_SEEDS}, got {wrong[0]!r} "
+            f"({type(wrong[0]).__name__}); write {{0: ..., 5: ..., 7: ..., 9: ...}}"
         )
-    name, total = "mystery", len(MYSTERY_SEEDS)
-    wrong_keys = [key for key in answers if not isinstance(key, int) or isinstance(key, bool)]
-    if wrong_keys:
-        result = CheckResult(
-            name, False, 0,
-            f"❌ mystery: the keys must be the seeds as int, {MYSTERY_SEEDS}, got "
-            f"{wrong_keys[0]!r} ({type(wrong_keys[0]).__name__}); write {{0: ..., 5: ..., 7: ..., 9: ...}}",
-        )  # fmt: skip
-        if verbose:
-            report(result)
-        return result
 
     def empty(answer: object) -> bool:
         return answer is None or (isinstance(answer, str) and not answer.strip())
 
-    if all(empty(answers.get(seed)) for seed in MYSTERY_SEEDS):
-        result = CheckResult(name, False, 0, "⏳ mystery: not attempted yet (no answer given).")
-    else:
-        result = CheckResult(name, True, total, f"✅ mystery: all {total} patients named right.")
-        for count, seed in enumerate(MYSTERY_SEEDS, start=1):
-            answer = answers.get(seed)
-            if empty(answer):
-                problem = f"no answer; answer with one of: {_menu_text()}"
-            else:
-                problem = _mystery_problem(seed, answer)
-            if problem is not None:
-                result = CheckResult(name, False, count, f"❌ mystery: patient {seed}: {problem}")
-                break
-    if verbose:
-        report(result)
-    return result
+    def problem_of(seed: int, answer: object) -> str | None:
+        if empty(answer):
+            return f"no answer; answer with one of: {_menu_text()}"
+        return _mystery_problem(seed, answer)
+
+    return _check_answers(
+        "mystery", answers, MYSTERY_SEEDS, f"{{seed: the name of the bug}} for the seeds {MYSTERY_SEEDS}",
+        problem_of, lambda seed: f"patient {seed}", f"all {len(MYSTERY_SEEDS)} patients named right.",
+        verbose, empty=empty, keys_problem=keys_problem,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
