@@ -152,6 +152,22 @@ def test_row_softmax_max_without_values_gets_a_hint():
     assert "use .values, or torch.amax" in result.message, result.message
 
 
+def test_row_softmax_nan_gets_a_hint():
+    """A global maximum leaves a row far below it at 0 / 0: the NaN gets a hint, a finite
+    wrong answer does not."""
+
+    def softmax_global_max(scores):
+        shifted = scores - scores.max()
+        return shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+
+    result = ch01.check_row_softmax(softmax_global_max, verbose=False)
+    assert not result
+    assert "Subtract each row's own maximum" in result.message, result.message
+    result = ch01.check_row_softmax(lambda scores: scores.exp() / scores.exp().sum(), verbose=False)
+    assert not result
+    assert "own maximum" not in result.message, result.message
+
+
 def test_naive_softmax_fails_only_on_large_inputs():
     """The edge cases are what catch a missing max-subtraction: the first cases pass."""
     result = ch01.check_row_softmax(softmax_naive, verbose=False)

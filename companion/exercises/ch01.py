@@ -20,7 +20,7 @@ import contextlib
 import functools
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor
@@ -208,6 +208,18 @@ def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = T
         reference_row_softmax,
         _row_softmax_cases(),
         verbose=verbose,
+        hint=_row_softmax_hint,
+    )
+
+
+def _row_softmax_hint(case: Mapping[str, Tensor], got: object) -> str:
+    """The hint of an answer that returned NaN or inf: an exponent overflowed or a whole row
+    underflowed, the sign of a subtraction that is not each row's own maximum."""
+    if not isinstance(got, Tensor) or torch.isfinite(got).all():
+        return ""
+    return (
+        "\n   Your output has NaN or inf here: an exponent overflowed (inf / inf), or a row far "
+        "below the number you subtracted underflowed to 0 / 0. Subtract each row's own maximum."
     )
 
 
