@@ -120,6 +120,15 @@ def test_layer_norm_backward_accepts_the_formula():
     assert ch06.check_layer_norm_backward(ln_backward_correct, verbose=False)
 
 
+def test_layer_norm_backward_accepts_renamed_parameters():
+    """The check calls the function by position, in the stub's order (review rv06c)."""
+
+    def renamed(inputs, g, go, epsilon):
+        return ln_backward_correct(inputs, g, go, epsilon)
+
+    assert ch06.check_layer_norm_backward(renamed, verbose=False)
+
+
 @pytest.mark.parametrize("autograd", [ln_backward_autograd, ln_backward_tensor_backward])
 def test_layer_norm_backward_refuses_autograd_even_under_enable_grad(autograd):
     """Autograd gives the right numbers, but the exercise is the formula: the check switches
@@ -620,6 +629,31 @@ def test_peri_ln_block_accepts_correct():
 )
 def test_peri_ln_block_rejects_wrong(wrong):
     assert not ch06.check_peri_ln_block(wrong, verbose=False)
+
+
+def _peri_in_place(x, sublayer, input_norm, output_norm):
+    x += output_norm(sublayer(input_norm(x)))
+    return x
+
+
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [
+        # the right values, but the residual path cut out of autograd
+        (
+            lambda x, sublayer, input_norm, output_norm: (
+                x.detach() + output_norm(sublayer(input_norm(x)))
+            ),
+            "gradient",
+        ),
+        # the right values, but the caller's x overwritten
+        (_peri_in_place, "in place"),
+    ],
+)
+def test_peri_ln_block_rejects_forward_equivalent_slips(wrong, says):
+    """Forward-only checks accept these (review rv06c); the gradient and input checks do not."""
+    result = ch06.check_peri_ln_block(wrong, verbose=False)
+    assert not result and says in result.message, result.message
 
 
 def test_peri_ln_reference_passes_on_several_cases():
