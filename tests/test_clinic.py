@@ -134,6 +134,30 @@ def test_first_mismatch_names_where_parity_fails(batch):
     assert start == "encoder.layers.0.self_attention"
 
 
+class _DetachedInputPositions(clinic.PositionalEncoding):
+    """Positions added to a detached input: the same values, no gradient for the embeddings."""
+
+    def forward(self, x):
+        return super().forward(x.detach())
+
+
+def test_gradient_parity_sees_what_forward_parity_cannot(batch):
+    src, tgt_in, tgt_out = batch
+    healthy = clinic.build()
+    gap, _ = clinic.gradient_parity(healthy, src, tgt_in, tgt_out)
+    assert gap < 1e-5, f"expected matching gradients on the healthy model, got {gap:.1e}"
+    assert all(p.grad is None for p in healthy.parameters()), "expected the gradients cleared after"
+    torch.manual_seed(0)
+    detached = clinic.Transformer(parts=clinic.Parts(positions=_DetachedInputPositions))
+    shared = clinic.build(10)  # one attention module for self- and cross-attention
+    for suspect in (detached, shared):
+        assert clinic.parity(suspect, src, tgt_in) < 1e-5  # forward parity passes
+    gap, where = clinic.gradient_parity(detached, src, tgt_in, tgt_out)
+    assert gap > 1e-2 and where.endswith("embedding.embedding.weight"), (gap, where)
+    gap, where = clinic.gradient_parity(shared, src, tgt_in, tgt_out)
+    assert gap > 1e-2 and ".self_attention." in where, (gap, where)
+
+
 def test_as_logits_fn_restores_the_training_mode(batch):
     src, tgt_in, _ = batch
     model = clinic.build().train()

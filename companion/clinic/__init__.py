@@ -15,7 +15,8 @@ its fixed twin), so that ``inspect.getsource`` shows the bug beside the fix. :da
 them with the symptom each produces and the test that catches it:
 
 * **ward 1** (bugs 1-10): bugs planted in the model, found with the tests of the toolkit:
-  :func:`parity` (after copying weights), :func:`causal_leak`,
+  :func:`parity` (after copying weights) and :func:`gradient_parity` (the same for one
+  backward pass), :func:`causal_leak`,
   :func:`is_permutation_equivariant`, ``count_parameters``, :func:`overfit_one_batch`;
 * **ward 2** (bugs 11-18): short, self-contained cases (attention functions, a layer, an
   embedding) with their own one-line tests.
