@@ -334,6 +334,24 @@ def test_prefix_lm_mask_rejects_padded_queries_that_see_padding():
     assert not ch05.check_prefix_lm_mask(prefix_padded_queries_see_padding, verbose=False)
 
 
+def prefix_padded_queries_see_prefix(tokens, prefix_lens, pad_id):  # a padded query: prefix only
+    n = tokens.shape[1]
+    real_query = (tokens != pad_id)[:, None, :, None]  # (batch, 1, n, 1)
+    in_prefix = torch.arange(n)[None, :] < prefix_lens[:, None]  # (batch, n)
+    prefix_key = in_prefix[:, None, None, :]  # (batch, 1, 1, n)
+    return ((real_query & _causal(n)) | prefix_key) & _keys_real(tokens, pad_id)
+
+
+def test_prefix_lm_mask_names_the_padded_query():
+    """Harmless but outside the spec ("keep its row or see nothing"): rejected, and the message
+    says that only padded queries' rows differ."""
+    result = ch05.check_prefix_lm_mask(prefix_padded_queries_see_prefix, verbose=False)
+    assert not result and "is padding" in result.message, result.message
+    # a real mistake gets no such hint
+    result = ch05.check_prefix_lm_mask(prefix_on_queries, verbose=False)
+    assert not result and "is padding" not in result.message, result.message
+
+
 def test_prefix_lm_mask_reports_the_missing_head_axis():
     result = ch05.check_prefix_lm_mask(prefix_no_head_axis, verbose=False)
     assert "wrong shape" in result.message
@@ -441,7 +459,10 @@ def test_mha_attn_mask_rejects_wrong(wrong):
 
 def test_mha_attn_mask_names_the_two_silent_mistakes():
     result = ch05.check_mha_attn_mask(mha_repeat, verbose=False)
-    assert "head-major" in result.message and "repeat_interleave" in result.message, result.message
+    assert "head-major" in result.message and "other order" in result.message, result.message
+    # a discovery exercise: the hint names the learner's order, not the answer's formula
+    for answer in ("b * num_heads", "repeat_interleave"):
+        assert answer not in result.message, result.message
     result = ch05.check_mha_attn_mask(mha_not_inverted, verbose=False)
     assert "True = blocked" in result.message and "inverted" in result.message, result.message
 

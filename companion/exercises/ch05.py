@@ -320,6 +320,24 @@ def _blank_padded_queries_allowed(
     return wrapper
 
 
+def _prefix_hint(case: Case, got: Any) -> str:
+    """Say so when only padded queries' rows differ: they must keep their row or see nothing."""
+    if not isinstance(got, Tensor) or got.dtype != torch.bool:
+        return ""
+    expected = reference_prefix_lm_mask(**case)  # (batch, 1, n, n)
+    if tuple(got.shape) != tuple(expected.shape):
+        return ""
+    padded_query = (case["tokens"] == case["pad_id"])[:, None, :, None]  # (batch, 1, n, 1)
+    differs = got != expected  # (batch, 1, n, n)
+    if not differs.any() or (differs & ~padded_query).any():
+        return ""
+    b, _, i, _ = differs.nonzero()[0].tolist()
+    return (
+        f"\n   Only padded queries' rows differ (query {i} of sequence {b} is padding). A padded"
+        " query may keep its row or see nothing, nothing in between."
+    )
+
+
 def check_prefix_lm_mask(
     prefix_lm_mask: Callable[[Tensor, Tensor, int], Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -335,6 +353,7 @@ def check_prefix_lm_mask(
         reference_prefix_lm_mask,
         _prefix_lm_cases(),
         verbose=verbose,
+        hint=_prefix_hint,
     )
 
 
@@ -406,9 +425,9 @@ def _mha_hint(case: Case, got: Any) -> str:
         )
     if torch.equal(got, _head_major(**case)) or torch.equal(got, ~_head_major(**case)):
         return (
-            "\n   The rows are in head-major order (what .repeat gives: the whole batch once per"
-            " head). PyTorch reads row b * num_heads + h as head h of sequence b: repeat each"
-            " sequence's mask num_heads times in a row (repeat_interleave, or expand + reshape)."
+            "\n   Your rows are in head-major order (what .repeat gives: the whole batch once per"
+            " head), and nn.MultiheadAttention reads them in another order. Try the other order"
+            " in your experiment: does it give the package's outputs?"
         )
     return ""
 
