@@ -32,6 +32,13 @@ def cache_by_allocation(num_layers, d_model, num_heads, num_kv_heads, dtype, bat
     return torch.tensor(2 * num_layers * key.nbytes)  # a 0-dim tensor is accepted too
 
 
+def cache_of_h_over_g_heads(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
+    # caches h/g heads (the query heads per group) instead of the g key/value heads
+    head_dim = d_model // num_heads
+    heads = num_heads // num_kv_heads
+    return 2 * num_layers * heads * head_dim * dtype.itemsize * batch * seq_len
+
+
 def cache_without_the_2(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len):
     return (
         cache_by_formula(num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len) // 2
@@ -106,6 +113,7 @@ def test_kv_cache_bytes_accepts_correct():
         (cache_of_one_sequence, "one sequence's cache"),
         (cache_in_gib, None),
         (cache_p_always_2, "2 bytes per number"),
+        (cache_of_h_over_g_heads, "h/g heads"),
     ],
 )
 def test_kv_cache_bytes_rejects_the_classic_slips(wrong, hint):
@@ -129,9 +137,10 @@ def test_kv_cache_bytes_first_case_separates_the_slips():
             cache_of_every_query_head,
             cache_of_one_sequence,
             cache_p_always_2,
+            cache_of_h_over_g_heads,
         )
     }
-    assert len(answers) == 8, answers
+    assert len(answers) == 9, answers
 
 
 def test_kv_cache_bytes_hint_for_2_bytes_is_not_the_missing_2():
@@ -370,6 +379,28 @@ def test_merge_accepts_correct():
 )
 def test_merge_rejects_wrong(wrong):
     assert not ch09.check_merge_partial_attention(wrong, verbose=False)
+
+
+def test_merge_rejects_changing_a_part_in_place():
+    def in_place(out_a, lse_a, out_b, lse_b):
+        lse = torch.logaddexp(lse_a, lse_b)
+        shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+        out_a.mul_(torch.exp(lse_a - shift)[..., None])  # writes into the caller's part
+        return out_a + torch.exp(lse_b - shift)[..., None] * out_b, lse
+
+    result = ch09.check_merge_partial_attention(in_place, verbose=False)
+    assert not result
+    assert "in place" in result.message, result.message
+
+
+def test_merge_rejects_a_cast_to_float32():
+    def as_float32(out_a, lse_a, out_b, lse_b):
+        parts = (t.float() for t in (out_a, lse_a, out_b, lse_b))
+        return ch09.reference_merge_partial_attention(*parts)
+
+    result = ch09.check_merge_partial_attention(as_float32, verbose=False)
+    assert not result
+    assert "dtype" in result.message, result.message
 
 
 def test_merge_cases_hold_empty_parts_and_huge_scores():

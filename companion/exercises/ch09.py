@@ -109,8 +109,8 @@ def reference_kv_cache_bytes(
 def _cache_cases() -> list[Case]:
     configs = [
         # (num_layers, d_model, num_heads, num_kv_heads, dtype, batch, seq_len); in the first
-        # every classic slip gives a different wrong number (ratios 1/2, 1/8, 8, 1/5, 3, 1/7, and
-        # 1/4 for 2 bytes per number assumed): float64, so that the last is not 1/2 as in float32
+        # every classic slip gives a different wrong number (ratios 1/2, 1/8, 8, 1/5, 3, 1/7,
+        # 3/4 for h/g heads cached, and 1/4 for 2 bytes per number assumed): float64, so that the last is not 1/2 as in float32
         (5, 96, 12, 4, torch.float64, 7, 11),
         (3, 64, 8, 2, torch.bfloat16, 5, 13),  # grouped-query attention in bfloat16
         (2, 48, 6, 6, torch.float16, 3, 9),  # multi-head attention: g = h
@@ -133,6 +133,8 @@ def _cache_hint(case: Case, got: object) -> str:
         (expected / layers, f"this is one layer's cache: the model has {layers} layers"),
         (expected * heads_ratio, "this caches a key and a value per query head: only the "
          f"{case['num_kv_heads']} key/value heads are stored, and head_dim = d_model / num_heads"),
+        (expected * heads_ratio / case["num_kv_heads"], "this caches h/g heads (the query heads per "
+         f"group): the cache stores g = {case['num_kv_heads']} key/value heads"),
         (expected / case["batch"], "this is one sequence's cache: the batch holds "
          f"{case['batch']}"),
         (expected * 2 / itemsize, f"this assumes 2 bytes per number: each {case['dtype']} number "
@@ -321,18 +323,20 @@ def partial_attention(scores: Tensor, values: Tensor, keep: Tensor) -> tuple[Ten
     return weights @ values, lse  # (..., q_len, d_v), (..., q_len)
 
 
-def _merge_case(scores: Tensor, values: Tensor, keep_a: Tensor) -> Case:
-    """Split every query's keys into ``keep_a`` and the rest, in float64, then cast to float32."""
+def _merge_case(
+    scores: Tensor, values: Tensor, keep_a: Tensor, dtype: torch.dtype = torch.float32
+) -> Case:
+    """Split every query's keys into ``keep_a`` and the rest, in float64, then cast to ``dtype``."""
     keep_a = keep_a.expand_as(scores)  # (..., q_len, k_len)
     keep_b = ~keep_a  # (..., q_len, k_len)
     allowed = scores > -math.inf  # (..., q_len, k_len): keys blocked by a mask belong to none
     out_a, lse_a = partial_attention(scores, values, keep_a & allowed)
     out_b, lse_b = partial_attention(scores, values, keep_b & allowed)
     return {
-        "out_a": out_a.float(),
-        "lse_a": lse_a.float(),
-        "out_b": out_b.float(),
-        "lse_b": lse_b.float(),
+        "out_a": out_a.to(dtype),
+        "lse_a": lse_a.to(dtype),
+        "out_b": out_b.to(dtype),
+        "lse_b": lse_b.to(dtype),
     }
 
 
@@ -370,6 +374,8 @@ def _merge_cases() -> list[Case]:
         _merge_case(padded, values(2, 9, 5), keys[:9] < 4),
         # scores near 800: exp(lse) overflows even float64 (from about 709)
         _merge_case(scores(3, 6, scale=3.0, offset=800.0), values(6, 4), keys[:6] < 2),
+        # float64 parts: the merge must keep their dtype (a cast to float32 loses precision)
+        _merge_case(scores(2, 4, 10, scale=2.0), values(2, 10, 8), keys < 6, dtype=torch.float64),
     ]
 
 
@@ -377,10 +383,34 @@ def check_merge_partial_attention(
     merge_partial_attention: Callable[..., tuple[Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
     """Check ``merge_partial_attention(out_a, lse_a, out_b, lse_b)`` → ``(output, lse)``:
-    outputs ``(..., q_len, d_v)``, log-sum-exps ``(..., q_len)``."""
+    outputs ``(..., q_len, d_v)``, log-sum-exps ``(..., q_len)``. Changing a part in place, or
+    returning another dtype than the parts', is refused."""
+
+    @functools.wraps(merge_partial_attention)
+    def leaves_parts_alone(
+        out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        parts = {"out_a": out_a, "lse_a": lse_a, "out_b": out_b, "lse_b": lse_b}
+        before = {name: part.clone() for name, part in parts.items()}
+        merged = merge_partial_attention(out_a=out_a, lse_a=lse_a, out_b=out_b, lse_b=lse_b)
+        for name, part in parts.items():
+            if not torch.equal(part, before[name]):
+                raise ValueError(
+                    f"merge_partial_attention changed `{name}` in place: the caller may still "
+                    "need the parts (build new tensors instead)"
+                )
+        if isinstance(merged, tuple) and len(merged) == 2:
+            for label, result in zip(("output", "lse"), merged):
+                if isinstance(result, Tensor) and result.dtype != out_a.dtype:
+                    raise TypeError(
+                        f"the merged {label} is {result.dtype}, the parts are {out_a.dtype}: "
+                        "keep the parts' dtype"
+                    )
+        return merged
+
     return run_check(
         "merge_partial_attention",
-        merge_partial_attention,
+        leaves_parts_alone,
         reference_merge_partial_attention,
         _merge_cases(),
         verbose=verbose,
