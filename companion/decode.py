@@ -267,6 +267,7 @@ def beam_search(
     pad_id: int = PAD_ID,
     history: list[BeamStep] | None = None,
     hypotheses: list[list[tuple[float, int, list[int]]]] | None = None,
+    stop: str = "fairseq",
 ) -> Tensor:
     """Batched beam search with the GNMT length penalty; the decoder uses the key/value cache.
 
@@ -276,8 +277,10 @@ def beam_search(
     top ``beam_size`` is *finished*: it is stored with the score
     ``log P(Y) / lp(|Y|)`` (:func:`length_penalty`); the best ``beam_size`` candidates that do
     not end in ``<eos>`` form the next beam. A sentence is done once it has ``beam_size``
-    finished hypotheses (fairseq's rule); at its ``max_len`` the hypotheses still open are
-    finished as they are. The output is the finished hypothesis with the best score.
+    finished hypotheses (fairseq's rule, ``stop="fairseq"``) or, with ``stop="bound"``
+    (tensor2tensor's rule), once no open hypothesis can still beat its best finished one; at its
+    ``max_len`` the hypotheses still open are finished as they are. The output is the finished
+    hypothesis with the best score.
 
     With ``beam_size=1`` this is exactly greedy decoding (:func:`greedy_decode`).
 
@@ -294,7 +297,13 @@ def beam_search(
             ``(log_prob, length, ids)``. The search never looks at α (it ranks partial
             translations by log-probability), so :func:`best_hypotheses` with another α gives
             exactly what a search with that α returns: several α for the price of one search
-            (:func:`companion.metrics.length_penalty_sweep`).
+            (:func:`companion.metrics.length_penalty_sweep`). With ``stop="bound"`` the stop
+            depends on α, so this holds for ``stop="fairseq"`` only.
+        stop: when a sentence's search ends. ``"fairseq"`` (the default): once it has
+            ``beam_size`` finished hypotheses. ``"bound"``: once its best finished score is at
+            least every open hypothesis's ``log P / lp(max_len)``, a bound no extension can pass
+            (log P only falls as a hypothesis grows, and ``lp`` grows with the length up to
+            ``lp(max_len)``); the output is then what running to ``max_len`` would return.
 
     Returns:
         ``(batch, out_len)`` ids in the format of :func:`greedy_decode`.
@@ -303,6 +312,8 @@ def beam_search(
     _check_source(model, src, src_mask)  # once, where src is; the loops below run unchecked
     src, src_mask = _to_model_device(model, src, src_mask)
     check_positive_int("beam_size", beam_size)
+    if stop not in ("fairseq", "bound"):
+        raise ValueError(f"stop must be 'fairseq' or 'bound', got {stop!r}")
     if history is not None:
         check_instance("history", history, list, "a list (or None)")
     if hypotheses is not None:
@@ -353,7 +364,7 @@ def beam_search(
                 log_prob = float(top_scores[b, j])
                 finished[b].append((log_prob, step + 1, hypothesis))
                 ended.append((b, int(top_beam[b, j]), log_prob, log_prob / penalty))
-                if len(finished[b]) >= k:
+                if stop == "fairseq" and len(finished[b]) >= k:
                     done[b] = True
             if bool(done.all()):
                 if history is not None:
@@ -372,6 +383,14 @@ def beam_search(
             if history is not None:
                 parents = top_beam.gather(1, pick)  # (batch, k)
                 history.append(BeamStep(step, parents, new_tokens.view(batch, k), scores, ended))
+            if stop == "bound":  # tensor2tensor: done once no open hypothesis can still win
+                best_open = scores.max(dim=1).values  # (batch,) the best open log P
+                alpha = length_penalty_alpha
+                for b in (~done).nonzero().flatten().tolist():
+                    if finished[b]:
+                        best_done = max(lp / length_penalty(n, alpha) for lp, n, _ in finished[b])
+                        ceiling = float(best_open[b]) / length_penalty(int(limits[b]), alpha)
+                        done[b] = best_done >= ceiling
 
             # sentences at their length limit: the open hypotheses finish as they are
             for b in ((limits == step + 1) & ~done).nonzero().flatten().tolist():

@@ -193,6 +193,66 @@ def test_beam_search_batch_matches_single_sentences():
         assert batch[row, : alone.shape[1]].tolist() == alone[0].tolist()
 
 
+def beam_to_max_len(model, src, beam_size, max_len, alpha):
+    """A plain beam search that never stops early: the same candidates as beam_search (the top
+    2·beam_size, <eos> counted among the top beam_size), run to max_len; the best finished one."""
+    with torch.no_grad():
+        memory = model.encode(src)  # (1, src_len, d_model)
+    beams, finished = [([1], 0.0)], []  # (tokens from <bos>, log P)
+    for step in range(1, max_len + 1):
+        with torch.no_grad():
+            tgt = torch.tensor([tokens for tokens, _ in beams])  # (beams, step)
+            logits = model.decode(tgt, memory.expand(len(beams), -1, -1))[:, -1].float()
+        logits[:, [PAD, 1]] = -math.inf  # never <pad> or <bos>
+        scores = torch.tensor([s for _, s in beams])[:, None] + logits.log_softmax(-1)
+        values, index = scores.flatten().topk(2 * beam_size)
+        opened = []
+        for rank, (value, i) in enumerate(zip(values.tolist(), index.tolist())):
+            parent, token = divmod(i, scores.shape[1])
+            if token == EOS:
+                if rank < beam_size:
+                    finished.append((value, step, beams[parent][0][1:] + [EOS]))
+            elif len(opened) < beam_size:
+                opened.append((beams[parent][0] + [token], value))
+        beams = opened
+    finished += [(s, max_len, tokens[1:]) for tokens, s in beams]  # open at max_len: finished
+    return max(finished, key=lambda h: h[0] / length_penalty(h[1], alpha))[2]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_bound_stop_returns_what_a_search_to_max_len_returns(alpha):
+    """stop="bound" (tensor2tensor's rule) stops only when no open hypothesis can still win, so
+    it returns what the same search run to max_len returns; fairseq's rule (stop at beam_size
+    finished) differs on some of these sentences, so the option is not ignored."""
+    model = make_model(seed=0, eos_bias=5.0).eval()
+    with (
+        torch.no_grad()
+    ):  # sharper next-token distributions: a longer sentence can outscore a short one
+        model.generator.weight.mul_(5.0)
+    sources = torch.randint(4, 20, (12, 5), generator=torch.Generator().manual_seed(6))
+    bound = beam_search(
+        model, sources, beam_size=3, max_len=8, length_penalty_alpha=alpha, stop="bound"
+    )
+    fairseq = beam_search(model, sources, beam_size=3, max_len=8, length_penalty_alpha=alpha)
+    differ = 0
+    for row in range(len(sources)):
+        reference = beam_to_max_len(model, sources[row : row + 1], 3, 8, alpha)
+        assert bound[row, : len(reference)].tolist() == reference
+        assert all(t == PAD for t in bound[row, len(reference) :].tolist())
+        differ += fairseq[row].tolist() != bound[row].tolist()
+        found = [t for t in fairseq[row].tolist() if t != PAD]
+        assert (
+            sequence_score(model, sources[row : row + 1], found, alpha)
+            <= sequence_score(model, sources[row : row + 1], reference, alpha) + 1e-5
+        )
+    assert differ > 0, "expected fairseq's stop to return another answer on some sentence"
+
+
+def test_bound_stop_rejects_unknown_rules():
+    with pytest.raises(ValueError, match=r"stop must be 'fairseq' or 'bound', got 't2t'"):
+        beam_search(make_model(), padded_sources(), stop="t2t")
+
+
 def test_length_penalty_values():
     assert length_penalty(1, 0.0) == 1.0
     assert length_penalty(1, 1.0) == 1.0  # (5 + 1) / 6
