@@ -1,12 +1,14 @@
 """Chapter 10 exercise checks: right answers pass, plausible wrong answers fail (a batch of prefix
 masks that leaks the future into the prefix or uses one row's prefix for every row, BERT
 masking that touches padding or special tokens or gets the 15% / 80-10-10 proportions wrong, top-k without renormalising, temperature applied to
-probabilities, patches cut by a plain reshape, ...), stubs are reported without raising."""
+probabilities, patches cut by a plain reshape, an unpaired standard error that adds the two models' errors or
+ignores the clusters, ...), stubs are reported without raising."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,7 @@ from companion.data import masked_lm_example, prefix_lm_example
 from companion.decode import sampling_distribution
 from companion.exercises import ch10
 from companion.masking import causal_mask, prefix_lm_mask
+from companion.metrics import clustered_se
 
 # --------------------------------------------------------------------------------------------
 # prefix_lm_mask: a batch of prefix-LM masks, one prefix length per row
@@ -967,6 +970,7 @@ CHECKS = [
     (ch10.check_bert_masking, ch10.reference_bert_masking),
     (ch10.check_sample_next_token, ch10.reference_sample_next_token),
     (ch10.check_patchify, ch10.reference_patchify),
+    (ch10.check_standard_errors, ch10.reference_standard_errors),
 ]
 
 
@@ -1004,3 +1008,133 @@ def test_sampling_check_rejects_the_greater_or_equal_rule():
     assert not ch10.check_sample_next_token(greater_or_equal, verbose=False)
     assert not ch10.check_sample_next_token(sample_cumsum_at_least, verbose=False)
     assert ch10.check_sample_next_token(ch10.reference_sample_next_token, verbose=False)
+
+
+# --------------------------------------------------------------------------------------------
+# standard_errors: paired / every item its own draw / unpaired (exercise 5)
+# --------------------------------------------------------------------------------------------
+
+
+def se_right(baseline_losses, model_losses, clusters):
+    gap = baseline_losses - model_losses
+    paired = clustered_se(gap, clusters)
+    independent = clustered_se(gap, np.arange(len(gap)))
+    unpaired = math.sqrt(
+        clustered_se(baseline_losses, clusters) ** 2 + clustered_se(model_losses, clusters) ** 2
+    )
+    return paired, independent, unpaired
+
+
+def se_by_hand(baseline_losses, model_losses, clusters):
+    """The formula written out, without clustered_se: the same numbers."""
+
+    def se(values, groups):
+        centred = values - values.mean()
+        sums = {}
+        for v, g in zip(centred, groups):
+            sums[g] = sums.get(g, 0.0) + v
+        return math.sqrt(sum(x * x for x in sums.values())) / len(values)
+
+    gap = baseline_losses - model_losses
+    items = range(len(gap))
+    return (
+        se(gap, clusters),
+        se(gap, items),
+        math.sqrt(se(baseline_losses, clusters) ** 2 + se(model_losses, clusters) ** 2),
+    )
+
+
+def se_unpaired_added(baseline_losses, model_losses, clusters):  # errors added, not in quadrature
+    paired, independent, _ = se_right(baseline_losses, model_losses, clusters)
+    return (
+        paired,
+        independent,
+        clustered_se(baseline_losses, clusters) + clustered_se(model_losses, clusters),
+    )
+
+
+def se_unpaired_is_paired(baseline_losses, model_losses, clusters):  # "the means are the same"
+    paired, independent, _ = se_right(baseline_losses, model_losses, clusters)
+    return paired, independent, paired
+
+
+def se_unpaired_without_clusters(baseline_losses, model_losses, clusters):
+    paired, independent, _ = se_right(baseline_losses, model_losses, clusters)
+    items = np.arange(len(clusters))
+    return (
+        paired,
+        independent,
+        math.sqrt(
+            clustered_se(baseline_losses, items) ** 2 + clustered_se(model_losses, items) ** 2
+        ),
+    )
+
+
+def se_independent_with_clusters(baseline_losses, model_losses, clusters):
+    paired, _, unpaired = se_right(baseline_losses, model_losses, clusters)
+    return paired, paired, unpaired
+
+
+def se_paired_without_clusters(baseline_losses, model_losses, clusters):
+    _, independent, unpaired = se_right(baseline_losses, model_losses, clusters)
+    return independent, independent, unpaired
+
+
+def se_sample_std(baseline_losses, model_losses, clusters):  # ddof=1 for the independent one
+    paired, _, unpaired = se_right(baseline_losses, model_losses, clusters)
+    gap = baseline_losses - model_losses
+    return paired, gap.std(ddof=1) / math.sqrt(len(gap)), unpaired
+
+
+def se_unpaired_variance(baseline_losses, model_losses, clusters):  # a variance, not an error
+    paired, independent, unpaired = se_right(baseline_losses, model_losses, clusters)
+    return paired, independent, unpaired**2
+
+
+def test_standard_errors_right_answers_pass():
+    assert ch10.check_standard_errors(se_right, verbose=False)
+    assert ch10.check_standard_errors(se_by_hand, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (se_unpaired_added, "add in quadrature"),
+        (se_unpaired_is_paired, "still paired"),
+        (se_unpaired_without_clusters, "ignores the clusters"),
+        (se_independent_with_clusters, "uses the clusters"),
+        (se_paired_without_clusters, "ignores the clusters"),
+        (se_sample_std, None),
+        (se_unpaired_variance, None),
+    ],
+    ids=lambda x: getattr(x, "__name__", str(x)),
+)
+def test_standard_errors_rejects_the_classic_slips(wrong, hint):
+    result = ch10.check_standard_errors(wrong, verbose=False)
+    assert not result
+    if hint:
+        assert hint in result.message, result.message
+
+
+def test_standard_errors_cases_make_the_classic_prediction_wrong():
+    """Exercise 5's point holds on the check's own cases: unpaired is larger than paired (often
+    several times), and with correlated items one draw per item is smaller than one per cluster."""
+    ratios = []
+    for case in ch10._comparison_cases():
+        paired, independent, unpaired = ch10.reference_standard_errors(**case)
+        ratios.append(unpaired / paired)
+        if len(set(case["clusters"].tolist())) < len(case["clusters"]):
+            assert independent < paired
+        else:
+            assert math.isclose(independent, paired, rel_tol=1e-12)
+    assert min(ratios) > 1 and max(ratios) > 4
+
+
+def test_standard_errors_does_not_let_the_reader_change_the_cases():
+    def mutates(baseline_losses, model_losses, clusters):
+        result = se_right(baseline_losses, model_losses, clusters)
+        baseline_losses[:] = 0
+        clusters[:] = 0
+        return result
+
+    assert ch10.check_standard_errors(mutates, verbose=False)

@@ -2,7 +2,7 @@
 
 Each ``check_*`` function runs *your* function on cases drawn from a seeded generator and
 returns a :class:`~companion.exercises._checker.CheckResult` that is truthy when every case
-passes. Three compare your result with the reference solution kept in this module; the
+passes. Four compare your result with the reference solution kept in this module; the
 masking check cannot (any correct answer draws its own random numbers), so it checks what
 every correct answer must do, on every draw and in proportion over many draws. The checks call
 your function with keyword arguments, so keep the parameter names of the stub in the notebook.
@@ -14,6 +14,7 @@ a batch of prefix-LM masks                      :func:`check_prefix_lm_mask`
 BERT's 80/10/10 masking                         :func:`check_bert_masking`
 one sampling step: temperature and top-k        :func:`check_sample_next_token`
 a ViT's patches: the patch-embedding reshape    :func:`check_patchify`
+three standard errors of one comparison         :func:`check_standard_errors`
 ==============================================  ===================================
 
 The reference solutions (``reference_prefix_lm_mask``, ...) are module-level functions too,
@@ -27,6 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,12 +44,14 @@ from companion.exercises._checker import (
     run_check,
     seeded_generator,
 )
+from companion.metrics import clustered_se
 
 __all__ = [
     "check_prefix_lm_mask",
     "check_bert_masking",
     "check_sample_next_token",
     "check_patchify",
+    "check_standard_errors",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -737,4 +741,144 @@ def _refuse_f_unfold(*args: object, **kwargs: object) -> Tensor:
     raise RuntimeError(
         "patchify called F.unfold: write it with reshape and permute (or Tensor.unfold), "
         "the point of the exercise is the patch order F.unfold hides"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: three standard errors of one comparison (predict, then measure)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_standard_errors(
+    baseline_losses: np.ndarray, model_losses: np.ndarray, clusters: np.ndarray
+) -> tuple[float, float, float]:
+    """Three standard errors for the mean advantage ``baseline_losses - model_losses``.
+
+    Args:
+        baseline_losses, model_losses: ``(items,)`` the two models' losses on the same items.
+        clusters: ``(items,)`` the group of each item (a test sentence).
+
+    Returns:
+        ``(paired, independent, unpaired)``: the paired difference with each cluster one
+        draw (:func:`~companion.metrics.clustered_se`, the chapter's rule); the same
+        difference with every item its own draw; and the two models' own clustered standard
+        errors combined as if they had been scored on two independent test sets,
+        ``sqrt(se_baseline**2 + se_model**2)``.
+    """
+    baseline = np.asarray(baseline_losses, dtype=float)
+    model = np.asarray(model_losses, dtype=float)
+    gap = baseline - model  # (items,)
+    paired = clustered_se(gap, clusters)
+    independent = clustered_se(gap, np.arange(len(gap)))
+    unpaired = math.sqrt(clustered_se(baseline, clusters) ** 2 + clustered_se(model, clusters) ** 2)
+    return paired, independent, unpaired
+
+
+def _comparison_cases() -> list[Case]:
+    rng = np.random.default_rng(1005)
+    cases = []
+    # (clusters, items per cluster at most, spread of the clusters' difficulty, advantage)
+    for groups, most, spread, advantage in (
+        (40, 12, 1.0, 0.1),
+        (200, 20, 2.0, 0.05),  # hard and easy sentences: pairing matters a lot
+        (60, 1, 1.0, 0.2),  # one item per cluster: paired equals independent
+        (30, 30, 0.2, -0.1),  # the model is worse
+        (120, 8, 3.0, 0.0),
+        (25, 15, 1.0, 0.3),
+        (80, 10, 0.5, 0.02),
+    ):
+        sizes = rng.integers(1, most + 1, size=groups)  # (groups,)
+        clusters = np.repeat(rng.permutation(groups * 3)[:groups], sizes)  # (items,) any labels
+        difficulty = np.repeat(rng.normal(3.0, spread, size=groups), sizes)  # shared by both
+        shared_within = np.repeat(
+            rng.normal(0, 0.5, size=groups), sizes
+        )  # the model's luck per sentence
+        items = len(clusters)
+        baseline = difficulty + rng.normal(0, 1, size=items)
+        model = difficulty - advantage + shared_within + rng.normal(0, 1, size=items)
+        cases.append({"baseline_losses": baseline, "model_losses": model, "clusters": clusters})
+    return cases
+
+
+def _standard_errors_hint(case: Case, got: object) -> str:
+    """Name the classic slip the answer matches, if any."""
+    if not isinstance(got, (tuple, list)) or len(got) != 3:
+        return ""
+    try:
+        got = tuple(float(x) for x in got)
+    except (TypeError, ValueError):
+        return ""
+    baseline, model = case["baseline_losses"], case["model_losses"]
+    clusters, items = case["clusters"], np.arange(len(baseline))
+    paired, independent, unpaired = reference_standard_errors(baseline, model, clusters)
+    se_b, se_m = clustered_se(baseline, clusters), clustered_se(model, clusters)
+    slips = [
+        (
+            1,
+            paired,
+            "the second number uses the clusters: with every item its own draw, "
+            "pass each item its own label (np.arange(items))",
+        ),
+        (
+            0,
+            independent,
+            "the first number ignores the clusters: the chapter's rule counts "
+            "each cluster (sentence) as one draw",
+        ),
+        (
+            2,
+            se_b + se_m,
+            "the unpaired standard errors were added: independent errors add in "
+            "quadrature, sqrt(se_baseline**2 + se_model**2)",
+        ),
+        (
+            2,
+            math.sqrt(clustered_se(baseline, items) ** 2 + clustered_se(model, items) ** 2),
+            "the unpaired number ignores the clusters: each model's own standard error counts "
+            "each cluster as one draw too",
+        ),
+        (
+            2,
+            paired,
+            "the third number is still paired: combine the two models' own standard "
+            "errors instead, as if each had its own test set",
+        ),
+    ]
+    for index, wrong, message in slips:
+        if math.isclose(got[index], wrong, rel_tol=1e-6) and not math.isclose(
+            wrong, (paired, independent, unpaired)[index], rel_tol=1e-6
+        ):
+            return f"\n   hint: {message}"
+    return ""
+
+
+def check_standard_errors(
+    standard_errors: Callable[..., tuple[float, float, float]], verbose: bool = True
+) -> CheckResult:
+    """Check ``standard_errors(baseline_losses, model_losses, clusters)`` →
+    ``(paired, independent, unpaired)``, as :func:`reference_standard_errors` describes.
+
+    Seven synthetic comparisons: clusters of unequal size with any labels, a difficulty shared
+    by the two models within a cluster (what pairing removes), the model's own luck per cluster
+    (what clustering counts), one comparison with one item per cluster, one where the model is
+    worse. A wrong answer is told which classic slip it matches, if any.
+    """
+    _check_callable("standard_errors", standard_errors)
+
+    def on_copies(baseline_losses: np.ndarray, model_losses: np.ndarray, clusters: np.ndarray):
+        return standard_errors(
+            baseline_losses=baseline_losses.copy(),
+            model_losses=model_losses.copy(),
+            clusters=clusters.copy(),
+        )
+
+    return run_check(
+        "standard_errors",
+        on_copies,
+        reference_standard_errors,
+        _comparison_cases(),
+        rtol=1e-6,
+        atol=1e-9,
+        verbose=verbose,
+        hint=_standard_errors_hint,
     )
