@@ -1,4 +1,4 @@
-"""Sequences for watching induction heads form (chapter 10, section 10.7).
+"""Sequences for watching induction heads form (chapter 10, section 10.6).
 
 An induction head (Olsson et al., 2022) completes a pattern it has seen earlier in its
 context: after ``… A B … A`` it predicts ``B``. The cleanest data to train and measure it is a
