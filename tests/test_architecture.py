@@ -41,7 +41,6 @@ LAYERS: dict[str, int] = {
     "companion.exercises.ch09": 3,
     "companion.layers": 4,
     "companion.exercises.ch04": 4,
-    "companion.exercises.ch10": 4,  # refuses calls into companion.data.objectives (layer 3)
     "companion.exercises.ch02": 4,  # refuses calls into companion.efficient_attention (layer 3)
     "companion.exercises.ch03": 4,  # checks a trained companion.attention.MultiHeadAttention (layer 3)
     "companion.exercises.ch01": 4,  # refuses calls into companion.attention (layer 3)
@@ -71,6 +70,7 @@ LAYERS: dict[str, int] = {
     "companion.families": 8,
     "companion.norm_study": 8,
     "companion.exercises.ch06": 9,  # measures with companion.norm_study's setup (layer 8)
+    "companion.exercises.ch10": 9,  # uses companion.metrics.clustered_se (layer 8)
     "companion.trainer": 9,
     "companion.run": 10,
     "companion": 11,
