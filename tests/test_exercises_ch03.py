@@ -5,6 +5,7 @@ stubs are reported without raising."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -1211,3 +1212,98 @@ def test_permute_heads_no_width_hint_for_other_slips():
     for wrong in (permute_forgets_w_o, permute_inverse, permute_strided_blocks):
         result = ch03.check_permute_heads(wrong, verbose=False)
         assert not result and "d_model // num_heads" not in result.message, result.message
+
+
+# --------------------------------------------------------------------------------------------
+# blend_separable (exercise 3): can one head's blend be taken apart?
+# --------------------------------------------------------------------------------------------
+
+
+def separable_correct(weights, tol):
+    totals = sorted(
+        sum(w * b for w, b in zip(weights.tolist(), bits))
+        for bits in itertools.product((0, 1), repeat=len(weights))
+    )
+    return all(b - a > tol for a, b in zip(totals, totals[1:]))
+
+
+def separable_with_tensors(weights, tol):
+    k = len(weights)
+    bits = torch.tensor(list(itertools.product((0, 1), repeat=k)), dtype=weights.dtype)  # (2^k, k)
+    totals = (bits @ weights).sort().values
+    return bool((totals.diff() > tol).all())  # a bool, not a tensor: either is accepted
+
+
+def separable_weights_differ(weights, tol):
+    # only the weights one by one: misses 0.4 + 0.1 = 0.3 + 0.2
+    ordered = sorted(weights.tolist())
+    return all(b - a > tol for a, b in zip(ordered, ordered[1:]))
+
+
+def separable_each_outweighs_lighter(weights, tol):
+    # sufficient, not necessary: rejects (0.45, 0.3, 0.17, 0.08), whose totals all differ
+    ordered = sorted(weights.tolist(), reverse=True)
+    return all(w > sum(ordered[i + 1 :]) + tol for i, w in enumerate(ordered[:-1])) and (
+        ordered[-1] > tol
+    )
+
+
+def separable_ignores_tol(weights, tol):
+    totals = sorted(
+        sum(w * b for w, b in zip(weights.tolist(), bits))
+        for bits in itertools.product((0, 1), repeat=len(weights))
+    )
+    return all(b - a > 1e-9 for a, b in zip(totals, totals[1:]))
+
+
+def separable_same_size_only(weights, tol):
+    # compares subsets of the same size only: misses 0.5 = 0.3 + 0.2
+    values = weights.tolist()
+    for size in range(1, len(values) + 1):
+        totals = sorted(sum(c) for c in itertools.combinations(values, size))
+        if any(b - a <= tol for a, b in zip(totals, totals[1:])):
+            return False
+    return True
+
+
+def test_blend_separable_accepts_correct():
+    assert ch03.check_blend_separable(separable_correct, verbose=False)
+    assert ch03.check_blend_separable(separable_with_tensors, verbose=False)
+    assert ch03.check_blend_separable(
+        lambda weights, tol: torch.tensor(ch03.reference_blend_separable(weights, tol)),
+        verbose=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (separable_weights_differ, "not the weights one by one"),
+        (separable_each_outweighs_lighter, "need not outweigh all lighter ones"),
+        (separable_ignores_tol, "no more than tol apart"),
+        (separable_same_size_only, "no more than tol apart"),
+        (lambda weights, tol: True, "expected False"),
+        (lambda weights, tol: False, "expected True"),
+        (lambda weights, tol: 0.5, "return True or False"),
+    ],
+)
+def test_blend_separable_rejects_wrong(wrong, hint):
+    result = ch03.check_blend_separable(wrong, verbose=False)
+    assert not result
+    assert hint in result.message, result.message
+
+
+def test_blend_separable_cases_have_both_verdicts_and_a_tol_that_matters():
+    cases = ch03._separable_cases()
+    verdicts = [ch03.reference_blend_separable(**case) for case in cases]
+    assert True in verdicts and False in verdicts
+    same = [c for c in cases if c["weights"].tolist() == [0.5, 0.3, 0.205]]
+    assert sorted(ch03.reference_blend_separable(**c) for c in same) == [False, True]
+
+
+def test_blend_separable_reports_a_stub():
+    def stub(weights, tol):
+        raise NotImplementedError
+
+    result = ch03.check_blend_separable(stub, verbose=False)
+    assert not result

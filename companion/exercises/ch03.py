@@ -12,13 +12,14 @@ exercise                               check
 =====================================  ============================================
 1. multi-head attention, head gates    :func:`check_multi_head_attention`
 2. reorder the heads, same layer       :func:`check_permute_heads`
-3. split a per-head fused projection   :func:`check_split_fused_qkv`
-4. what each head compares             :func:`check_head_score_matrices`
-5. grouped-query attention             :func:`check_grouped_query_attention`
+3. can one head's blend be taken apart :func:`check_blend_separable`
+4. split a per-head fused projection   :func:`check_split_fused_qkv`
+5. what each head compares             :func:`check_head_score_matrices`
+6. grouped-query attention             :func:`check_grouped_query_attention`
 =====================================  ============================================
 
-Exercises 1 and 2 use only the main path (sections 3.1 to 3.5); exercise 2's check runs
-exercise 1's reference. When a tensor differs, the message of exercises 1, 2 and 5 shows the
+Exercises 1 to 3 use only the main path (sections 3.1 to 3.5); exercise 2's check runs
+exercise 1's reference. When a tensor differs, the message of exercises 1, 2 and 6 shows the
 entry with the *largest* difference (the first differing entry can look like rounding).
 
 Weight matrices follow the *math* convention of the chapter, ``y = x W`` with ``W`` of shape
@@ -41,6 +42,7 @@ from companion.exercises._checker import (
     compare,
     report,
     run_check,
+    run_verdict_check,
     seeded_generator,
 )
 
@@ -50,10 +52,11 @@ __all__ = [
     "check_grouped_query_attention",
     "check_permute_heads",
     "check_head_score_matrices",
+    "check_blend_separable",
 ]
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: split a fused projection laid out head by head
+# Exercise 4: split a fused projection laid out head by head
 # --------------------------------------------------------------------------------------------
 
 
@@ -424,7 +427,7 @@ def check_multi_head_attention(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: grouped-query attention
+# Exercise 6: grouped-query attention
 # --------------------------------------------------------------------------------------------
 
 
@@ -762,7 +765,7 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: what each head compares, its bilinear form W_Q^(r) W_K^(r)T
+# Exercise 5: what each head compares, its bilinear form W_Q^(r) W_K^(r)T
 # --------------------------------------------------------------------------------------------
 
 
@@ -903,3 +906,92 @@ def check_head_score_matrices(
     if verbose:
         report(result)
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 3: when can one head's blend be taken apart?
+# --------------------------------------------------------------------------------------------
+
+
+def _subset_totals(weights: Tensor) -> list[tuple[float, tuple[int, ...]]]:
+    """Every subset of the lookups (the empty one included) with its total weight, sorted."""
+    k = len(weights)
+    totals = []
+    for members in range(2**k):
+        subset = tuple(j for j in range(k) if (members >> j) & 1)
+        totals.append((float(sum(float(weights[j]) for j in subset)), subset))
+    return sorted(totals)
+
+
+def reference_blend_separable(weights: Tensor, tol: float) -> bool:
+    """True when the ``2**k`` subset totals of ``weights (k,)`` are pairwise more than ``tol``
+    apart: then the total weight on a symbol tells which of the lookups hold it."""
+    totals = [total for total, _ in _subset_totals(weights)]
+    return all(b - a > tol for a, b in zip(totals, totals[1:]))
+
+
+def _separable_cases() -> list[Case]:
+    cases = [
+        ([0.25, 0.25, 0.25, 0.25], 0.01),  # equal weights: 1/4 + 1/4 is every pair's total
+        ([0.4, 0.3, 0.2, 0.1], 0.01),  # all weights differ, yet 0.4 + 0.1 = 0.3 + 0.2
+        ([0.52, 0.27, 0.13, 0.08], 0.01),  # each weight outweighs the lighter ones together
+        ([0.45, 0.3, 0.17, 0.08], 0.01),  # does not (0.45 < 0.55), yet every total differs
+        ([0.5, 0.3, 0.2], 0.01),  # one lookup against two: 0.5 = 0.3 + 0.2
+        ([0.5, 0.3, 0.205], 0.01),  # 0.5 and 0.505 lie within tol
+        ([0.5, 0.3, 0.205], 0.001),  # ... and not within this tol
+        ([0.48, 0.26, 0.14, 0.08, 0.04], 0.01),  # graded, but 0.26 = 0.14 + 0.08 + 0.04
+        ([0.52, 0.26, 0.13, 0.06, 0.03], 0.005),  # five lookups, every total its own
+        ([0.7, 0.3], 0.01),
+        ([0.6, 0.4, 0.0], 0.01),  # a lookup with no weight: a symbol there adds nothing
+        ([1.0], 0.01),
+    ]
+    return [{"weights": torch.tensor(w, dtype=torch.float64), "tol": tol} for w, tol in cases]
+
+
+def _separable_problem(got: object, case: Case) -> str | None:
+    """What is wrong with the verdict ``got`` on ``case`` (None when it is right)."""
+    weights, tol = case["weights"], case["tol"]
+    shown = "(" + ", ".join(f"{w:g}" for w in weights.tolist()) + f"), tol {tol:g}"
+    if isinstance(got, Tensor) and got.numel() == 1:
+        got = got.item()
+    if not isinstance(got, (bool, int)) and type(got).__name__ != "bool_":
+        return f"weights {shown}: return True or False, got {type(got).__name__} {got!r}"[:300]
+    expected = reference_blend_separable(weights, tol)
+    if bool(got) == expected:
+        return None
+    totals = _subset_totals(weights)
+    if expected:
+        gap = min(b[0] - a[0] for a, b in zip(totals, totals[1:]))
+        return (
+            f"weights {shown}: expected True, got False. All {len(totals)} subset totals differ, "
+            f"the closest two by {gap:.3g} > tol (a weight need not outweigh all lighter ones "
+            "together)"
+        )
+    (low, a), (high, b) = min(zip(totals, totals[1:]), key=lambda pair: pair[1][0] - pair[0][0])
+
+    def name(subset: tuple[int, ...]) -> str:
+        return "{" + ", ".join(f"{weights[j].item():g}" for j in subset) + "}"
+
+    return (
+        f"weights {shown}: expected False, got True. The subsets {name(a)} and {name(b)} total "
+        f"{low:.4g} and {high:.4g}, no more than tol apart: compare every subset's total with "
+        "every other's, not the weights one by one"
+    )
+
+
+def check_blend_separable(
+    blend_separable: Callable[[Tensor, float], bool], verbose: bool = True
+) -> CheckResult:
+    """Check ``blend_separable(weights, tol)``: ``weights (k,)``, one head's weights on its
+    ``k`` lookups → True when every subset of the lookups has a total weight more than ``tol``
+    from every other subset's."""
+    _require_callable("blend_separable", blend_separable)
+    return run_verdict_check(
+        "blend_separable",
+        blend_separable,
+        _separable_cases(),
+        lambda case: {"weights": case["weights"].clone(), "tol": case["tol"]},
+        _separable_problem,
+        what="sets of weights",
+        verbose=verbose,
+    )
