@@ -356,19 +356,6 @@ def _brute_norms(d_k, n_keys, scale, n_queries, gen, at_query=True, upstream=Tru
     return torch.cat(norms)
 
 
-def _gap(d_k, n_keys, statistic="median", at_query=True, upstream=True, root=True, n=10_000):
-    gen = torch.Generator().manual_seed(5)
-    factor = 1 / math.sqrt(d_k) if root else 1 / d_k
-    if at_query and upstream and statistic != "median":  # the shortcut, for speed
-        scaled = ch02.sampled_query_gradient_norms(d_k, n_keys, factor, n, gen)
-        unscaled = ch02.sampled_query_gradient_norms(d_k, n_keys, 1.0, n, gen)
-    else:
-        kwargs = {"at_query": at_query, "upstream": upstream}
-        scaled = _brute_norms(d_k, n_keys, factor, n, gen, **kwargs)
-        unscaled = _brute_norms(d_k, n_keys, 1.0, n, gen, **kwargs)
-    return (getattr(scaled, statistic)() / getattr(unscaled, statistic)()).item()
-
-
 def test_sampled_norms_follow_the_brute_force_distribution():
     """The reference's shortcut has the distribution of the autograd measurement."""
     for d_k, n_keys in [(24, 5), (200, 8)]:
@@ -735,18 +722,44 @@ def test_scale_test_tolerance_separates_rounding_from_slips():
             for q, k, v in recorded.calls
         )
         assert gap < 5e-6 if correct else gap > 1e-4, (what, gap)
+        if correct and fn is not ch02._correct_off_by_rounding:  # the prompt: under 1e-6
+            assert gap < 1e-6, (what, gap)
 
 
 # ---------------------------------------------------------------------------------------------
-# gradient_crossover (a composition: the measurement, then a search over the widths)
+# gradient_crossover (a composition: the measurement at entries of std σ, then a search)
 # ---------------------------------------------------------------------------------------------
 
 
-def _fast_gap(d_k, n_keys, statistic="median", scale_of=lambda d: 1 / math.sqrt(d)):
-    gen = torch.Generator().manual_seed(11)
-    scaled = ch02.sampled_query_gradient_norms(d_k, n_keys, scale_of(d_k), 10_000, gen)
-    unscaled = ch02.sampled_query_gradient_norms(d_k, n_keys, 1.0, 10_000, gen)
+def _fast_gap(d_k, sigma, statistic="median", power=2, root=True, seed=11):
+    """The gap by the package's sampler: σ on queries and keys puts σ² (``power``) on the
+    softmax input; the σ on the gradient cancels in the ratio."""
+    gen = torch.Generator().manual_seed(seed)
+    factor = sigma**power
+    scaled = ch02.sampled_query_gradient_norms(
+        d_k, 16, factor / (math.sqrt(d_k) if root else d_k), 10_000, gen
+    )
+    unscaled = ch02.sampled_query_gradient_norms(d_k, 16, factor, 10_000, gen)
     return (getattr(scaled, statistic)() / getattr(unscaled, statistic)()).item()
+
+
+def _brute_sigma_gap(d_k, sigma, at_query=True, n=10_000, chunk=500):
+    """The solution's measurement: autograd on q, k of std σ, paired draws for both scales."""
+    gen = torch.Generator().manual_seed(0)
+    norms = {True: [], False: []}
+    for _ in range(n // chunk):
+        q = sigma * torch.randn(chunk, 1, d_k, generator=gen, dtype=torch.float64)
+        k = sigma * torch.randn(chunk, 16, d_k, generator=gen, dtype=torch.float64)
+        u = torch.randn(chunk, 16, generator=gen, dtype=torch.float64)
+        for scaled in (True, False):
+            q_leaf = q.clone().requires_grad_()
+            z = (q_leaf @ k.transpose(-2, -1)).squeeze(-2) * (d_k**-0.5 if scaled else 1.0)
+            z.retain_grad()
+            (torch.softmax(z, dim=-1) * u).sum().backward()
+            grad = q_leaf.grad.squeeze(-2) if at_query else z.grad
+            norms[scaled].append(grad.norm(dim=-1))
+    medians = {s: torch.cat(v).median().item() for s, v in norms.items()}
+    return medians[True] / medians[False]
 
 
 def _scan(gap):
@@ -756,105 +769,112 @@ def _scan(gap):
     return None
 
 
-def crossover_correct(n_keys):
-    return _scan(lambda d: _fast_gap(d, n_keys))
+def crossover_correct(sigma):
+    return _scan(lambda d: _fast_gap(d, sigma))
 
 
-def crossover_as_float(n_keys):
-    return float(crossover_correct(n_keys))
+def crossover_as_float(sigma):
+    return float(crossover_correct(sigma))
 
 
-def crossover_brute_force_small(n_keys):  # autograd, as the solution does (4 keys only)
-    if n_keys != 4:
-        return crossover_correct(n_keys)
-    return _scan(lambda d: _gap(d, n_keys, n=10_000))
+def crossover_by_autograd(sigma):  # the solution's way, no sampler (small widths only: time)
+    if sigma < 1:
+        return crossover_correct(sigma)
+    return _scan(lambda d: _brute_sigma_gap(d, sigma))
 
 
-def crossover_at_softmax_input(n_keys):  # the chain rule's 1/√d_k left out
-    return _scan(lambda d: _gap(d, n_keys, at_query=False, n=4000))
+def crossover_at_softmax_input(sigma):  # the chain rule's λ left out
+    return _scan(lambda d: _brute_sigma_gap(d, sigma, at_query=False, n=4000))
 
 
-def crossover_of_means(n_keys):  # the mean never crosses: the few near ties carry it
-    return _scan(lambda d: _fast_gap(d, n_keys, statistic="mean"))
+def crossover_sigma_on_queries_only(sigma):  # σ, not σ², on the softmax input
+    return _scan(lambda d: _fast_gap(d, sigma, power=1))
 
 
-def crossover_last_below(n_keys):  # off by one: the last width where the gap is below 1
-    return crossover_correct(n_keys) // 2
+def crossover_sigma_ignored(sigma):  # standard normal entries whatever σ
+    return _scan(lambda d: _fast_gap(d, 1.0))
 
 
-def crossover_inverted(n_keys):
-    return _scan(lambda d: 1 / _fast_gap(d, n_keys))
+def crossover_of_means(sigma):  # the mean never crosses: the few near ties carry it
+    return _scan(lambda d: _fast_gap(d, sigma, statistic="mean"))
 
 
-def crossover_divides_by_d_k(n_keys):
-    return _scan(lambda d: _fast_gap(d, n_keys, scale_of=lambda d: 1 / d))
+def crossover_last_below(sigma):  # off by one: the last width where the gap is below 1
+    return crossover_correct(sigma) // 2
 
 
-def crossover_ignores_n_keys(n_keys):
-    return _scan(lambda d: _fast_gap(d, 16))
+def crossover_inverted(sigma):
+    return _scan(lambda d: 1 / _fast_gap(d, sigma))
 
 
-def crossover_copied(n_keys):  # the chapter's width for 16 keys
+def crossover_divides_by_d_k(sigma):
+    return _scan(lambda d: _fast_gap(d, sigma, root=False))
+
+
+def crossover_copied(sigma):  # the chapter's width for σ = 1
     return 128
 
 
-def crossover_lookup(n_keys):  # two answers remembered (from a friend, or an earlier run)
-    return {3: 16, 40: 256}.get(n_keys, 128)
+def crossover_raw_spread_rule(sigma):
+    """Hold the raw scores' spread √d_k σ² at its σ = 1 crossover: d_k = 128/σ⁴, to the
+    nearest power of two. It forgets that σ sharpens the scaled softmax too."""
+    return 2 ** round(math.log2(128 / sigma**4))
 
 
-def crossover_neighbours(n_keys):  # the chapter's 128 halved for fewer keys, doubled for more
-    return 64 if n_keys < 16 else 256
+def crossover_raw_spread_rule_up(sigma):  # the same, rounded up: right at 3 of 5
+    return 2 ** math.ceil(math.log2(128 / sigma**4))
 
 
-def crossover_rule_of_thumb(n_keys):  # 8 n_keys rounded up to a power of two: 3 of 5 right
-    return 2 ** math.ceil(math.log2(8 * n_keys))
-
-
-def crossover_rule_rounded_down(n_keys):  # the largest power of two up to 8 n_keys: 2 of 5
-    return 2 ** math.floor(math.log2(8 * n_keys))
+def crossover_sigma_squared_rule(sigma):  # the σ² slip of section 2.2 in the rule
+    return 2 ** round(math.log2(128 / sigma**2))
 
 
 def test_gradient_crossover_accepts_a_measurement(capsys):
     assert ch02.check_gradient_crossover(crossover_correct)
-    assert "✅ gradient_crossover: the right width for all 5" in capsys.readouterr().out
+    assert "✅ gradient_crossover: the right width at all 5" in capsys.readouterr().out
     assert ch02.check_gradient_crossover(crossover_as_float, verbose=False)
-    assert ch02.check_gradient_crossover(crossover_brute_force_small, verbose=False)
+
+
+def test_gradient_crossover_accepts_the_solutions_autograd_measurement():
+    """The hidden solution's method (autograd, 10 000 paired queries, no sampler), at the
+    values of σ whose crossover lies at small widths (at large ones it takes minutes here)."""
+    result = ch02.check_gradient_crossover(crossover_by_autograd, verbose=False)
+    assert result, result.message
 
 
 @pytest.mark.parametrize(
     "lucky",
     [
         crossover_copied,
-        crossover_lookup,
-        crossover_neighbours,
-        crossover_rule_of_thumb,
-        crossover_rule_rounded_down,
+        crossover_raw_spread_rule,
+        crossover_raw_spread_rule_up,
+        crossover_sigma_squared_rule,
     ],
 )
-def test_gradient_crossover_rejects_a_lucky_lookup(lucky):
-    """Every number of keys is asked at every run: an answer right at some settings only
-    (the rule of thumb is right at three of the five) never passes."""
-    right = sum(lucky(n) == crossover_correct(n) for n in ch02.CROSSOVER_N_KEYS)
-    assert right < len(ch02.CROSSOVER_N_KEYS)
+def test_gradient_crossover_rejects_a_rule_of_thumb(lucky):
+    """Every σ is asked at every run: a rule right at some settings only never passes. The
+    classic one holds the raw scores' spread √d_k σ² fixed; it is right at 3 of the 5 values
+    at best, because σ also sharpens the scaled softmax."""
+    right = sum(lucky(s) == crossover_correct(s) for s in ch02.CROSSOVER_SIGMAS)
+    assert right < len(ch02.CROSSOVER_SIGMAS)
     result = ch02.check_gradient_crossover(lucky, verbose=False)
     assert not result and "❌" in result.message, result.message
-    if lucky is crossover_rule_of_thumb:
-        assert right == 3  # wrong at 3 and 40 keys
-    if lucky is crossover_rule_rounded_down:
-        assert right == 2  # wrong at 6, 12 and 24 keys
+    if lucky is crossover_raw_spread_rule_up:
+        assert right == 3  # wrong at σ = 1.25 and 1.5
 
 
 @pytest.mark.parametrize(
     "wrong",
     [
+        crossover_sigma_on_queries_only,
+        crossover_sigma_ignored,
         crossover_at_softmax_input,
         crossover_of_means,
         crossover_last_below,
         crossover_inverted,
         crossover_divides_by_d_k,
-        crossover_ignores_n_keys,
-        lambda n_keys: "32",
-        lambda n_keys: 100,  # not a power of two
+        lambda sigma: "32",
+        lambda sigma: 100,  # not a power of two
     ],
 )
 def test_gradient_crossover_rejects_wrong(wrong):
@@ -863,34 +883,32 @@ def test_gradient_crossover_rejects_wrong(wrong):
     assert "❌" in result.message
 
 
+def test_gradient_crossover_refuses_the_reference():
+    result = ch02.check_gradient_crossover(
+        lambda sigma: _scan(lambda d: ch02.crossover_gap(d, sigma)), verbose=False
+    )
+    assert not result, result.message
+
+
 def test_gradient_crossover_accepts_10_000_queries_whatever_the_seed():
-    """The prompt, the solution and the check's message all say 10 000 queries per width (at
-    2 000, a correct measurement failed on 2 of 8 seeds). Independent draws for the two
-    scales, noisier than the solution's paired ones: still right on every seed tried."""
-
-    def measured(seed):
-        def gap(d_k, n_keys):
-            gen = torch.Generator().manual_seed(seed)
-            scaled = ch02.sampled_query_gradient_norms(d_k, n_keys, d_k**-0.5, 10_000, gen)
-            unscaled = ch02.sampled_query_gradient_norms(d_k, n_keys, 1.0, 10_000, gen)
-            return scaled.median().item() / unscaled.median().item()
-
-        return lambda n_keys: _scan(lambda d: gap(d, n_keys))
-
-    for seed in range(1, 7):
-        result = ch02.check_gradient_crossover(measured(seed), verbose=False)
+    """Independent draws for the two scales, noisier than the solution's paired ones: still
+    right on every seed tried."""
+    for seed in range(1, 5):
+        answer = lambda sigma, seed=seed: _scan(lambda d: _fast_gap(d, sigma, seed=seed))  # noqa: E731
+        result = ch02.check_gradient_crossover(answer, verbose=False)
         assert result, (seed, result.message)
 
 
 def test_gradient_crossover_settings_are_clear_cut():
-    """At each checked number of keys one width is right, with the gap at least 10 % from 1
-    on both sides, so a measurement on 10 000 queries cannot land on the wrong side."""
-    assert 16 not in ch02.CROSSOVER_N_KEYS  # the chapter's setting
-    answers = [crossover_correct(n_keys) for n_keys in ch02.CROSSOVER_N_KEYS]
-    assert answers == [16, 64, 128, 256, 256], answers  # the crossovers, kept out of the module
-    for n_keys, answer in zip(ch02.CROSSOVER_N_KEYS, answers):
-        assert ch02.crossover_gap(answer, n_keys) > 1.1
-        assert ch02.crossover_gap(answer // 2, n_keys) < 1 / 1.1
+    """At each checked σ one width is right, with the gap at least 10 % from 1 on both sides,
+    so a measurement on 10 000 queries cannot land on the wrong side; σ = 1 (the chapter's) is
+    not asked."""
+    assert 1.0 not in ch02.CROSSOVER_SIGMAS
+    answers = [crossover_correct(s) for s in ch02.CROSSOVER_SIGMAS]
+    assert answers == [2048, 1024, 512, 32, 16], answers  # kept out of the module
+    for sigma, answer in zip(ch02.CROSSOVER_SIGMAS, answers):
+        assert ch02.crossover_gap(answer, sigma) > 1.1
+        assert ch02.crossover_gap(answer // 2, sigma) < 1 / 1.1
 
 
 def test_the_chain_rule_reference_equals_autograd():
@@ -951,7 +969,7 @@ def test_scale_test_a_correct_candidate_fails_default_allclose_on_random_inputs(
 def test_gradient_crossover_explains_a_search_that_finds_nothing():
     """The mean never crosses 1, so a search on it returns None: the message says no
     crossover was found and points at the statistic, not at the return type."""
-    assert crossover_of_means(ch02.CROSSOVER_N_KEYS[0]) is None
+    assert crossover_of_means(ch02.CROSSOVER_SIGMAS[0]) is None
     result = ch02.check_gradient_crossover(crossover_of_means, verbose=False)
     assert not result
     assert "no crossover found" in result.message and "median" in result.message, result.message
@@ -1085,11 +1103,11 @@ def test_attention_backward_refuses_a_call_to_the_reference():
 def test_gradient_crossover_refuses_the_modules_gap():
     """crossover_gap measures the gap the exercise asks for; an answer that calls it is
     refused, even when the remembered gap makes the call cost nothing."""
-    ch02.crossover_gap(2, 3)  # the check's cache now holds this setting
+    ch02.crossover_gap(2, 1.5)  # the check's cache now holds this setting
 
-    def calls_gap(n_keys):
-        ch02.crossover_gap(2, 3)
-        return crossover_correct(n_keys)
+    def calls_gap(sigma):
+        ch02.crossover_gap(2, 1.5)
+        return crossover_correct(sigma)
 
     result = ch02.check_gradient_crossover(calls_gap, verbose=False)
     assert not result

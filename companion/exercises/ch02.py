@@ -46,6 +46,7 @@ __all__ = [
     "check_gradient_crossover",
     "crossover_gap",
     "CROSSOVER_N_KEYS",
+    "CROSSOVER_SIGMAS",
     "CROSSOVER_D_KS",
     "sampled_query_gradient_norms",
     "check_scale_test",
@@ -734,56 +735,68 @@ def sampled_query_gradient_norms(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 3 - a composition: the width from which the √d_k helps the typical query
+# Exercise 3 - a composition: the width from which the √d_k helps, at another initialisation
 # ---------------------------------------------------------------------------------------------
 
-#: The numbers of keys per query at which :func:`check_gradient_crossover` asks for the
-#: crossover: three few and two many, every one of them at each run. Chapter 2 measures 16
-#: keys only, and the right width differs from setting to setting, so neither the chapter's
-#: 128, nor a table of a few remembered answers, nor a rule of thumb passes ("the largest
-#: power of two up to 8 n_keys" fails at 6, 12 and 24 keys; "8 n_keys rounded up" at 3
-#: and 40); at each setting the crossover is clear-cut (the gap at least 10 % away from 1
-#: on both sides). No setting needs more than 40 keys or widths beyond 256, so a direct
-#: measurement on 10 000 queries per width answers all five in seconds.
-CROSSOVER_N_KEYS = (3, 6, 12, 24, 40)
+#: The standard deviations σ of the query and key entries at which
+#: :func:`check_gradient_crossover` asks for the crossover (16 keys per query), every one of
+#: them at each run. Chapter 2 measures σ = 1 only; 1/√3 is PyTorch's default ``nn.Linear``
+#: on inputs of variance 1 (chapter 2, section 2.3's box). The right width differs from
+#: setting to setting, so neither the chapter's 128 nor a rule of thumb passes: "128/σ⁴
+#: rounded to a power of two" (the raw scores' spread, √d_k σ², held at its σ = 1 value)
+#: fails, because σ also sharpens the scaled softmax; putting σ on the softmax input instead
+#: of σ² (σ on the queries only) fails at every setting. At each setting the crossover is
+#: clear-cut (the gap at least 10 % away from 1 on both sides), and no setting needs widths
+#: beyond 2048.
+CROSSOVER_SIGMAS = (3**-0.5, 0.7, 0.8, 1.25, 1.5)
+
+#: Keys per query, as in chapter 2, section 2.5.
+CROSSOVER_N_KEYS = 16
 
 #: The widths the crossover is looked for among: 2, 4, ..., 2048.
 CROSSOVER_D_KS = tuple(2**e for e in range(1, 12))
 
 
-def crossover_gap(d_k: int, n_keys: int) -> float:
-    """The median gradient gap: median ``‖∂L/∂q‖`` with ``1/√d_k`` over the median without it.
+def crossover_gap(d_k: int, sigma: float) -> float:
+    """The median gradient gap at entries of std ``sigma``: median ``‖∂L/∂q‖`` with
+    ``1/√d_k`` over the median without it, 16 keys per query.
 
-    Measured with :func:`sampled_query_gradient_norms` on 50 000 queries per scale (about 2 %
-    sampling noise); :func:`check_gradient_crossover` uses it only at settings where the gap
-    is at least 10 % away from 1. Above 1 the typical unscaled query gets less gradient.
-    The check refuses an answer that calls it.
+    With ``q = σ q₀`` and ``k = σ k₀`` the softmax input is ``λ σ² q₀·k₀`` and
+    ``∂L/∂q = σ · (the gradient for q₀ at the factor λσ²)``, so the gap is the standard-normal
+    gap at the factors ``σ²/√d_k`` and ``σ²``. Measured with
+    :func:`sampled_query_gradient_norms` on 50 000 queries per scale (about 2 % sampling
+    noise); :func:`check_gradient_crossover` uses it only at settings where the gap is at
+    least 10 % away from 1. Above 1 the typical unscaled query gets less gradient. The check
+    refuses an answer that calls it.
     """
-    return _crossover_gap(d_k, n_keys)
+    return _crossover_gap(d_k, float(sigma))
 
 
 @functools.cache
-def _crossover_gap(d_k: int, n_keys: int) -> float:
+def _crossover_gap(d_k: int, sigma: float) -> float:
     """:func:`crossover_gap`, remembered (the check asks for the same settings again)."""
     generator = seeded_generator(3)
-    scaled = sampled_query_gradient_norms(d_k, n_keys, 1 / math.sqrt(d_k), 50_000, generator)
-    unscaled = sampled_query_gradient_norms(d_k, n_keys, 1.0, 50_000, generator)
+    factor = sigma**2
+    n_keys = CROSSOVER_N_KEYS
+    scaled = sampled_query_gradient_norms(d_k, n_keys, factor / math.sqrt(d_k), 50_000, generator)
+    unscaled = sampled_query_gradient_norms(d_k, n_keys, factor, 50_000, generator)
     return scaled.median().item() / unscaled.median().item()
 
 
 def check_gradient_crossover(
-    gradient_crossover: Callable[[int], int], verbose: bool = True
+    gradient_crossover: Callable[[float], int], verbose: bool = True
 ) -> CheckResult:
-    """Check ``gradient_crossover(n_keys) -> d_k``.
+    """Check ``gradient_crossover(sigma) -> d_k``.
 
     The answer is the smallest ``d_k`` of :data:`CROSSOVER_D_KS` at which the median
     ``‖∂L/∂q‖`` with scaled scores exceeds the median with unscaled scores (chapter 2's
-    protocol, ``n_keys`` keys per query): from that width on, the typical query gets less
-    gradient without the ``√d_k``. Called at every number of keys of :data:`CROSSOVER_N_KEYS`,
-    few and many, so that only a measurement passes; an answer ``d`` is right when the gap
-    measured by :func:`crossover_gap` is above 1 at ``d`` and not above 1 at ``d / 2``. A
-    message on a wrong answer says on which side the crossover lies, not where. An answer
-    that calls :func:`crossover_gap` is refused.
+    protocol, 16 keys per query, but query and key entries of standard deviation ``sigma``):
+    from that width on, the typical query gets less gradient without the ``√d_k``. Called at
+    every ``sigma`` of :data:`CROSSOVER_SIGMAS`, so that only a measurement or a right
+    argument passes; an answer ``d`` is right when the gap measured by :func:`crossover_gap`
+    is above 1 at ``d`` and not above 1 at ``d / 2``. A message on a wrong answer says on
+    which side the crossover lies, not where. An answer that calls :func:`crossover_gap` is
+    refused; :func:`sampled_query_gradient_norms` (standard normal entries) is allowed.
     """
     name = "gradient_crossover"
     _check_callable("the function to check", gradient_crossover)
@@ -794,11 +807,11 @@ def check_gradient_crossover(
     )
     result = None
     count = 0
-    for count, n_keys in enumerate(CROSSOVER_N_KEYS, start=1):
-        got, result = call_reader(name, count, gradient_crossover, {"n_keys": n_keys})
+    for count, sigma in enumerate(CROSSOVER_SIGMAS, start=1):
+        got, result = call_reader(name, count, gradient_crossover, {"sigma": sigma})
         if result is not None:
             break
-        setting = f"case {count} (n_keys={n_keys})"
+        setting = f"case {count} (sigma={sigma:.3g})"
         if isinstance(got, Tensor) and got.numel() == 1:
             got = got.item()
         if isinstance(got, float) and got.is_integer():
@@ -809,8 +822,8 @@ def check_gradient_crossover(
                 False,
                 count,
                 f"❌ {name}: {setting}: got None, no crossover found among the widths"
-                f" {CROSSOVER_D_KS[0]} to {CROSSOVER_D_KS[-1]}; yet at every number of keys"
-                " the check uses the crossover lies inside that range. Check the statistic:"
+                f" {CROSSOVER_D_KS[0]} to {CROSSOVER_D_KS[-1]}; yet at every sigma the check"
+                " uses the crossover lies inside that range. Check the statistic:"
                 " the median over the queries, not the mean, which a few near ties carry.",
             )
             break
@@ -830,12 +843,12 @@ def check_gradient_crossover(
             break
         d_k = int(got)
         problem = None
-        if _crossover_gap(d_k, n_keys) <= 1:
+        if _crossover_gap(d_k, sigma) <= 1:
             problem = (
                 f"at d_k = {d_k} the typical unscaled query still gets at least as much gradient"
                 " as the scaled one: the crossover lies at a larger width"
             )
-        elif d_k > CROSSOVER_D_KS[0] and _crossover_gap(d_k // 2, n_keys) > 1:
+        elif d_k > CROSSOVER_D_KS[0] and _crossover_gap(d_k // 2, sigma) > 1:
             problem = (
                 f"already at d_k = {d_k // 2} the typical unscaled query gets less gradient than"
                 " the scaled one: the crossover lies at a smaller width"
@@ -845,10 +858,10 @@ def check_gradient_crossover(
                 name,
                 False,
                 count,
-                f"❌ {name}: {setting}: {problem}.\n   Check the protocol: the gradient with"
-                " respect to the query q (not the softmax input), one norm per query, the"
-                " median over at least 10 000 queries, scaled divided by unscaled, and every"
-                " width from 2 up.",
+                f"❌ {name}: {setting}: {problem}.\n   Check the protocol: queries AND keys"
+                " with entries of std sigma, the gradient with respect to the query q (not the"
+                " softmax input), one norm per query, the median over at least 10 000 queries,"
+                " scaled divided by unscaled, and every width from 2 up.",
             )
             break
     if result is None:
@@ -856,7 +869,7 @@ def check_gradient_crossover(
             name,
             True,
             count,
-            f"✅ {name}: the right width for all {count} numbers of keys.",
+            f"✅ {name}: the right width at all {count} values of sigma.",
         )
     if verbose:
         report(result)
