@@ -252,7 +252,11 @@ def glue(name: str, value: object) -> int | float | str:
     copy that can drift. The value is converted to a plain Python ``int``/``float``/``str``
     first (a 0-d tensor or NumPy scalar would otherwise be stored as its repr, which the
     ``glue:text`` format spec cannot read). Outside Jupyter, or where MyST-NB is not
-    installed (Colab), nothing is displayed and the converted value is just returned.
+    installed, nothing is displayed and the converted value is just returned.
+
+    On Google Colab the markdown shows the raw placeholder (``{glue:text}`name```), not the
+    number, so there the value is also printed under the cell as ``name = value`` (floats to 4
+    significant digits): the reader finds the number the prose quotes by its key.
 
     Args:
         name: the key the prose uses, letters, digits and ``_`` only.
@@ -276,9 +280,11 @@ def glue(name: str, value: object) -> int | float | str:
         raise TypeError(
             f"value must be an int, float, str or a one-element tensor, got {type(value).__name__}"
         )
+    if "google.colab" in sys.modules:  # Colab renders no glue: show the number by its key
+        print(f"{name} = {value:.4g}" if isinstance(value, float) else f"{name} = {value}")
     try:
         from myst_nb import glue as myst_glue
-    except ImportError:  # Colab, plain Python: nothing to record
+    except ImportError:  # plain Python, or Colab without MyST-NB: nothing to record
         return value
     myst_glue(name, value, display=False)
     return value

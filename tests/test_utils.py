@@ -76,6 +76,23 @@ def test_glue_returns_plain_python_numbers_and_rejects_bad_input():
         glue("flag", True)
 
 
+def test_glue_prints_the_value_on_colab_only(monkeypatch, capsys):
+    """Colab shows the markdown's raw {glue:text} placeholder, so there glue prints name = value."""
+    import types
+
+    from companion.utils import glue
+
+    glue("quiet", 0.123456)
+    assert capsys.readouterr().out == "", (
+        "outside Colab glue must print nothing (the book shows it)"
+    )
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    assert glue("gap", 0.123456) == 0.123456
+    glue("count", np.int64(7))
+    glue("word", "beam")
+    assert capsys.readouterr().out == "gap = 0.1235\ncount = 7\nword = beam\n"
+
+
 # --- enable_colab_widgets ---------------------------------------------------------------
 
 
