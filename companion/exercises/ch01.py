@@ -130,11 +130,19 @@ class BuiltinSoftmaxCalled(RuntimeError):
 #: The functions exercise 1 asks the reader not to call: (owner, attribute name). ``logsumexp``
 #: is on the list because ``(scores - scores.logsumexp(-1, keepdim=True)).exp()`` is the
 #: softmax with the max-subtraction done inside PyTorch, the very step the exercise asks for;
-#: ``softmin`` is the softmax of ``-scores``.
+#: ``softmin`` is the softmax of ``-scores``. The private ``torch._softmax`` and the raw
+#: operators under ``torch.ops.aten`` are the same kernels by other names.
 _BUILTIN_SOFTMAXES = (
     (torch, "softmax"),
     (torch, "log_softmax"),
     (torch, "logsumexp"),
+    (torch, "_softmax"),
+    (torch, "_log_softmax"),
+    (torch.ops.aten, "softmax"),
+    (torch.ops.aten, "_softmax"),
+    (torch.ops.aten, "log_softmax"),
+    (torch.ops.aten, "_log_softmax"),
+    (torch.ops.aten, "logsumexp"),
     (torch.nn.functional, "softmax"),
     (torch.nn.functional, "log_softmax"),
     (torch.nn.functional, "softmin"),
@@ -151,14 +159,20 @@ _BUILTIN_SOFTMAXES = (
 def _builtin_softmax_forbidden() -> Iterator[None]:
     """While active, PyTorch's softmax functions raise :class:`BuiltinSoftmaxCalled`."""
 
-    def forbidden(name: str) -> Callable[..., Tensor]:
-        def call(*args: object, **kwargs: object) -> Tensor:
-            raise BuiltinSoftmaxCalled(
-                f"{name} was called: the exercise asks for the softmax written with exp, a "
-                "maximum and a sum, without PyTorch's softmax or logsumexp functions"
-            )
+    class forbidden:  # noqa: N801 - stands in for a function
+        """Raises when called; its attributes too (``torch.ops.aten._softmax.default``)."""
 
-        return call
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __getattr__(self, attr: str) -> forbidden:
+            return forbidden(f"{self.name}.{attr}")
+
+        def __call__(self, *args: object, **kwargs: object) -> Tensor:
+            raise BuiltinSoftmaxCalled(
+                f"{self.name} was called: the exercise asks for the softmax written with exp, "
+                "a maximum and a sum, without PyTorch's softmax or logsumexp functions"
+            )
 
     saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr in _BUILTIN_SOFTMAXES]
     try:
@@ -673,10 +687,14 @@ def _one_token_layer(position: int, d: int = 4) -> NamedLayer:
 
 
 #: How many two-token cases of the one-token layers the equivariance check adds: a test that
-#: draws k random permutations sees only the identity on one of them with probability 2^-k,
-#: so it misses all of them (and the check's other short cases) with probability under
-#: (1 - 2^-k) ** 100, 4% for k = 5.
+#: draws k random permutations from the global generator sees only the identity on one of them
+#: with probability 2^-k, so it catches all of them, and can pass, with probability under
+#: (1 - 2^-k) ** 96, about 5% for k = 5. (A generator seeded inside the test repeats its draws
+#: on every case of one length: the parity layer's many lengths catch such a test instead.)
 EQUIVARIANCE_TWO_TOKEN_CASES = 96
+
+#: The longest of the parity layer's cases: it is checked at every length from 4 to this one.
+EQUIVARIANCE_PARITY_LONGEST = 40
 
 #: The seed the equivariance check gives PyTorch's global generator before it runs the reader's
 #: test, so that a test drawing unseeded random permutations gets the same verdict every time.
@@ -705,9 +723,11 @@ def _equivariance_cases() -> list[Case]:
     ):
         cases.append({"layer": layers[name], "x": torch.randn(seq_len, 4, generator=g)})
     cases.append({"layer": layers["self-attention"], "x": 3 * torch.randn(9, 4, generator=g)})
-    # the parity layer at nine lengths: a test that draws one permutation per length (say
-    # from a generator seeded inside it) draws only even ones, and misses it, with
-    # probability 1/512 whatever its seed
+    # the parity layer at 37 lengths, 4 to 40 (13 to 40 at the end of the list, from their own
+    # generator, so the earlier cases keep their inputs): a test whose k draws per length repeat
+    # on every call (a generator seeded inside it) catches it at one length unless all k draws
+    # are even, 2^-k, and passes only if it catches it at all 37: (1 - 2^-k) ** 37, under 1%
+    # for k = 3 and about 31% for k = 5
     for seq_len in range(4, 13):
         cases.append({"layer": layers[parity], "x": torch.randn(seq_len, 4, generator=g)})
     # layers that break only when one particular token moves, on two tokens (the swap is the
@@ -718,6 +738,9 @@ def _equivariance_cases() -> list[Case]:
         cases.append({"layer": layer, "x": torch.randn(2, 4, generator=g)})
     for layer in one_token:
         cases.append({"layer": layer, "x": torch.randn(3, 4, generator=g)})
+    g_parity = seeded_generator(116)
+    for seq_len in range(13, EQUIVARIANCE_PARITY_LONGEST + 1):
+        cases.append({"layer": layers[parity], "x": torch.randn(seq_len, 4, generator=g_parity)})
     return cases
 
 
