@@ -186,8 +186,23 @@ def test_registry_numbers_match_the_docstrings_and_the_chapter():
 
 
 def test_build_rejects_unknown_bugs():
-    with pytest.raises(ValueError, match="bug must be None or a ward-1 bug number"):
+    with pytest.raises(ValueError, match="bug must be None, a ward-1 bug number"):
         clinic.build(11)
+    with pytest.raises(ValueError, match="bug must be None, a ward-1 bug number"):
+        clinic.build(True)
+    with pytest.raises(ValueError, match="a name of BUG_NAMES"):
+        clinic.build("last-token loop")  # bug 9 is in the decoding loop: no model
+
+
+def test_build_by_name_is_build_by_number():
+    """The chapter's names plant the same bug as the numbers, with the same weights."""
+    assert sorted(clinic.BUG_NAMES.values()) == [1, 2, 3, 4, 5, 6, 7, 8, 10]
+    for name, number in clinic.BUG_NAMES.items():
+        by_name, by_number = clinic.build(name), clinic.build(number)
+        assert type(by_name) is type(by_number), name
+        assert [type(m) for m in by_name.modules()] == [type(m) for m in by_number.modules()], name
+        for (key, a), (_, b) in zip(by_name.state_dict().items(), by_number.state_dict().items()):
+            assert torch.equal(a, b), (name, key)
     with pytest.raises(ValueError, match="d_model must be a multiple"):
         clinic.Transformer(d_model=30, num_heads=4)
 
@@ -453,3 +468,15 @@ def test_bug_18_one_based_vocabulary():
     zero_based = clinic.ZeroBasedEmbedding(10, 4)
     zero_based(ids).sum().backward()
     assert zero_based.embedding.weight.grad.abs().sum(-1).gt(0).all()
+
+
+def test_nan_positions_shows_where_the_inverted_mask_starts_nan(batch):
+    """tril == 0 leaves decoder layer 1's last query no key: NaN there only, then everywhere."""
+    src, tgt_in, _ = batch
+    torch.manual_seed(0)
+    inverted = clinic.InvertedCausalMask()
+    nan_at = clinic.nan_positions(inverted, src, tgt_in)
+    assert list(nan_at) == ["decoder layer 1", "decoder layer 2", "logits"]
+    assert nan_at["decoder layer 1"] == [12]
+    assert nan_at["decoder layer 2"] == nan_at["logits"] == list(range(13))
+    assert clinic.nan_positions(clinic.build(), src, tgt_in) == dict.fromkeys(nan_at, [])

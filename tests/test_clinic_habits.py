@@ -62,6 +62,20 @@ def test_float16_cannot_hold_minus_1e9():
     assert torch.finfo(torch.float16).max == 65504, "expected float16's largest value 65504"
 
 
+def test_float16_min_added_as_a_bias_can_overflow():
+    """Added as a bias, finfo(float16).min stays finite on a score above -16 (float16's spacing
+    near 65504 is 32), but a score of -16 or below, or a second such bias, gives -inf."""
+    low = torch.finfo(torch.float16).min
+    scores = torch.tensor([-1.0, -15.0, -16.0, -17.0], dtype=torch.float16)
+    biased = scores + torch.tensor(low, dtype=torch.float16)
+    assert biased[:2].isfinite().all() and (biased[:2] == low).all(), (
+        f"expected {low} twice, got {biased[:2]}"
+    )
+    assert biased[2:].isneginf().all(), f"expected -inf for scores -16 and -17, got {biased[2:]}"
+    two_biases = torch.zeros(1, dtype=torch.float16) + low + low  # e.g. a causal and a padding bias
+    assert two_biases.isneginf().all(), f"expected -inf from two biases, got {two_biases}"
+
+
 def test_small_embedding_table_needs_its_scale():
     """A table at std d^-1/2 gives token vectors several times shorter than the sinusoidal
     positions (norm sqrt(d/2)); scaled by sqrt(d) they are comparable."""

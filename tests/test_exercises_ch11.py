@@ -111,6 +111,12 @@ def test_leak_reach_rejects_the_classic_wrong_rules(rule, capsys):
         assert f" {reach} " not in out.split(": not")[-1]  # the hint does not give the reach
 
 
+def test_leak_reach_hint_fits_the_layers_only_slip(capsys):
+    """N alone first fails at (2, 2), where N = k: the hint names both counts, not k's alone."""
+    assert not ch11.check_leak_reach({(n, k): n for n, k in ch11.LEAK_CASES})
+    assert "both the layer count and how far one layer reads ahead" in capsys.readouterr().out
+
+
 def test_leak_reach_stub_and_bad_input(capsys):
     assert not ch11.check_leak_reach({})
     assert "not attempted yet" in capsys.readouterr().out

@@ -81,6 +81,7 @@ __all__ = [
     "Bug",
     "BUGS",
     "build",
+    "BUG_NAMES",
     "Condition",
     "CONDITIONS",
     "admit",
@@ -160,9 +161,25 @@ BUGS: dict[str, Bug] = {
 }  # fmt: skip
 
 
-def build(bug: int | None = None, seed: int = 0, **sizes: int | float) -> Transformer:
+#: The ward-1 bugs by the names chapter 11 gives them: ``build(name)`` is ``build(number)``.
+#: Bug 9 (the last-token loop) is in the decoding loop, not the model, so it has no entry.
+BUG_NAMES: dict[str, int] = {
+    "swapped arguments": 1,
+    "memory residual": 2,
+    "shared head projection": 3,
+    "head split without a transpose": 4,
+    "double softmax": 5,
+    "mask off by one": 6,
+    "misplaced scale": 7,
+    "doubled exponent": 8,
+    "shared attention module": 10,
+}
+
+
+def build(bug: int | str | None = None, seed: int = 0, **sizes: int | float) -> Transformer:
     """A clinic :class:`Transformer` with bug ``bug`` of ward 1 planted (``None``: correct),
     initialised from ``torch.manual_seed(seed)``; ``sizes`` go to :class:`Transformer`.
+    ``bug`` is a number 1-10 or a name of :data:`BUG_NAMES`, e.g. ``"mask off by one"``.
 
     Bugs 6 and 7 have variants: ``6`` is the off-by-one causal mask, ``7`` the scale after the
     softmax (build :class:`InvertedCausalMask`, :class:`TruthinessMask` and :class:`ScaleByDk`
@@ -181,8 +198,12 @@ def build(bug: int | None = None, seed: int = 0, **sizes: int | float) -> Transf
         9: (Transformer, Parts()),
         10: (Transformer, Parts(decoder_layer=SharedAttentionLayer)),
     }
-    if bug not in kinds:
-        raise ValueError(f"bug must be None or a ward-1 bug number 1-10, got {bug!r}")
+    if isinstance(bug, str):
+        if bug not in BUG_NAMES:
+            raise ValueError(f"bug must be a name of BUG_NAMES {sorted(BUG_NAMES)}, got {bug!r}")
+        bug = BUG_NAMES[bug]
+    if isinstance(bug, bool) or bug not in kinds:
+        raise ValueError(f"bug must be None, a ward-1 bug number 1-10 or a name, got {bug!r}")
     cls, parts = kinds[bug]
     torch.manual_seed(seed)
     return cls(parts=parts, **sizes)  # type: ignore[arg-type]

@@ -3,7 +3,8 @@
 :func:`toy_batch` (reverse 12 symbols), :func:`train_toy`, :func:`greedy_accuracy`, and the
 tests that find the bugs of the clinic's own model: :func:`parity` with the package's model
 (:func:`reference_model` copies the weights), :func:`causal_leak`,
-:func:`is_permutation_equivariant` and :func:`overfit_one_batch`.
+:func:`is_permutation_equivariant` and :func:`overfit_one_batch`; :func:`nan_positions`
+shows where NaN starts and how it spreads.
 
 **Diagnostics for any model.** The second half works on any ``nn.Module`` through a small
 adapter, a *logits function*: a callable from token ids to logits,
@@ -43,7 +44,9 @@ diagnostic                            catches
                                       mapping the ``state_dict`` (:func:`clinic_key_map`)
 ====================================  =====================================================
 
-:func:`examine` runs all of them on a :class:`~companion.clinic.patient.Patient`. More
+:func:`examine` runs all of them but :func:`permutation_equivariance` (it needs an attention
+module), :func:`overfit_check` (it trains), :func:`parity_with_torch` (it needs a key map) and
+:func:`causal_leak_gradient`, on a :class:`~companion.clinic.patient.Patient`. More
 patients: the bug museum of the repository, ``tests/mutants/catalogue.py``, lists the bugs
 planted in the package itself and the test that catches each (``tests/test_mutants.py``).
 """
@@ -97,6 +100,7 @@ __all__ = [
     "parity",
     "gradient_parity",
     "first_mismatch",
+    "nan_positions",
     "causal_leak",
     "is_permutation_equivariant",
     "overfit_one_batch",
@@ -364,6 +368,32 @@ def first_mismatch(
         ):
             return name
     return None
+
+
+def nan_positions(
+    model: Transformer, src: Tensor, tgt: Tensor, row: int = 0
+) -> dict[str, list[int]]:
+    """Where NaN appears and how it spreads: for each decoder layer of a clinic
+    :class:`Transformer` (``"decoder layer 1"``, ...) and for the ``"logits"``, the target
+    positions of sentence ``row`` whose vector holds a NaN. One forward pass in evaluation
+    mode; forward hooks keep each decoder layer's output."""
+    outputs: dict[str, Tensor] = {}
+    hooks = [
+        layer.register_forward_hook(
+            lambda module, args, out, key=f"decoder layer {k + 1}": outputs.update({key: out})
+        )
+        for k, layer in enumerate(model.decoder.layers)
+    ]
+    try:
+        with torch.no_grad():
+            outputs["logits"] = model.eval()(src, tgt)  # (batch, tgt_len, vocab)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {
+        key: torch.isnan(out[row]).any(dim=-1).nonzero().flatten().tolist()  # (tgt_len,) -> ids
+        for key, out in outputs.items()
+    }
 
 
 def causal_leak(model: nn.Module, src: Tensor, tgt: Tensor) -> Tensor:

@@ -211,6 +211,11 @@ def measured_reach(num_layers: int, diagonal: int) -> int:
 
 def _reach_hint(num_layers: int, diagonal: int, answer: int) -> str:
     """Why ``answer`` is wrong, without the right reach."""
+    if answer == diagonal == num_layers:  # N = k: the slip could be either count alone
+        return (
+            f"{answer} is both the layer count and how far one layer reads ahead. Layer 2 reads "
+            "the outputs of layer 1 at the positions it may see: how far ahead had those already read?"
+        )
     if answer == diagonal:
         return (
             f"{answer} is how far one layer reads ahead. Layer 2 reads the outputs of layer 1 "
