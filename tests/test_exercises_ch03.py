@@ -1266,6 +1266,24 @@ def separable_same_size_only(weights, tol):
     return True
 
 
+def separable_unsorted_neighbours(weights, tol):
+    # neighbouring totals in product order, not sorted: misses 0.4 + 0.1 = 0.35 + 0.15
+    totals = [
+        sum(w * b for w, b in zip(weights.tolist(), bits))
+        for bits in itertools.product((0, 1), repeat=len(weights))
+    ]
+    return all(abs(b - a) > tol for a, b in zip(totals, totals[1:]))
+
+
+def separable_buckets(weights, tol):
+    # totals rounded to multiples of tol: 0.5 and 0.506 land in buckets 50 and 51
+    totals = [
+        sum(w * b for w, b in zip(weights.tolist(), bits))
+        for bits in itertools.product((0, 1), repeat=len(weights))
+    ]
+    return len({round(t / tol) for t in totals}) == len(totals)
+
+
 def test_blend_separable_accepts_correct():
     assert ch03.check_blend_separable(separable_correct, verbose=False)
     assert ch03.check_blend_separable(separable_with_tensors, verbose=False)
@@ -1282,6 +1300,8 @@ def test_blend_separable_accepts_correct():
         (separable_each_outweighs_lighter, "need not outweigh all lighter ones"),
         (separable_ignores_tol, "no more than tol apart"),
         (separable_same_size_only, "no more than tol apart"),
+        (separable_unsorted_neighbours, "once sorted, neighbours are enough"),
+        (separable_buckets, "different buckets of width tol"),
         (lambda weights, tol: True, "expected False"),
         (lambda weights, tol: False, "expected True"),
         (lambda weights, tol: 0.5, "return True or False"),

@@ -934,11 +934,15 @@ def _separable_cases() -> list[Case]:
     cases = [
         ([0.25, 0.25, 0.25, 0.25], 0.01),  # equal weights: 1/4 + 1/4 is every pair's total
         ([0.4, 0.3, 0.2, 0.1], 0.01),  # all weights differ, yet 0.4 + 0.1 = 0.3 + 0.2
+        # 0.4 + 0.1 = 0.35 + 0.15, two totals that are not neighbours in product order: catches
+        # neighbouring totals compared without sorting
+        ([0.4, 0.35, 0.15, 0.1], 0.01),
         ([0.52, 0.27, 0.13, 0.08], 0.01),  # each weight outweighs the lighter ones together
         ([0.45, 0.3, 0.17, 0.08], 0.01),  # does not (0.45 < 0.55), yet every total differs
         ([0.5, 0.3, 0.2], 0.01),  # one lookup against two: 0.5 = 0.3 + 0.2
         ([0.5, 0.3, 0.205], 0.01),  # 0.5 and 0.505 lie within tol
         ([0.5, 0.3, 0.205], 0.001),  # ... and not within this tol
+        ([0.5, 0.3, 0.206], 0.01),  # 0.5 and 0.506 lie within tol, yet round(t / tol) differs
         ([0.48, 0.26, 0.14, 0.08, 0.04], 0.01),  # graded, but 0.26 = 0.14 + 0.08 + 0.04
         ([0.52, 0.26, 0.13, 0.06, 0.03], 0.005),  # five lookups, every total its own
         ([0.7, 0.3], 0.01),
@@ -972,10 +976,14 @@ def _separable_problem(got: object, case: Case) -> str | None:
     def name(subset: tuple[int, ...]) -> str:
         return "{" + ", ".join(f"{weights[j].item():g}" for j in subset) + "}"
 
+    buckets = ""
+    # the slip of rounding each total to a multiple of tol
+    if round(low / tol) != round(high / tol):
+        buckets = "; two totals within tol can fall into different buckets of width tol"
     return (
         f"weights {shown}: expected False, got True. The subsets {name(a)} and {name(b)} total "
         f"{low:.4g} and {high:.4g}, no more than tol apart: compare every subset's total with "
-        "every other's, not the weights one by one"
+        f"every other's (once sorted, neighbours are enough), not the weights one by one{buckets}"
     )
 
 
