@@ -10,7 +10,9 @@ share of test sequences entirely right with greedy decoding, with the beam of 3 
 stopping rule (the package's default: stop at 3 finished hypotheses) and with the beam of 3 under
 tensor2tensor's (``stop="bound"``: stop once no open hypothesis can still win). It writes
 ``companion/results/ch07_nudge_runs.json``, which the chapter reads, shows and asserts on
-(section 7.7, beam search).
+(section 7.7, beam search). Each run also trains the same toy without the factor sqrt(d_model)
+(both embeddings' ``scale`` set to 1, everything else unchanged, the same nudge) and records its greedy
+share and both models' mean loss over the last 20 steps (section 7.4 reads these).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ch07_nudge_runs.py 0 1 2 3 4 5 6 7 8
 """
@@ -36,8 +38,10 @@ OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch07_nudg
 STEPS, MIN_LEN, MAX_LEN, NUDGE = 200, 3, 10, 1e-6
 
 
-def run(nudge_seed: int) -> dict:
-    """Train the chapter's toy (nudged unless nudge_seed is 0); exact-match shares on the test set."""
+def run(nudge_seed: int, factor: bool = True) -> dict:
+    """Train the chapter's toy (nudged unless nudge_seed is 0); exact-match shares on the test set.
+
+    ``factor=False``: both embeddings' scale set to 1 (no sqrt(d_model)); only greedy is decoded."""
     train_data = CopyReverseDataset(
         "reverse", num_examples=STEPS * 64, min_len=MIN_LEN, max_len=MAX_LEN, seed=1
     )
@@ -51,6 +55,8 @@ def run(nudge_seed: int) -> dict:
         num_layers=2, d_ff=256, dropout=0.0, norm_first=True, tie_embeddings=True,
         src_pad_id=PAD_ID, tgt_pad_id=PAD_ID,
     ))  # fmt: skip
+    if not factor:
+        toy.src_embedding.scale = toy.tgt_embedding.scale = 1.0
     loader = DataLoader(train_data, batch_size=64, shuffle=True, collate_fn=collate_batch,
                         generator=torch.Generator().manual_seed(0))  # fmt: skip
     optimizer = adam(toy.parameters())
@@ -58,8 +64,9 @@ def run(nudge_seed: int) -> dict:
         optimizer, inverse_sqrt_warmup(d_model=64, warmup_steps=100)
     )
     noise = torch.Generator().manual_seed(nudge_seed)
+    losses = []
     for step, (s, t) in enumerate(loader):
-        train_step(toy, s, t, optimizer, scheduler, pad_id=PAD_ID)
+        losses.append(train_step(toy, s, t, optimizer, scheduler, pad_id=PAD_ID).loss)
         if step == 0 and nudge_seed:
             with torch.no_grad():
                 for p in toy.parameters():
@@ -72,11 +79,14 @@ def run(nudge_seed: int) -> dict:
         return float(np.mean([vocab.decode(row) == ref for row, ref in zip(output, references)]))
 
     greedy = exact_match(greedy_decode(toy, test_src, max_len=MAX_LEN + 2))
+    loss = float(np.mean(losses[-20:]))
+    if not factor:
+        return {"greedy_no_factor": greedy, "loss_no_factor": loss}
     beam3 = exact_match(beam_search(toy, test_src, beam_size=3, max_len=MAX_LEN + 2))
     beam3_bound = exact_match(
         beam_search(toy, test_src, beam_size=3, max_len=MAX_LEN + 2, stop="bound")
     )
-    return {"greedy": greedy, "beam3": beam3, "beam3_bound": beam3_bound}
+    return {"greedy": greedy, "beam3": beam3, "beam3_bound": beam3_bound, "loss": loss}
 
 
 def main(seeds: list[int]) -> None:
@@ -86,16 +96,19 @@ def main(seeds: list[int]) -> None:
         "2 + 2 layers; nudge s > 0: every weight += N(0, 1) * 1e-6 * mean|weight| after step 1 "
         "(generator seed s); s = 0: the chapter's run; exact match on the 300 test sequences; "
         "beam3: beam of 3, fairseq's stop (3 finished); beam3_bound: beam of 3, tensor2tensor's stop "
-        "(no open hypothesis can still win)",
+        "(no open hypothesis can still win); loss: mean training loss of the last 20 steps; *_no_factor: "
+        "the same run with both embeddings' scale 1 instead of sqrt(d_model)",
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "runs": {},
     }
     for seed in seeds:
-        record["runs"][str(seed)] = result = run(seed)
+        record["runs"][str(seed)] = result = {**run(seed), **run(seed, factor=False)}
         print(
             f"nudge {seed}: greedy {result['greedy']:.1%}, beam of 3 {result['beam3']:.1%}, "
-            f"with the bound stop {result['beam3_bound']:.1%}",
+            f"with the bound stop {result['beam3_bound']:.1%}; without the factor: greedy "
+            f"{result['greedy_no_factor']:.1%}, loss {result['loss_no_factor']:.3f} "
+            f"(with it: {result['loss']:.3f})",
             flush=True,
         )
     OUT.write_text(json.dumps(record, indent=1) + "\n")

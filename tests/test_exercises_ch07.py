@@ -864,3 +864,162 @@ def test_decode_step_report_names_the_first_wrong_step(wrong, first_step):
     assert not result and f"The first wrong step is step {first_step} " in result.message, (
         result.message
     )
+
+
+# --------------------------------------------------------------------------------------------
+# may_stop (exercise 5): the bound rule of beam search
+# --------------------------------------------------------------------------------------------
+
+
+def _lp(length, alpha):
+    return ((5 + length) / 6) ** alpha
+
+
+def stop_correct(finished, open_log_probs, max_len, alpha):
+    if not finished:
+        return False
+    best = max(log_p / _lp(n, alpha) for log_p, n in finished)
+    return all(best >= log_p / _lp(max_len, alpha) for log_p in open_log_probs)
+
+
+def stop_tensor(finished, open_log_probs, max_len, alpha):
+    """A right answer as a 0-d bool tensor, through torch."""
+    if not finished:
+        return torch.tensor(False)
+    done = torch.tensor([log_p / _lp(n, alpha) for log_p, n in finished]).max()
+    bound = torch.tensor(open_log_probs + [-math.inf]).max() / _lp(max_len, alpha)
+    return done >= bound
+
+
+def stop_raw_log_p(finished, open_log_probs, max_len, alpha):
+    """No length penalty on either side."""
+    return bool(finished) and max(lp for lp, _ in finished) >= max(
+        open_log_probs, default=-math.inf
+    )
+
+
+def stop_open_not_penalised(finished, open_log_probs, max_len, alpha):
+    """The open hypotheses' log P as their best score: too eager."""
+    if not finished:
+        return False
+    best = max(lp / _lp(n, alpha) for lp, n in finished)
+    return best >= max(open_log_probs, default=-math.inf)
+
+
+def stop_finished_not_penalised(finished, open_log_probs, max_len, alpha):
+    if not finished:
+        return False
+    return max(lp for lp, _ in finished) >= max(open_log_probs, default=-math.inf) / _lp(
+        max_len, alpha
+    )
+
+
+def stop_worst_finished(finished, open_log_probs, max_len, alpha):
+    if not finished:
+        return False
+    worst = min(lp / _lp(n, alpha) for lp, n in finished)
+    return worst >= max(open_log_probs, default=-math.inf) / _lp(max_len, alpha)
+
+
+def stop_first_open(finished, open_log_probs, max_len, alpha):
+    if not finished:
+        return False
+    if not open_log_probs:
+        return True
+    best = max(lp / _lp(n, alpha) for lp, n in finished)
+    return best >= open_log_probs[0] / _lp(max_len, alpha)
+
+
+def stop_worst_open(finished, open_log_probs, max_len, alpha):
+    if not finished:
+        return False
+    best = max(lp / _lp(n, alpha) for lp, n in finished)
+    return best >= min(open_log_probs, default=-math.inf) / _lp(max_len, alpha)
+
+
+def stop_fairseq_count(finished, open_log_probs, max_len, alpha):
+    """fairseq's rule: as many finished hypotheses as the beam holds (here 3)."""
+    return len(finished) >= 3 or not open_log_probs
+
+
+def stop_finished_at_max_len(finished, open_log_probs, max_len, alpha):
+    """The finished ones also divided by lp(max_len), not lp(their own length)."""
+    if not finished:
+        return False
+    best = max(lp for lp, _ in finished) / _lp(max_len, alpha)
+    return best >= max(open_log_probs, default=-math.inf) / _lp(max_len, alpha)
+
+
+def stop_open_at_finished_length(finished, open_log_probs, max_len, alpha):
+    """The open bound at the best finished one's length instead of max_len."""
+    if not finished:
+        return False
+    best_lp, best_n = max(finished, key=lambda f: f[0] / _lp(f[1], alpha))
+    return best_lp / _lp(best_n, alpha) >= max(open_log_probs, default=-math.inf) / _lp(
+        best_n, alpha
+    )
+
+
+def stop_fixed_alpha(finished, open_log_probs, max_len, alpha):
+    """alpha ignored: always 0.6."""
+    return stop_correct(finished, open_log_probs, max_len, 0.6)
+
+
+def stop_when_nothing_finished(finished, open_log_probs, max_len, alpha):
+    """Stops although no hypothesis has finished: there would be nothing to return."""
+    if not finished:
+        return True
+    return stop_correct(finished, open_log_probs, max_len, alpha)
+
+
+def test_may_stop_accepts_correct():
+    assert ch07.check_may_stop(stop_correct, verbose=False)
+    assert ch07.check_may_stop(stop_tensor, verbose=False)
+    assert ch07.check_may_stop(
+        lambda finished, open_log_probs, max_len, alpha: ch07.reference_may_stop(
+            finished, open_log_probs, max_len, alpha
+        ),
+        verbose=False,
+    )
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        stop_raw_log_p,
+        stop_open_not_penalised,
+        stop_finished_not_penalised,
+        stop_worst_finished,
+        stop_first_open,
+        stop_worst_open,
+        stop_fairseq_count,
+        stop_finished_at_max_len,
+        stop_open_at_finished_length,
+        stop_fixed_alpha,
+        stop_when_nothing_finished,
+    ],
+)
+def test_may_stop_rejects_wrong(wrong):
+    assert not ch07.check_may_stop(wrong, verbose=False)
+
+
+def test_may_stop_helper_lp_is_the_package_length_penalty():
+    """The wrong answers above use _lp: it must be the package's length penalty."""
+    from companion.decode import length_penalty
+
+    for length in (1, 5, 12, 30):
+        for alpha in (0.0, 0.6, 1.0):
+            assert math.isclose(length_penalty(length, alpha), _lp(length, alpha))
+
+
+def test_may_stop_rejects_non_bool_and_reports_stub():
+    result = ch07.check_may_stop(
+        lambda finished, open_log_probs, max_len, alpha: 1.0, verbose=False
+    )
+    assert not result and "True or False" in result.message
+
+    def stub(finished, open_log_probs, max_len, alpha):
+        raise NotImplementedError
+
+    result = ch07.check_may_stop(stub, verbose=False)
+    assert not result and "not attempted" in result.message

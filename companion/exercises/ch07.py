@@ -14,6 +14,7 @@ the forward pass of a Pre-LN decoder layer      :func:`check_decoder_layer_forwa
 the parameters of a whole Transformer           :func:`check_parameter_count`
 one step of beam search                         :func:`check_beam_step`
 one incremental decoding step, from the parts  :func:`check_decode_step`
+may a beam search stop (``stop="bound"``)?      :func:`check_may_stop`
 ==============================================  =====================================
 """
 
@@ -31,6 +32,7 @@ from torch import Tensor
 from companion._validation import check_callable as _check_callable
 from companion.cache import DecoderCache
 from companion.data import PAD_ID
+from companion.decode import length_penalty
 from companion.exercises._checker import (
     Case,
     CheckResult,
@@ -48,6 +50,7 @@ __all__ = [
     "check_parameter_count",
     "check_beam_step",
     "check_decode_step",
+    "check_may_stop",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -755,4 +758,114 @@ def _first_wrong_step(case: Case, got: Any) -> str:
     return (
         f"\n   The first wrong step is step {step} (the call that fed token {step} of tgt_in, "
         f"with {step} token(s) already cached); {before}."
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: may a beam search stop? (stop="bound")
+# --------------------------------------------------------------------------------------------
+
+
+def reference_may_stop(
+    finished: list[tuple[float, int]], open_log_probs: list[float], max_len: int, alpha: float
+) -> bool:
+    """Whether one sentence's beam search may stop under ``stop="bound"``.
+
+    A finished hypothesis scores ``log P / lp(length)``. An open one's log P only falls as it
+    grows, while ``lp`` grows with the length up to ``lp(max_len)``; so the best it can ever
+    score is ``log P / lp(max_len)`` (log P <= 0). The search may stop once the best finished
+    score is at least that bound for every open hypothesis; never without a finished one.
+
+    Args:
+        finished: ``(log_prob, length)`` of each finished hypothesis (``length`` counts ``<eos>``).
+        open_log_probs: the running log-probability of each open hypothesis.
+        max_len: the most tokens a hypothesis may reach.
+        alpha: the length penalty's exponent (:func:`companion.decode.length_penalty`).
+    """
+    if not finished:
+        return False
+    best_finished = max(log_prob / length_penalty(length, alpha) for log_prob, length in finished)
+    if not open_log_probs:
+        return True
+    return best_finished >= max(open_log_probs) / length_penalty(max_len, alpha)
+
+
+def _may_stop_cases() -> list[Case]:
+    # lp at alpha 0.6: lp(4) = 1.276, lp(5) = 1.359, lp(6) = 1.439, lp(12) = 1.868
+    return [
+        # no finished hypothesis: never stop (and max() of nothing must not be reached)
+        {"finished": [], "open_log_probs": [-9.0, -12.0], "max_len": 12, "alpha": 0.6},
+        # every hypothesis finished: stop
+        {"finished": [(-3.0, 6)], "open_log_probs": [], "max_len": 12, "alpha": 0.6},
+        # -2.0 / lp(5) = -1.47 < -2.5 / lp(12) = -1.34: the open one can still win
+        # (raw log P: -2.0 > -2.5 would stop)
+        {"finished": [(-2.0, 5)], "open_log_probs": [-2.5], "max_len": 12, "alpha": 0.6},
+        # -1.47 >= -3.0 / lp(12) = -1.61: stop (without the finished side's lp, -2.0 < -1.61 would not)
+        {"finished": [(-2.0, 5)], "open_log_probs": [-3.0], "max_len": 12, "alpha": 0.6},
+        # the best finished decides, not the worst (-4.0 / lp(6) = -2.78) nor the last
+        {
+            "finished": [(-2.0, 5), (-4.0, 6)],
+            "open_log_probs": [-3.0, -3.5],
+            "max_len": 12,
+            "alpha": 0.6,
+        },
+        {
+            "finished": [(-4.0, 6), (-2.0, 5)],
+            "open_log_probs": [-3.5, -3.0],
+            "max_len": 12,
+            "alpha": 0.6,
+        },
+        # the best open decides, not the first nor the worst: -2.2 / lp(12) = -1.18 > -1.47
+        {
+            "finished": [(-2.0, 5)],
+            "open_log_probs": [-5.0, -2.2, -6.0],
+            "max_len": 12,
+            "alpha": 0.6,
+        },
+        # one finished, three open that cannot win: stop (fairseq's count would wait for 3)
+        {
+            "finished": [(-0.5, 4)],
+            "open_log_probs": [-3.0, -4.0, -5.0],
+            "max_len": 12,
+            "alpha": 0.6,
+        },
+        # three finished, but an open one can still win: do not stop (fairseq's count would)
+        {
+            "finished": [(-2.0, 5), (-2.4, 5), (-2.6, 6)],
+            "open_log_probs": [-2.3, -7.0, -8.0],
+            "max_len": 12,
+            "alpha": 0.6,
+        },
+        # the finished one's own length, not max_len: -2.0 / lp(12) = -1.07 would stop here
+        {"finished": [(-2.0, 5)], "open_log_probs": [-2.3], "max_len": 12, "alpha": 0.6},
+        # alpha = 0: plain log P on both sides
+        {"finished": [(-2.0, 5)], "open_log_probs": [-2.1], "max_len": 12, "alpha": 0.0},
+        {"finished": [(-2.0, 5)], "open_log_probs": [-1.9], "max_len": 12, "alpha": 0.0},
+        # alpha = 1 and a longer limit: -3.0 / lp(5) = -1.8 < -6.0 / lp(30) = -1.03: go on
+        {"finished": [(-3.0, 5)], "open_log_probs": [-6.0], "max_len": 30, "alpha": 1.0},
+        {"finished": [(-3.0, 5)], "open_log_probs": [-12.0], "max_len": 30, "alpha": 1.0},
+    ]
+
+
+def _boolean(may_stop: Callable[..., Any]) -> Callable[..., Any]:
+    """``may_stop`` whose answer must be a bool (or a one-element bool tensor)."""
+
+    @functools.wraps(may_stop)
+    def wrapper(**kwargs: Any) -> Any:
+        result = may_stop(**kwargs)
+        if isinstance(result, Tensor) and result.numel() == 1:
+            result = bool(result)
+        if not isinstance(result, bool):
+            raise TypeError(f"may_stop should return True or False, got {result!r}")
+        return result
+
+    return wrapper
+
+
+def check_may_stop(may_stop: Callable[..., bool], verbose: bool = True) -> CheckResult:
+    """Check ``may_stop(finished, open_log_probs, max_len, alpha)`` → ``True`` when no open
+    hypothesis can still beat the best finished one under the length penalty (``stop="bound"``)."""
+    _check_callable("the function to check", may_stop)
+    return run_check(
+        "may_stop", _boolean(may_stop), reference_may_stop, _may_stop_cases(), verbose=verbose
     )
