@@ -22,6 +22,13 @@ rate also ramps for 20 and 120 steps (``WARMUP_LENGTHS``; keys end in ``|w20`` a
     .venv/bin/python benchmarks/ch06_grid.py                      # the whole grid
     .venv/bin/python benchmarks/ch06_grid.py --seeds 0 1 --time   # time one arm first
     .venv/bin/python benchmarks/ch06_grid.py --schedules decay    # only some arms
+    .venv/bin/python benchmarks/ch06_grid.py --long               # the two longer runs
+
+Longer runs (``--long``): Post-LN and Pre-LN at the chapter's constant rate, and Post-LN with
+warm-up to it, seed 0, for
+``LONG_STEPS`` (1,000) steps on ``norm_study.train_data(LONG_STEPS)``, 1,000 new batches (not
+the grid's 200: its batches differ from the first step on); keys end in ``|s1000``. They ask
+whether the stalled run plateaus or escapes.
 
 The chapter reads the JSON, plots it, asserts the conclusions it draws from it, and re-runs
 one arm to check that the file matches the code.
@@ -49,6 +56,8 @@ LEARNING_RATES = (1.5e-3, 3e-3, 6e-3)  # half, once and twice the chapter's peak
 POST_LN_LOW_RATES = (1.875e-4, 3.75e-4, 7.5e-4)  # Post-LN only: 1/16, 1/8 and 1/4 of it
 PRE_LN_LOW_RATES = (7.5e-4,)  # Pre-LN only: 1/4 of it, below Pre-LN's best rate
 WARMUP_LENGTHS = (20, 120)  # Post-LN, warm-up to MAIN_LR: ramps shorter and longer than WARMUP
+LONG_STEPS = 1000  # the longer runs: MAIN_LR, seed 0
+LONG_ARMS = (("Post-LN", "constant"), ("Pre-LN", "constant"), ("Post-LN", "warm-up"))
 PLACEMENTS = ("Post-LN", "Pre-LN")
 SCHEDULES = norm_study.SCHEDULES
 OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch06_grid.json"
@@ -71,9 +80,40 @@ def train_arm(
     return norm_study.train_run(model, data, peak_lr, schedule, seed, steps, warmup=warmup)["loss"]
 
 
-def arm_key(placement: str, schedule: str, peak_lr: float, seed: int, warmup: int = WARMUP) -> str:
-    suffix = "" if warmup == WARMUP else f"|w{warmup}"
+def arm_key(
+    placement: str,
+    schedule: str,
+    peak_lr: float,
+    seed: int,
+    warmup: int = WARMUP,
+    steps: int = STEPS,
+) -> str:
+    suffix = ("" if warmup == WARMUP else f"|w{warmup}") + ("" if steps == STEPS else f"|s{steps}")
     return f"{placement}|{schedule}|{peak_lr:g}|{seed}{suffix}"
+
+
+def run_long(result: dict, out: Path, commit: str) -> None:
+    """The longer runs (``LONG_ARMS`` at ``MAIN_LR``, seed 0, ``LONG_STEPS`` steps)."""
+    data = norm_study.train_data(LONG_STEPS)
+    result["long_steps"] = LONG_STEPS
+    arms = result.setdefault("arms", {})
+    for placement, schedule in LONG_ARMS:
+        key = arm_key(placement, schedule, MAIN_LR, 0, steps=LONG_STEPS)
+        if key in arms:
+            continue
+        start = time.perf_counter()
+        losses = train_arm(placement, schedule, MAIN_LR, 0, steps=LONG_STEPS, data=data)
+        arms[key] = {
+            "loss": [round(float(v), 6) for v in losses],
+            "seconds": round(time.perf_counter() - start, 1),
+            "commit": commit,
+        }
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        print(
+            f"{key}: loss at step 200 {losses[175:200].mean():.3f}, {LONG_STEPS} "
+            f"{losses[-25:].mean():.3f} ({arms[key]['seconds']} s)",
+            flush=True,
+        )
 
 
 def default_arms(placement: str, schedule: str) -> list[tuple[float, int]]:
@@ -89,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--time", action="store_true", help="time one arm and stop")
+    parser.add_argument("--long", action="store_true", help="only the longer runs (LONG_ARMS)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
     parser.add_argument("--placements", nargs="+", choices=PLACEMENTS, default=list(PLACEMENTS))
@@ -129,6 +170,9 @@ def main() -> None:
             "seeds": sorted(set(result.get("seeds", [])) | set(args.seeds)),
         }
     )
+    if args.long:
+        run_long(result, args.out, commit)
+        return
     arms = result.setdefault("arms", {})
     for seed in args.seeds:  # seed by seed, so that a stopped grid still has whole seeds
         for placement in args.placements:

@@ -16,6 +16,8 @@ a Peri-LN (sandwich) block       :func:`check_peri_ln_block`,
 relative updates (6.6.3)         :func:`check_relative_updates`
 the stream's size (Pre-LN)       :func:`check_stream_size_prediction`,
                                  :func:`check_stream_size_slope`
+Adam's first step (6.4)          :func:`check_adam_step_prediction`,
+                                 :func:`check_adam_first_step`
 ===============================  ==================================================
 """
 
@@ -47,6 +49,8 @@ __all__ = [
     "check_relative_updates",
     "check_stream_size_slope",
     "check_stream_size_prediction",
+    "check_adam_first_step",
+    "check_adam_step_prediction",
 ]
 
 
@@ -377,6 +381,13 @@ def check_peri_ln_added_size(
         except NotImplementedError:
             sizes = None
             measured = " (your block is not written yet: nothing measured)"
+        except Exception as error:  # the reader's block raised: report it, do not crash
+            sizes = None
+            block_ok = False
+            measured = (
+                f" Your block raised {type(error).__name__} ({error}): nothing measured;"
+                " check it against exercise 2's check first."
+            )
         if sizes is not None:
             measured = (
                 f" Measured with your block: {sizes[0]:.3f} with the sub-layer's weights as"
@@ -400,14 +411,15 @@ def check_peri_ln_added_size(
     else:
         value = float(predicted_rms)
         if abs(value - 1) <= PERI_PREDICTION_TOLERANCE:
-            ok = block_ok
-            text = (
-                "✅" if ok else "❌",
-                f"{value:.2f}: output_norm standardises every token (mean 0, variance 1), and its"
-                " gain 1 and bias 0 leave that as it is, so the sub-layer's weights do not"
-                " matter.",
-            )
-            result = CheckResult(name, ok, 1, f"{text[0]} {name}: {text[1]}{measured}")
+            if block_ok:
+                text = (
+                    f"✅ {name}: {value:.2f}: output_norm standardises every token (mean 0,"
+                    " variance 1), and its gain 1 and bias 0 leave that as it is, so the"
+                    " sub-layer's weights do not matter."
+                )
+            else:
+                text = f"❌ {name}: your prediction, {value:.2f}, is right, but your block is not."
+            result = CheckResult(name, block_ok, 1, f"{text}{measured}")
         else:
             if value >= 5:
                 hint = (
@@ -503,14 +515,14 @@ def reference_log_log_slope(depths: Sequence[float], values: Sequence[float]) ->
 
 #: the seeds the reader's function averages over, as the reference does
 STREAM_SIZE_SEEDS: tuple[int, ...] = (0, 1, 2)
-#: absolute tolerance on the slope and on every averaged size (sizes 1 to 5). The same seeds
-#: and setup give the same numbers up to float rounding (float64 instead of float32 moves them
-#: by at most 3e-7). The classic slips move them by more than 1e-4: the mean of the per-seed
-#: slopes instead of the slope of the seed-averaged sizes by 5e-4 to 8e-4, a slope rounded to
-#: two decimals or measured on other depths by more than 1e-3, other seeds by 1 % of a size,
-#: per-token norms by about 0.2 % at depth 12 (Pre-LN), the standard deviation of all entries
-#: by 0.06 % to 0.8 % (Pre-LN, depths 2 to 20), at least 8e-4 of a size of 1.4 or more.
-STREAM_SIZE_ATOL: float = 1e-4
+#: absolute tolerance on the slope and on every averaged size (sizes 1.4 to 4.8, 0.2 % to 0.7 %
+#: of them). It accepts the right measurement averaged in another order: the mean of the
+#: per-seed slopes (5e-4 to 8e-4 from the reference's), the seeds' geometric mean, their mean
+#: squares pooled, one value per sequence (sizes at most 8e-3 away). It refuses the slips:
+#: the median of the seeds (3e-2), per-token norms (1.3e-2 at depth 20), the standard deviation
+#: of all entries (2.7e-2 at depth 12), other seeds (5e-2 or more), a typed 0.5 (1.2e-2), a
+#: slope measured on other depths (1.8e-2). A slope rounded to two decimals passes.
+STREAM_SIZE_ATOL: float = 0.01
 
 
 def _init_encoder_and_inputs(
@@ -623,7 +635,7 @@ def _stream_size_hint(case: dict, got: object) -> str:
     if all(abs(g - e) < STREAM_SIZE_ATOL for g, e in zip(got[1], sizes)):
         return (
             "\n   hint: the sizes match; fit one line to log size against log depth, with the"
-            " seed-averaged sizes (not the mean of per-seed slopes, not a typed number)."
+            " seed-averaged sizes, on the depths the check passes (not a typed number)."
         )
     slope, measured = got[0], got[1]
     if all(g == measured[0] for g in measured) and len(measured) > 1:
@@ -644,7 +656,8 @@ def _stream_size_hint(case: dict, got: object) -> str:
         variants = _stream_variant_sizes(**case)
 
         def close(name: str) -> bool:
-            return all(abs(g - e) < STREAM_SIZE_ATOL for g, e in zip(got[1], variants[name]))
+            # the same numbers up to float rounding: tighter than the check's tolerance
+            return all(abs(g - e) < 1e-4 for g, e in zip(got[1], variants[name]))
 
         if close("std"):
             return (
@@ -663,8 +676,8 @@ def _stream_size_hint(case: dict, got: object) -> str:
             return (
                 f"\n   hint: right measurement, averaged in another order: you {order}. The"
                 " check wants, for each seed, the root mean square of all entries of the"
-                " output, then the plain (arithmetic) mean of the three seeds' values (the"
-                " averages differ by about 1e-3, more than the check's tolerance)."
+                " output, then the plain (arithmetic) mean of the three seeds' values (with"
+                " three seeds the median can lie far from the mean)."
             )
         return (
             "\n   hint: the sizes are close but not equal: use seeds 0, 1 and 2, section 6.3's"
@@ -684,9 +697,10 @@ def check_stream_size_slope(
     to them.
 
     The check *calls your function* on depths the chapter did not print and accepts sizes and
-    slope within :data:`STREAM_SIZE_ATOL` of the reference's: a typed number, a slope measured
-    on other depths or averaged over per-seed fits, a function that ignores ``norm_first``,
-    leaves the final norm on or takes other seeds fails.
+    slope within :data:`STREAM_SIZE_ATOL` of the reference's. The mean of per-seed slopes, or
+    the seeds averaged in another order (pooled, geometric mean), passes; a typed number, a
+    slope measured on other depths, the median or the standard deviation, per-token norms, a
+    function that ignores ``norm_first``, leaves the final norm on or takes other seeds fails.
     """
     name = "stream_size_slope"
 
@@ -725,7 +739,7 @@ def check_stream_size_slope(
         user,
         reference_stream_size_slope,
         _stream_size_cases(),
-        atol=STREAM_SIZE_ATOL,  # on the slope (about 0 or +0.5) and the sizes (about 1 to 5)
+        atol=STREAM_SIZE_ATOL,  # on the slope (about 0 or +0.5) and the sizes (1.4 to 4.8)
         rtol=0.0,
         verbose=verbose,
         hint=_stream_size_hint,
@@ -733,6 +747,8 @@ def check_stream_size_slope(
 
 
 GENERIC_TEST_EXEMPT = {
+    "check_adam_step_prediction": "it takes the reader's predicted number, not a function; "
+    "tests/test_exercises_ch06.py checks right, wrong and missing predictions",
     "check_peri_ln_added_size": "it takes the reader's predicted number, not a function; "
     "tests/test_exercises_ch06.py checks right, wrong and missing predictions",
     "check_stream_size_prediction": "it takes the reader's predicted number, not a function; "
@@ -773,6 +789,199 @@ def check_stream_size_prediction(predicted_slope: object, verbose: bool = True) 
                 "log(gradient) = -log(size) + constant: what slope does that give the size?"
             )
             result = CheckResult(name, False, 1, f"❌ {name}: {value:+.2f}: {hint}")
+    if verbose:
+        report(result)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 5: Adam's first step (section 6.4)
+# --------------------------------------------------------------------------------------------
+
+
+def reference_adam_first_step(
+    grad: Tensor, lr: float, betas: tuple[float, float], eps: float
+) -> Tensor:
+    r"""Adam's first update :math:`\Delta\theta` from zero moments (section 6.4's box):
+    :math:`m_1 = (1 - \beta_1) g`, :math:`v_1 = (1 - \beta_2) g^2`, bias-corrected by
+    :math:`1 - \beta^1`, and :math:`\Delta\theta = -\text{lr}\, \hat{m} / (\sqrt{\hat{v}} +
+    \varepsilon)`, which is :math:`-\text{lr}\, g / (|g| + \varepsilon)`.
+
+    Args:
+        grad: the first gradient, any shape.
+        lr: the learning rate.
+        betas: :math:`(\beta_1, \beta_2)`.
+        eps: Adam's :math:`\varepsilon`, added after the square root.
+
+    Returns:
+        :math:`\Delta\theta`, shaped like ``grad``.
+    """
+    beta1, beta2 = betas
+    m_hat = (1 - beta1) * grad / (1 - beta1)  # (...,)
+    v_hat = (1 - beta2) * grad.pow(2) / (1 - beta2)  # (...,)
+    return -lr * m_hat / (v_hat.sqrt() + eps)
+
+
+def _adam_first_step_cases() -> list[Case]:
+    g = seeded_generator(605)
+    cases: list[Case] = []
+    for shape, scale, lr, betas, eps, dtype in [
+        ((5,), 1.0, 3e-3, (0.9, 0.98), 1e-9, torch.float32),  # the chapter's Adam
+        ((4, 6), 100.0, 3e-3, (0.9, 0.98), 1e-9, torch.float32),  # the same, 100 times the gradient
+        ((3, 8), 1e-3, 1e-2, (0.9, 0.999), 1e-8, torch.float32),  # PyTorch's default betas, eps
+        ((2, 3, 4), 1.0, 1e-3, (0.8, 0.95), 1e-9, torch.float64),  # other betas, zeros below
+        ((6,), 1e-4, 1e-3, (0.9, 0.98), 1e-4, torch.float64),  # eps as large as the gradient
+    ]:
+        grad = (scale * torch.randn(shape, generator=g)).to(dtype)
+        if len(shape) == 3:
+            grad = grad * (torch.rand(shape, generator=g) > 0.3).to(
+                dtype
+            )  # weights without gradient
+        cases.append({"grad": grad, "lr": lr, "betas": betas, "eps": eps})
+    return cases
+
+
+_ADAM_REFUSED = (
+    "adam_first_step must compute the step by the formula in section 6.4's box: during the"
+    " check torch.optim's Adam is switched off"
+)
+
+
+class _OptimAdamForbidden:
+    """Inside the block, ``torch.optim.Adam`` / ``AdamW`` steps and the functional ``adam``
+    raise: the exercise is the formula, not a call to the optimiser."""
+
+    def __enter__(self) -> None:
+        import torch.optim.adam as adam_module
+
+        def refuse(*args: object, **kwargs: object) -> None:
+            raise RuntimeError(_ADAM_REFUSED)
+
+        self._saved = [
+            (torch.optim.Adam, "step", torch.optim.Adam.step),
+            (torch.optim.AdamW, "step", torch.optim.AdamW.step),
+            (adam_module, "adam", adam_module.adam),
+        ]
+        for owner, attribute, _ in self._saved:
+            setattr(owner, attribute, refuse)
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, attribute, original in self._saved:
+            setattr(owner, attribute, original)
+
+
+def _adam_first_step_hint(case: dict, got: object) -> str:
+    """Name the classic mistake when the answer is one of them."""
+    if not isinstance(got, Tensor) or got.shape != case["grad"].shape:
+        return ""
+    grad, lr, (beta1, beta2), eps = case["grad"], case["lr"], case["betas"], case["eps"]
+    got = got.to(grad.dtype)
+    expected = reference_adam_first_step(grad, lr, (beta1, beta2), eps)
+
+    def like(other: Tensor) -> bool:
+        return bool(torch.allclose(got, other, rtol=1e-3, atol=1e-3 * lr))
+
+    if like(-lr * grad) or like(lr * grad):
+        return (
+            "\n   hint: that is gradient descent's step, lr·g, which grows with the gradient."
+            " Adam divides m̂ by √v̂, and both grow with g."
+        )
+    if like(-expected):
+        return "\n   hint: right size, wrong sign: the step goes against the gradient."
+    if like(expected * (1 - beta1) / math.sqrt(1 - beta2)):
+        return (
+            "\n   hint: the bias correction is missing: at step 1, m̂ = m₁ / (1 - β₁) and"
+            " v̂ = v₁ / (1 - β₂)."
+        )
+    if like(-lr * torch.sign(grad)):
+        return (
+            "\n   hint: -lr·sign(g) holds only when |g| ≫ ε; keep ε in the denominator,"
+            " after the square root."
+        )
+    if like(-lr * grad / (grad.pow(2) + eps).sqrt()):
+        return "\n   hint: ε is added after the square root: √v̂ + ε, not √(v̂ + ε)."
+    return ""
+
+
+def check_adam_first_step(
+    adam_first_step: Callable[[Tensor, float, tuple[float, float], float], Tensor],
+    verbose: bool = True,
+) -> CheckResult:
+    r"""Check ``adam_first_step(grad, lr, betas, eps)`` → Adam's first update
+    :math:`\Delta\theta`, shaped like ``grad``, from zero moments, by the formula (the check
+    switches off ``torch.optim``'s Adam). Cases include a gradient 100 times larger (gradient
+    descent's ``-lr * grad`` fails there), other betas, weights with no gradient, and an
+    ``eps`` as large as the gradient (``-lr * sign(grad)`` and ``eps`` inside the square root
+    fail there). On success it prints the largest step, in units of ``lr``, for a gradient
+    ``g`` and for ``100 * g``."""
+    name = "adam_first_step"
+    _check_callable(name, adam_first_step)
+
+    def user(grad: Tensor, lr: float, betas: tuple[float, float], eps: float) -> object:
+        with torch.no_grad(), _OptimAdamForbidden():
+            return adam_first_step(grad, lr, betas, eps)
+
+    result = run_check(
+        name,
+        user,
+        reference_adam_first_step,
+        _adam_first_step_cases(),
+        atol=1e-9,  # steps are about lr (1e-3 to 1e-2); float32 rounding is about 1e-7 of that
+        rtol=1e-4,
+        verbose=False,
+        hint=_adam_first_step_hint,
+    )
+    if result:
+        grad = torch.randn(1000, generator=seeded_generator(606))
+        sizes = [
+            float(user(scale * grad, 3e-3, (0.9, 0.98), 1e-9).abs().mean()) / 3e-3
+            for scale in (1.0, 100.0)
+        ]
+        result.message += (
+            f"\n   Mean |Δθ| / lr for a gradient g: {sizes[0]:.3f}; for 100·g: {sizes[1]:.3f}."
+        )
+    if verbose:
+        report(result)
+    return result
+
+
+#: a prediction within this of 1 passes (the exact answer is 1, up to eps)
+ADAM_PREDICTION_TOLERANCE: float = 0.05
+
+
+def check_adam_step_prediction(predicted_ratio: object, verbose: bool = True) -> CheckResult:
+    """Check exercise 5's prediction: how many times larger Adam's first step is when every
+    gradient is 100 times larger (1: Adam's first step is ``-lr * sign(g)``)."""
+    name = "adam_step_prediction"
+    if predicted_ratio is None:
+        result = CheckResult(name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).")
+    elif not _is_number(predicted_ratio):
+        result = CheckResult(
+            name, False, 0,
+            f"❌ {name}: expected a number (the predicted ratio), got {type(predicted_ratio).__name__}",
+        )  # fmt: skip
+    else:
+        value = float(predicted_ratio)
+        if abs(value - 1) <= ADAM_PREDICTION_TOLERANCE:
+            result = CheckResult(
+                name, True, 1,
+                f"✅ {name}: {value:g}: m̂ and √v̂ both grow 100-fold, so their ratio, and the"
+                " step, do not change.",
+            )  # fmt: skip
+        else:
+            if 50 <= value <= 200:
+                hint = (
+                    "that is gradient descent, whose step is lr·g. Adam divides m̂ by √v̂:"
+                    " how do both change when g is 100 times larger?"
+                )
+            elif 5 <= value <= 20:
+                hint = "√v̂ grows like g, not like √g: v̂ averages g², and Adam takes its root."
+            else:
+                hint = (
+                    "at step 1, m̂ = g and √v̂ = |g|: what happens to g / |g| when g is"
+                    " multiplied by 100?"
+                )
+            result = CheckResult(name, False, 1, f"❌ {name}: {value:g}: {hint}")
     if verbose:
         report(result)
     return result
