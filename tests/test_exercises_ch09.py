@@ -150,7 +150,7 @@ def test_kv_cache_bytes_hint_for_2_bytes_is_not_the_missing_2():
 
 
 def test_kv_cache_bytes_matches_the_chapter_table():
-    # LLaMA 2 70B (GQA) in bfloat16: 320 KiB per token (section 9.1)
+    # LLaMA 2 70B (GQA) in bfloat16: 320 KiB per token (section 9.2)
     per_token = ch09.reference_kv_cache_bytes(80, 8192, 64, 8, torch.bfloat16, 1, 1)
     assert per_token == 320 * 2**10
 
@@ -606,10 +606,35 @@ def relative_upper_triangle_only(score_fn, dim):
     return True
 
 
+def relative_lower_triangle_only(score_fn, dim):
+    """The chapter's solution, but every pair puts the key at or before the query (j <= i)."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        j, i = sorted(int(p) for p in torch.randint(0, 500, (2,), generator=g))
+        shift = int(torch.randint(1, 500, (), generator=g))
+        if abs(float(score_fn(q, k, i, j)) - float(score_fn(q, k, i + shift, j + shift))) > 1e-5:
+            return False
+    return True
+
+
+def relative_one_fixed_pair(score_fn, dim):
+    """One pair (i, j) = (5, 3) moved by 100 random shifts: it tests the single offset 2."""
+    g = torch.Generator().manual_seed(0)
+    for _ in range(100):
+        q, k = torch.randn(dim, generator=g), torch.randn(dim, generator=g)
+        shift = int(torch.randint(1, 500, (), generator=g))
+        if abs(float(score_fn(q, k, 5, 3)) - float(score_fn(q, k, 5 + shift, 3 + shift))) > 1e-5:
+            return False
+    return True
+
+
 @pytest.mark.parametrize(
     "weak",
     [
         relative_upper_triangle_only,
+        relative_lower_triangle_only,
+        relative_one_fixed_pair,
         relative_loose_tolerance,
         relative_first_positions_only,
         relative_equal_vectors,
@@ -624,8 +649,9 @@ def test_is_relative_rejects_weak_tests(weak):
     tolerance, 1e-3 with shifts below 10, one draw, and 1e-2: each misses one of the subtly
     non-relative scores (a faint bias, a bias beyond position 100, a bias gated by q - k, a bias
     2e-5·(i + j), a bias on every sixth or seventh position, a bias 7.5e-5 on odd query positions) or
-    rejects the score that is 0 up to rounding. Pairs drawn only with j >= i miss a bias that
-    acts only where the key comes first."""
+    rejects the score that is 0 up to rounding. Pairs drawn only with j >= i (or j <= i) miss a
+    bias that acts only where the key comes first (or after), and one fixed pair moved by many
+    shifts misses a bias that acts only at offsets beyond 20."""
     assert not ch09.check_is_relative(weak, verbose=False), weak.__name__
 
 

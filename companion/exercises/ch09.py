@@ -562,6 +562,16 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         # with j >= i (the upper triangle) never sees it
         return q @ k * scale - 0.05 * i * (j < i)
 
+    def later_key_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        # the mirror of earlier_key_bias: non-relative only where the key comes after the
+        # query (j > i), so a test that draws only pairs with j <= i never sees it
+        return q @ k * scale - 0.05 * i * (j > i)
+
+    def far_offset_bias(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        # relative at every offset up to 20: a test that moves one fixed pair (i, j) by many
+        # shifts tests a single offset and misses it when that offset is small
+        return q @ k * scale - 0.05 * i * (abs(i - j) > 20)
+
     def faint_odd_query(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
         # moves by exactly 7.5e-5 whenever the shift is odd, however large: above every
         # tolerance up to 5e-5, below every tolerance from 1e-4 up (margins of 2.5e-5, far
@@ -595,6 +605,8 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         ("bias 0.5 on query positions divisible by 17", every_nth(17, "query"), False),
         ("bias 7.5e-5 on odd query positions", faint_odd_query, False),
         ("bias -0.05·i only where the key comes first (j < i)", earlier_key_bias, False),
+        ("bias -0.05·i only where the key comes after the query (j > i)", later_key_bias, False),
+        ("bias -0.05·i only at offsets |i - j| > 20", far_offset_bias, False),
     ]
     return [(ScoreFunction(name, dim, fn), relative) for name, fn, relative in named]
 
@@ -668,8 +680,9 @@ def check_is_relative(
 ) -> CheckResult:
     """Check the reader's test ``is_relative(score_fn, dim) -> bool`` on score functions whose
     answer is known: RoPE, ALiBi, T5 buckets and no positions at all are relative; added
-    sinusoidal or learned tables, biases on one position, a RoPE whose base depends on the
-    position and a bias on log-positions are not.
+    sinusoidal or learned tables, biases on one position, biases that act only for keys before
+    (or after) the query or only at offsets beyond 20, a RoPE whose base depends on the position
+    and a bias on log-positions are not.
 
     ``score_fn(q, k, i, j)`` takes ``q`` and ``k`` of shape ``(dim,)`` and integer positions
     ``0 <= i, j < 1024`` (:data:`MAX_POSITION`), and returns a 0-dim tensor. Some scores are
