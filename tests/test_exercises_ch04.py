@@ -1178,6 +1178,8 @@ def test_relative_test_near_starts_miss_the_slow_code(rtol):
         relative_near_only(1e-5, rtol, tuple(range(1, 11))), verbose=False
     )
     assert not result and "wavelength 2π·10^8" in result.message, result.message
+    # the advice is a far start, never a stricter tolerance (1e-5 is already right)
+    assert "Try a far start" in result.message and "stricter" not in result.message
     assert ch04.check_shift_invariant(relative_solution, verbose=False)
 
 
