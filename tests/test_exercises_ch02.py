@@ -608,6 +608,24 @@ def scale_test_tiny_inputs(attention):  # scores near 0: every scale gives unifo
     return True
 
 
+def scale_test_saturated_inputs(attention):  # scores in the hundreds: one-hot at any scale
+    gen = torch.Generator().manual_seed(0)
+    for lead, q_len, k_len, d_k, d_v in GOOD_SHAPES:
+        q = 30 * torch.randn(*lead, q_len, d_k, generator=gen)
+        k = 30 * torch.randn(*lead, k_len, d_k, generator=gen)
+        v = torch.randn(*lead, k_len, d_v, generator=gen)
+        if not torch.allclose(
+            attention(q, k, v).double(), _formula(q.double(), k.double(), v.double()), atol=1e-5
+        ):
+            return False
+    return True
+
+
+def scale_test_d_k_one(attention):  # d_k = 1: √d_k = d_k = 1, every scale agrees
+    shapes = [((), 3, 5, 1, 2), ((2,), 4, 6, 1, 3)]
+    return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
+
+
 def scale_test_2d_only(attention):
     shapes = [((), 3, 5, 4, 2), ((), 4, 6, 16, 3)]
     return _compare_on(attention, shapes, lambda a, b: torch.allclose(a, b, atol=1e-5))
@@ -663,6 +681,8 @@ def test_scale_test_accepts_correct(good, capsys):
         (scale_test_q_len_equals_d_k, "q_len ≠ d_k"),
         (scale_test_heads_equal_d_k, "number of heads"),
         (scale_test_tiny_inputs, "unit size"),
+        (scale_test_saturated_inputs, "one-hot at any scale"),
+        (scale_test_d_k_one, "d_k = 1 makes"),
         (scale_test_2d_only, "batched inputs"),
         (scale_test_ranking, "which is wrong"),
         (scale_test_never_calls, "without calling it"),
@@ -973,6 +993,7 @@ def test_gradient_crossover_explains_a_search_that_finds_nothing():
     result = ch02.check_gradient_crossover(crossover_of_means, verbose=False)
     assert not result
     assert "no crossover found" in result.message and "median" in result.message, result.message
+    assert "16 keys" in result.message, result.message
 
 
 def _scale_test_on_seed(attention, seed, shapes, **tolerance):  # the solution, other inputs

@@ -370,6 +370,17 @@ def _scale_verdict_problem(
     if error < 1e-5 and _largest_score(recorded) < 0.1:
         # every scale gives nearly uniform weights when the scores are tiny
         hint = "use q and k of unit size (torch.randn): tiny scores make every scale look uniform"
+    elif error < 1e-5 and all(q.shape[-1] == 1 for q, _, _ in recorded.calls):
+        # with d_k = 1, √d_k = 1: every scale built from d_k is 1
+        hint = (
+            "d_k = 1 makes √d_k = d_k = 1: use a d_k other than 1 and other than every other size"
+        )
+    elif error < 1e-5 and _largest_score(recorded) > 10:
+        # scores this large make the softmax one-hot at any scale, so every scale agrees
+        hint = (
+            "your scores are so large that the softmax is one-hot at any scale:"
+            " use q and k of unit size (torch.randn)"
+        )
     return (
         f"your test accepted {recorded!r}, which is wrong: {what}. On the inputs your test used"
         f" ({shapes}) its outputs differ from the formula by at most {error:.1e}"
@@ -700,7 +711,7 @@ def sampled_query_gradient_norms(
 ) -> Tensor:
     """``‖∂L/∂q‖`` for ``n_queries`` random queries, sampled without the key tensor.
 
-    The protocol of chapter 2, section 2.5: ``q`` and its ``n_keys`` keys have independent
+    The protocol of chapter 2, section 2.6: ``q`` and its ``n_keys`` keys have independent
     standard normal entries, the softmax input is ``s̃_j = scale · q·k_j``, the weights
     ``α = softmax(s̃)`` and ``L = Σ_j α_j u_j`` with ``u`` standard normal. With
     ``g = ∂L/∂s̃ = α ⊙ (u − αᵀu)`` the gradient is ``∂L/∂q = scale · Σ_j g_j k_j``. Writing each key as ``a_j q/‖q‖`` plus a
@@ -750,7 +761,7 @@ def sampled_query_gradient_norms(
 #: beyond 2048.
 CROSSOVER_SIGMAS = (3**-0.5, 0.7, 0.8, 1.25, 1.5)
 
-#: Keys per query, as in chapter 2, section 2.5.
+#: Keys per query, as in chapter 2, section 2.6.
 CROSSOVER_N_KEYS = 16
 
 #: The widths the crossover is looked for among: 2, 4, ..., 2048.
@@ -824,7 +835,9 @@ def check_gradient_crossover(
                 f"❌ {name}: {setting}: got None, no crossover found among the widths"
                 f" {CROSSOVER_D_KS[0]} to {CROSSOVER_D_KS[-1]}; yet at every sigma the check"
                 " uses the crossover lies inside that range. Check the statistic:"
-                " the median over the queries, not the mean, which a few near ties carry.",
+                " the median over the queries, not the mean, which a few near ties carry;"
+                " and the protocol: 16 keys per query (more keys move the crossover to larger"
+                " widths).",
             )
             break
         if (
