@@ -32,7 +32,7 @@ def split_view_only(x, num_heads):  # bug 4
     return x.view(batch, num_heads, seq, d_model // num_heads)
 
 
-def split_transpose_wrong_axes(x, num_heads):  # features cut the other way round
+def split_transpose_wrong_axes(x, num_heads):  # the strided split: features cut the other way round
     batch, seq, d_model = x.shape
     return x.view(batch, seq, d_model // num_heads, num_heads).permute(0, 3, 1, 2)
 
@@ -65,6 +65,40 @@ def test_split_heads_report_says_whether_equivariance_survives(capsys):
     assert "is not permutation-equivariant" in capsys.readouterr().out
     assert not ch11.check_split_heads(split_transpose_wrong_axes)  # one token per head, wrong cut
     assert "is still permutation-equivariant" in capsys.readouterr().out
+
+
+def test_strided_split_is_equivariant_and_fails_parity():
+    """Exercise 1's second question: the strided split (features r, r + h, ... in head r) keeps
+    attention permutation-equivariant, and parity after copying the weights catches it."""
+
+    class StridedSplit(clinic.MultiHeadAttention):
+        def split_heads(self, x):
+            return split_transpose_wrong_axes(x, self.num_heads)
+
+    torch.manual_seed(0)
+    model = clinic.Transformer(parts=clinic.Parts(attention=StridedSplit))
+    attention = model.encoder.layers[0].self_attention.eval()
+    x = torch.randn(2, 7, attention.num_heads * attention.head_dim)
+    assert clinic.is_permutation_equivariant(lambda t: attention(t, t, t), x)
+    src, tgt_in, _ = clinic.toy_batch(4, torch.Generator().manual_seed(0))
+    assert clinic.parity(model, src, tgt_in) > 0.1
+    assert clinic.parity(clinic.build(), src, tgt_in) < 1e-5  # the healthy split passes
+    # the right split of a model whose projections have their rows reordered: head r, feature j
+    # reads row j * h + r of each projection instead of row r * head_dim + j
+    h, head_dim = attention.num_heads, attention.head_dim
+    rows = torch.tensor([j * h + r for r in range(h) for j in range(head_dim)])
+    state = {
+        name: value[rows]
+        if name.split(".")[-2] in ("query_proj", "key_proj", "value_proj")
+        else value
+        for name, value in model.state_dict().items()
+    }
+    healthy = clinic.build()
+    healthy.load_state_dict(state)
+    model.eval()
+    healthy.eval()
+    with torch.no_grad():
+        assert torch.allclose(model(src, tgt_in), healthy(src, tgt_in), atol=1e-5)
 
 
 def test_split_heads_reference_is_the_clinic_split():
@@ -238,6 +272,26 @@ def greedy_one_by_one(model, src, max_len):  # correct, one sentence at a time
 def greedy_keeps_bos(model, src, max_len):  # the right tokens, <bos> prepended: one too many
     ys = greedy_by_hand(model, src, max_len)
     return torch.cat([torch.full((src.shape[0], 1), clinic.BOS_ID), ys], dim=1)
+
+
+# the right values, as floats: nn.Embedding cannot read them
+def greedy_float_ids(model, src, max_len):
+    src_mask = model.make_src_mask(src)
+    memory = model.encode(src, src_mask)
+    ys = torch.full((src.shape[0], 1), float(clinic.BOS_ID))
+    for _ in range(max_len):
+        next_token = model.decode(ys.long(), memory, src_mask)[:, -1].argmax(dim=-1)
+        ys = torch.cat([ys, next_token[:, None].float()], dim=1)
+    return ys[:, 1:]
+
+
+def test_greedy_rejects_float_ids(capsys):
+    case = ch11._greedy_cases()[0]
+    with torch.no_grad():
+        assert torch.equal(greedy_float_ids(**case).long(), greedy_by_hand(**case))  # values right
+    assert not ch11.check_greedy_decode(greedy_float_ids)
+    out = capsys.readouterr().out
+    assert "torch.long" in out and "float32" in out, out
 
 
 def test_greedy_accepts_correct():

@@ -435,7 +435,13 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
 
     def no_grad(**kwargs: object) -> Tensor:
         with torch.no_grad():
-            return guarded(**kwargs)
+            ids = guarded(**kwargs)
+        if isinstance(ids, Tensor) and ids.dtype != torch.long:  # float ids: the values may match
+            raise TypeError(
+                f"greedy_decode must return token ids as integers (torch.long), got {ids.dtype}: "
+                "nn.Embedding cannot look up float ids"
+            )
+        return ids
 
     return run_check(
         "greedy_decode", no_grad, reference_greedy_decode, _greedy_cases(), verbose=verbose
