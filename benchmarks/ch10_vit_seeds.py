@@ -40,6 +40,7 @@ from sklearn.svm import SVC
 from torch import nn
 
 from companion.families import EncoderOnlyTransformer
+from companion.metrics import clustered_se
 from companion.model import TransformerConfig
 from companion.utils import count_parameters, set_seed
 
@@ -75,6 +76,7 @@ def run_seed(cells: list[dict], seed: int) -> dict:
         "TransformerConfig": TransformerConfig, "EncoderOnlyTransformer": EncoderOnlyTransformer,
         "set_seed": set_seed, "count_parameters": count_parameters,
         "warmup_then_decay": warmup_then_decay, "glue": lambda *args, **kwargs: None,
+        "clustered_se": clustered_se,
     }  # fmt: skip
     for cell_id, source in ((SETUP, cell_source(cells, SETUP)), (MODEL, cell_source(cells, MODEL)),
                             (TRAINING, training), (BASELINES, baselines)):  # fmt: skip

@@ -147,15 +147,31 @@ class KneserNey:
     precedes (their plain count). A context never seen falls to the order below; below the
     unigram, the uniform ``1/V`` over ``V = vocab_size - 2`` outcomes.
 
+    With ``modified=True`` it is Chen and Goodman's *modified* Kneser-Ney (1999), the method
+    KenLM estimates (SRILM with ``-kndiscount``): each order ``m`` subtracts one of three
+    discounts, ``D_m1``, ``D_m2`` or ``D_m3+``, by whether the n-gram's count is 1, 2, or 3 and more, and the context's back-off
+    weight is ``(D_m1 N_1(h·) + D_m2 N_2(h·) + D_m3+ N_3+(h·)) / c(h·)``. The discounts are
+    Chen and Goodman's closed-form estimates from the order's count-of-counts ``n_1 … n_4``
+    (:attr:`discounts`): ``Y = n_1 / (n_1 + 2 n_2)``, ``D_mk = k - (k + 1) Y n_{k+1} / n_k``,
+    each clipped to ``[0, k]``. The ``discount`` argument of the methods then *scales* all
+    of them (1: the estimates as they are), so that it can be tuned on validation like ``D``.
+
     Args:
         train: training sentences, lists of ids in ``[0, vocab_size)``, no ``<pad>``/``<bos>``.
         vocab_size: size of the vocabulary (specials included).
         order: n of the n-gram, at least 1.
+        modified: three closed-form discounts per order instead of one ``D`` (default: one).
     """
 
-    def __init__(self, train: Sequence[Sequence[int]], vocab_size: int, order: int) -> None:
+    def __init__(
+        self, train: Sequence[Sequence[int]], vocab_size: int, order: int, modified: bool = False
+    ) -> None:
         self.vocab_size = check_positive_int("vocab_size", vocab_size, minimum=len(SPECIAL_TOKENS))
         self.order = check_positive_int("order", order)
+        if not isinstance(modified, bool):
+            raise TypeError(f"modified must be True or False, got {modified!r}")
+        self.modified = modified
+        self._scale_checked: float | None = None
         self.outcomes = vocab_size - 2  # every id but <pad> and <bos>
         sentences = check_sentences("train", train, vocab_size)
         raw: list[Counter[tuple[int, ...]]] = [Counter() for _ in range(order + 1)]
@@ -175,17 +191,47 @@ class KneserNey:
         # per context of each order: the counts' sum and the number of distinct next tokens
         self.total: list[Counter[tuple[int, ...]]] = [Counter() for _ in range(order + 1)]
         self.types: list[Counter[tuple[int, ...]]] = [Counter() for _ in range(order + 1)]
+        # per context, how many distinct next tokens were seen once, twice, 3+ times (modified)
+        self.types_by_count: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(order + 1)]
+        # per order, the closed-form discounts (D_m1, D_m2, D_m3+) of modified Kneser-Ney
+        self.discounts: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)]
         for m in range(1, order + 1):
+            count_of_counts: Counter[int] = Counter()
             for gram, c in self.count[m].items():
                 if gram[-1] != BOS_ID:
                     self.total[m][gram[:-1]] += c
                     self.types[m][gram[:-1]] += 1
+                    if c <= 4:
+                        count_of_counts[c] += 1
+                    if modified:
+                        by_count = self.types_by_count[m].setdefault(gram[:-1], [0, 0, 0])
+                        by_count[min(c, 3) - 1] += 1
+            self.discounts.append(_closed_form_discounts(count_of_counts))
 
-    def probability(self, word: int, context: Sequence[int], discount: float = 0.75) -> float:
-        """``P(word | the last order - 1 tokens of context)``; ``discount``: ``D`` in ``[0, 1]``."""
+    def _discount(self, discount: float | None) -> float:
+        """The checked ``discount``: ``D`` in ``[0, 1]``, or, when modified, a scale ``>= 0``."""
+        if discount is None:
+            return 1.0 if self.modified else 0.75
         discount = check_nonnegative_float("discount", discount)
-        if discount > 1:
+        if self.modified and discount != self._scale_checked:
+            for m in range(1, self.order + 1):
+                for k, d in enumerate(self.discounts[m], start=1):
+                    if discount * d > k:
+                        raise ValueError(
+                            f"discount (a scale, modified) {discount} makes D_{m}{k} = "
+                            f"{discount * d:.3f} exceed the count {k} it is taken from"
+                        )
+            self._scale_checked = discount  # checked once, not at every probability
+        elif not self.modified and discount > 1:
             raise ValueError(f"discount must be in [0, 1], got {discount}")
+        return discount
+
+    def probability(
+        self, word: int, context: Sequence[int], discount: float | None = None
+    ) -> float:
+        """``P(word | the last order - 1 tokens of context)``; ``discount``: ``D`` in ``[0, 1]``
+        (default 0.75), or, when ``modified``, the scale of the closed-form discounts (default 1)."""
+        discount = self._discount(discount)
         if word in (PAD_ID, BOS_ID) or not 0 <= word < self.vocab_size:
             raise ValueError(
                 f"word must be an id in [0, {self.vocab_size - 1}] other than <pad> and <bos>, "
@@ -196,12 +242,22 @@ class KneserNey:
         for m in range(1, len(context) + 2):  # from the unigram up to the longest context
             history = context[len(context) - m + 1 :] if m > 1 else ()
             total = self.total[m].get(history, 0)
-            if total:  # a context never seen keeps the order below
-                seen = max(self.count[m].get((*history, word), 0) - discount, 0) / total
+            if not total:  # a context never seen keeps the order below
+                continue
+            c = self.count[m].get((*history, word), 0)
+            if self.modified:
+                d1, d2, d3 = (discount * d for d in self.discounts[m])
+                n1, n2, n3 = self.types_by_count[m][history]
+                seen = max(c - (d1, d2, d3)[min(c, 3) - 1], 0) / total if c else 0.0
+                p = seen + (d1 * n1 + d2 * n2 + d3 * n3) / total * p
+            else:
+                seen = max(c - discount, 0) / total
                 p = seen + discount * self.types[m][history] / total * p
         return p
 
-    def log_probabilities(self, sentence: Sequence[int], discount: float = 0.75) -> list[float]:
+    def log_probabilities(
+        self, sentence: Sequence[int], discount: float | None = None
+    ) -> list[float]:
         """``log P`` of each of the ``m + 1`` predictions of one sentence (``w1 … wm <eos>``)."""
         framed = [BOS_ID, *sentence, EOS_ID]
         return [
@@ -209,13 +265,26 @@ class KneserNey:
             for t in range(1, len(framed))
         ]
 
-    def perplexity(self, sentences: Sequence[Sequence[int]], discount: float = 0.75) -> float:
+    def perplexity(
+        self, sentences: Sequence[Sequence[int]], discount: float | None = None
+    ) -> float:
         """``exp`` of the mean negative log-probability over every prediction of ``sentences``."""
         checked = check_sentences("sentences", sentences, self.vocab_size)
         logs = [lp for sentence in checked for lp in self.log_probabilities(sentence, discount)]
         if not logs:
             raise ValueError("sentences must hold at least one sentence, got none")
         return math.exp(-sum(logs) / len(logs))
+
+
+def _closed_form_discounts(count_of_counts: Counter[int]) -> tuple[float, float, float]:
+    """Chen and Goodman's (1999) estimates ``D_k = k - (k + 1) Y n_{k+1} / n_k``, ``k = 1, 2, 3``,
+    with ``Y = n_1 / (n_1 + 2 n_2)`` and ``n_k`` the number of n-grams seen exactly ``k`` times;
+    an estimate that is undefined (some ``n_k = 0``) is ``Y``; each is clipped to ``[0, k]``."""
+    n = [count_of_counts.get(k, 0) for k in range(5)]
+    y = n[1] / (n[1] + 2 * n[2]) if n[1] + 2 * n[2] else 0.5
+    return tuple(  # type: ignore[return-value]
+        min(max(k - (k + 1) * y * n[k + 1] / n[k] if n[k] else y, 0.0), float(k)) for k in (1, 2, 3)
+    )
 
 
 class NeighbourGuesser:

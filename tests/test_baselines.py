@@ -151,3 +151,55 @@ def test_kneser_ney_rejects_bad_input():
         model.probability(A, (BOS,), 1.5)
     with pytest.raises(ValueError, match="word"):
         model.probability(BOS, (BOS,), 0.5)
+
+
+def test_modified_kneser_ney_by_hand_and_sums_to_1():
+    """modified=True: three closed-form discounts per order, applied by count; a distribution."""
+    g = torch.Generator().manual_seed(2)
+    zipf = 1 / torch.arange(1.0, 18.0)  # ids 3..19, word k drawn in proportion to 1/k
+    train = [
+        (3 + torch.multinomial(zipf, int(n), replacement=True, generator=g)).tolist()
+        for n in torch.randint(1, 9, (300,), generator=g)
+    ]
+    model = KneserNey(train, 20, 3, modified=True)
+    plain = KneserNey(train, 20, 3)
+    for m in (2, 3):  # the discounts from the count-of-counts of each order, by hand
+        n = [
+            sum(1 for gram, c in model.count[m].items() if c == k and gram[-1] != BOS)
+            for k in range(5)
+        ]
+        assert min(n[1:]) > 0, n  # every estimate defined
+        y = n[1] / (n[1] + 2 * n[2])
+        expected = [min(max(k - (k + 1) * y * n[k + 1] / n[k], 0), k) for k in (1, 2, 3)]
+        assert all(math.isclose(a, b) for a, b in zip(model.discounts[m], expected)), (
+            m,
+            model.discounts[m],
+        )
+    assert all(0 <= d <= k for k, d in enumerate(model.discounts[1], start=1)), model.discounts[1]
+    d1, d2, d3 = model.discounts[3]
+    # one trigram probability by hand: the context's counts, the discount by the count seen
+    history = next(h for h, t in model.total[3].items() if t >= 5)
+    word = max(range(2, 20), key=lambda w: model.count[3].get((*history, w), 0))
+    c, total = model.count[3][(*history, word)], model.total[3][history]
+    seen_counts = [model.count[3].get((*history, w), 0) for w in range(2, 20)]
+    n1, n2, n3 = seen_counts.count(1), seen_counts.count(2), sum(k >= 3 for k in seen_counts)
+    lower = model.probability(word, history[1:])  # the bigram level, itself modified
+    by_hand = (c - (d1, d2, d3)[min(c, 3) - 1]) / total + (
+        d1 * n1 + d2 * n2 + d3 * n3
+    ) / total * lower
+    assert math.isclose(model.probability(word, history), by_hand, rel_tol=1e-12)
+    for scale in (0.5, 1.0):
+        for context in [(BOS,), (BOS, 4), (5, 6), (8, 8), (3, 7)]:
+            total = sum(model.probability(w, context, scale) for w in range(2, 20))
+            assert math.isclose(total, 1.0, rel_tol=1e-12), (scale, context, total)
+    # the default is unchanged: one D = 0.75, and modified=True differs from it
+    assert plain.perplexity(train[:10]) == plain.perplexity(train[:10], 0.75)
+    assert model.perplexity(train[:10]) != plain.perplexity(train[:10])
+
+
+def test_modified_kneser_ney_rejects_bad_input():
+    model = KneserNey(TINY * 3, VOCAB, 2, modified=True)
+    with pytest.raises(ValueError, match="exceed"):
+        model.probability(A, (BOS,), 10.0)
+    with pytest.raises(TypeError, match="modified"):
+        KneserNey(TINY, VOCAB, 2, modified=1)

@@ -971,6 +971,7 @@ CHECKS = [
     (ch10.check_sample_next_token, ch10.reference_sample_next_token),
     (ch10.check_patchify, ch10.reference_patchify),
     (ch10.check_standard_errors, ch10.reference_standard_errors),
+    (ch10.check_induction_score, ch10.reference_induction_score),
 ]
 
 
@@ -1104,7 +1105,7 @@ def test_standard_errors_right_answers_pass():
         (se_unpaired_without_clusters, "ignores the clusters"),
         (se_independent_with_clusters, "uses the clusters"),
         (se_paired_without_clusters, "ignores the clusters"),
-        (se_sample_std, None),
+        (se_sample_std, "ddof"),
         (se_unpaired_variance, None),
     ],
     ids=lambda x: getattr(x, "__name__", str(x)),
@@ -1138,3 +1139,105 @@ def test_standard_errors_does_not_let_the_reader_change_the_cases():
         return result
 
     assert ch10.check_standard_errors(mutates, verbose=False)
+
+
+def test_bert_masking_rejects_changing_the_callers_tokens():
+    def in_place(tokens, mask_id, vocab_size, special_ids, generator):
+        inputs, targets = ch10.reference_bert_masking(
+            tokens, mask_id, vocab_size, special_ids, generator
+        )
+        tokens.copy_(inputs)  # inputs = tokens; inputs[...] = mask_id: the caller's batch changes
+        return tokens, targets
+
+    result = ch10.check_bert_masking(in_place, verbose=False)
+    assert not result and "in place" in result.message, result.message
+
+
+# Exercise 6: an induction score ----------------------------------------------------------
+
+
+def induction_by_loops(weights, rep_len):
+    total, pairs = torch.zeros(weights.shape[1], dtype=torch.float64), 0
+    for b in range(weights.shape[0]):
+        n = int(rep_len[b])
+        for q in range(n, 2 * n - 1):
+            total += weights[b, :, q, q - n + 1].double()
+            pairs += 1
+    return (total / pairs).float()
+
+
+def induction_by_mask(weights, rep_len):
+    seq_len = weights.shape[-1]
+    q = torch.arange(seq_len)[None, :, None]  # (1, seq_len, 1)
+    k = torch.arange(seq_len)[None, None, :]  # (1, 1, seq_len)
+    n = rep_len[:, None, None]  # (batch, 1, 1)
+    picked = (q >= n) & (q <= 2 * n - 2) & (k == q - n + 1)  # (batch, seq_len, seq_len)
+    return (weights * picked[:, None]).sum(dim=(0, 2, 3)) / picked.sum()
+
+
+def induction_same_token(weights, rep_len):  # the duplicate-token head's key, q - n_rep
+    return ch10._induction_variant(weights, rep_len, key_shift=0)
+
+
+def induction_one_query_too_many(weights, rep_len):
+    return ch10._induction_variant(weights, rep_len, last_extra=1)
+
+
+def induction_mean_of_row_means(weights, rep_len):
+    return ch10._induction_variant(weights, rep_len, per_row=True)
+
+
+def induction_transposed(weights, rep_len):
+    return ch10._induction_variant(weights, rep_len, transposed=True)
+
+
+def induction_previous_token(weights, rep_len):  # the previous-token score instead
+    return weights[
+        :, :, torch.arange(1, weights.shape[-1]), torch.arange(weights.shape[-1] - 1)
+    ].mean(dim=(0, 2))
+
+
+def test_induction_score_accepts_correct():
+    assert ch10.check_induction_score(induction_by_loops, verbose=False)
+    assert ch10.check_induction_score(induction_by_mask, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (induction_same_token, "FOLLOWED"),
+        (induction_one_query_too_many, "2 n_rep - 2"),
+        (induction_mean_of_row_means, "pairs at once"),
+        (induction_transposed, "[key, query]"),
+        (induction_previous_token, None),
+    ],
+    ids=lambda x: getattr(x, "__name__", str(x)),
+)
+def test_induction_score_rejects_the_classic_slips(wrong, hint):
+    result = ch10.check_induction_score(wrong, verbose=False)
+    assert not result
+    if hint:
+        assert hint in result.message, result.message
+
+
+def test_induction_cases_score_the_ideal_heads_and_uniform_attention():
+    *_, ideal, uniform = ch10._induction_cases()
+    assert torch.allclose(ch10.reference_induction_score(**ideal), torch.tensor([1.0, 0.0]))
+    expected = sum(1 / (q + 1) for n in (4, 9, 16) for q in range(n, 2 * n - 1)) / sum(
+        n - 1 for n in (4, 9, 16)
+    )
+    assert torch.allclose(ch10.reference_induction_score(**uniform), torch.tensor([expected] * 2))
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (sample_cumsum_at_least, "EXCEEDS u"),
+        (sample_temperature_on_probabilities_unnormalised, "divide the logits"),
+        (sample_sorted_position, "id order"),
+    ],
+    ids=lambda x: getattr(x, "__name__", str(x)),
+)
+def test_sampling_check_names_the_classic_slips(wrong, hint):
+    result = ch10.check_sample_next_token(wrong, verbose=False)
+    assert not result and hint in result.message, result.message

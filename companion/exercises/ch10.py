@@ -2,7 +2,7 @@
 
 Each ``check_*`` function runs *your* function on cases drawn from a seeded generator and
 returns a :class:`~companion.exercises._checker.CheckResult` that is truthy when every case
-passes. Four compare your result with the reference solution kept in this module; the
+passes. Five compare your result with the reference solution kept in this module; the
 masking check cannot (any correct answer draws its own random numbers), so it checks what
 every correct answer must do, on every draw and in proportion over many draws. The checks call
 your function with keyword arguments, so keep the parameter names of the stub in the notebook.
@@ -15,6 +15,7 @@ BERT's 80/10/10 masking                         :func:`check_bert_masking`
 one sampling step: temperature and top-k        :func:`check_sample_next_token`
 a ViT's patches: the patch-embedding reshape    :func:`check_patchify`
 three standard errors of one comparison         :func:`check_standard_errors`
+an induction score from attention weights       :func:`check_induction_score`
 ==============================================  ===================================
 
 The reference solutions (``reference_prefix_lm_mask``, ...) are module-level functions too,
@@ -52,6 +53,7 @@ __all__ = [
     "check_sample_next_token",
     "check_patchify",
     "check_standard_errors",
+    "check_induction_score",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -471,6 +473,11 @@ def check_bert_masking(
             if result is not None:
                 break
             problem = _masking_problem(got, tokens, setting)
+            if problem is None and not torch.equal(kwargs["tokens"], tokens):
+                problem = (
+                    "bert_mask changed the caller's `tokens` in place (a training loop that "
+                    "reuses the batch would lose its originals): start from tokens.clone()"
+                )
             if problem:
                 result = _failed(name, count, problem, tokens, setting)
                 break
@@ -642,6 +649,48 @@ def _sampling_cases() -> list[Case]:
     return cases
 
 
+def _sampling_variant(
+    logits: Tensor, temperature: float, top_k: int | None, uniform: Tensor, slip: str
+) -> Tensor:
+    """A classic wrong draw (temperature > 0): ``">="``, ``"probs / tau"`` or ``"sorted"``."""
+    logits = logits.double()  # (batch, vocab)
+    if top_k is not None:
+        kth_largest = logits.topk(top_k, dim=-1).values[:, -1:]  # (batch, 1)
+        logits = logits.masked_fill(logits < kth_largest, -math.inf)
+    probs = torch.softmax(logits / temperature, dim=-1)  # (batch, vocab)
+    u = uniform.double()[:, None]  # (batch, 1)
+    if slip == "probs / tau":
+        probs = torch.softmax(logits, dim=-1) / temperature  # the probabilities, not the logits
+    if slip == "sorted":
+        probs = probs.sort(dim=-1, descending=True).values  # the position in sorted order
+    below = probs.cumsum(dim=-1) < u if slip == ">=" else probs.cumsum(dim=-1) <= u
+    return below.sum(dim=-1).clamp(max=logits.shape[-1] - 1)
+
+
+def _sampling_hint(case: Case, got: object) -> str:
+    """Name the classic slip the answer matches, if any."""
+    if not isinstance(got, Tensor) or case["temperature"] == 0:
+        return ""
+    right = reference_sample_next_token(**case)
+    slips = {
+        ">=": "the first id whose cumulative probability is >= u was drawn: the spec says "
+        "EXCEEDS u (searchsorted(..., right=True)); at u = 0 the >= rule draws a blocked token",
+        "probs / tau": "the probabilities were divided by the temperature: divide the logits, "
+        "then take the softmax",
+        "sorted": "the position in sorted order was returned: return the token's id "
+        "(accumulate the probabilities in id order)",
+    }
+    for slip, message in slips.items():
+        wrong = _sampling_variant(slip=slip, **case)
+        if (
+            got.shape == wrong.shape
+            and torch.equal(got.long(), wrong)
+            and not torch.equal(wrong, right)
+        ):
+            return f"\n   hint: {message}"
+    return ""
+
+
 def check_sample_next_token(
     sample_next_token: Callable[..., Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -653,7 +702,8 @@ def check_sample_next_token(
     blocked (a cumulative probability of exactly 0, which ``>= u`` would draw); among the
     cases are greedy rows with tied maxima,
     ties at the ``top_k``-th logit, blocked (``-inf``) tokens and a temperature high enough
-    that most of the probability lies outside the top ``k``.
+    that most of the probability lies outside the top ``k``. A wrong answer is told which
+    classic slip it matches, if any.
     """
     return run_check(
         "sample_next_token",
@@ -661,6 +711,7 @@ def check_sample_next_token(
         reference_sample_next_token,
         _sampling_cases(),
         verbose=verbose,
+        hint=_sampling_hint,
     )
 
 
@@ -820,6 +871,12 @@ def _standard_errors_hint(case: Case, got: object) -> str:
             "pass each item its own label (np.arange(items))",
         ),
         (
+            1,
+            float(np.std(baseline - model, ddof=1)) / math.sqrt(len(baseline)),
+            "the second number is the textbook std(ddof=1) / sqrt(n); clustered_se has no "
+            "ddof correction: call it with one label per item (np.arange(items))",
+        ),
+        (
             0,
             independent,
             "the first number ignores the clusters: the chapter's rule counts "
@@ -881,4 +938,152 @@ def check_standard_errors(
         atol=1e-9,
         verbose=verbose,
         hint=_standard_errors_hint,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6: an induction score from attention weights
+# --------------------------------------------------------------------------------------------
+
+
+def reference_induction_score(weights: Tensor, rep_len: Tensor) -> Tensor:
+    """Each head's induction score on rows whose first ``n_rep`` tokens repeat right after.
+
+    In row ``b`` with ``n_rep = rep_len[b]``, a query ``q`` with ``n_rep <= q <= 2 n_rep - 2``
+    holds a copy of token ``q - n_rep``; an induction head attends to the token after that
+    earlier occurrence, key ``q - n_rep + 1``. The score is the head's weight on that key,
+    averaged over every such (row, query) pair of the batch (rows with a longer repeat count
+    more).
+
+    Args:
+        weights: ``(batch, heads, seq_len, seq_len)`` attention weights ``[row, head, query, key]``.
+        rep_len: ``(batch,)`` each row's ``n_rep``, with ``2 n_rep - 1 <= seq_len``.
+
+    Returns:
+        ``(heads,)``.
+    """
+    rows, queries, keys = [], [], []
+    for row, length in enumerate(rep_len.tolist()):
+        for q in range(length, 2 * length - 1):
+            rows.append(row), queries.append(q), keys.append(q - length + 1)
+    picked = weights[
+        torch.tensor(rows), :, torch.tensor(queries), torch.tensor(keys)
+    ]  # (pairs, heads)
+    return picked.mean(dim=0)
+
+
+def _induction_variant(
+    weights: Tensor,
+    rep_len: Tensor,
+    key_shift: int = 1,
+    last_extra: int = 0,
+    per_row: bool = False,
+    transposed: bool = False,
+) -> Tensor:
+    """A classic wrong induction score (the reference at the defaults)."""
+    if transposed:
+        weights = weights.transpose(-1, -2)
+    scores = []
+    for row, length in enumerate(rep_len.tolist()):
+        queries = torch.arange(length, 2 * length - 1 + last_extra)
+        keys = (queries - length + key_shift).clamp(min=0)
+        scores.append(weights[row][:, queries, keys].T)  # (queries, heads)
+    if per_row:
+        return torch.stack([s.mean(dim=0) for s in scores]).mean(dim=0)
+    return torch.cat(scores).mean(dim=0)
+
+
+def _induction_cases() -> list[Case]:
+    g = seeded_generator(1006)
+    cases: list[Case] = []
+    settings = (  # (batch, heads, seq_len, shortest and longest n_rep); the chapter's rows: 31, 4-16
+        (6, 2, 16, 2, 8),
+        (5, 3, 21, 3, 11),
+        (8, 1, 12, 2, 6),
+        (4, 2, 31, 4, 16),
+        (1, 2, 9, 5, 5),  # one row
+        (3, 4, 10, 2, 2),  # the shortest repeat: one query per row
+    )
+    for batch, heads, seq_len, low, high in settings:
+        causal = torch.ones(seq_len, seq_len, dtype=torch.bool).tril()
+        scores = 3 * torch.randn(batch, heads, seq_len, seq_len, generator=g)
+        weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        rep_len = torch.randint(low, high + 1, (batch,), generator=g)  # lengths differ by row
+        cases.append({"weights": weights, "rep_len": rep_len})
+    # an ideal induction head (head 0) beside a previous-token head (head 1): scores 1 and 0
+    batch, seq_len = 4, 20
+    rep_len = torch.tensor([4, 7, 10, 5])
+    weights = torch.zeros(batch, 2, seq_len, seq_len)
+    weights[:, :, 0, 0] = 1
+    for row, length in enumerate(rep_len.tolist()):
+        for q in range(1, seq_len):
+            weights[row, 0, q, q - length + 1 if length <= q <= 2 * length - 2 else q] = 1
+            weights[row, 1, q, q - 1] = 1
+    cases.append({"weights": weights, "rep_len": rep_len})
+    # uniform causal attention: each query q spreads 1 / (q + 1) over its keys
+    seq_len = 31
+    uniform = torch.ones(seq_len, seq_len).tril()
+    uniform = (uniform / uniform.sum(dim=-1, keepdim=True)).expand(3, 2, -1, -1).clone()
+    cases.append({"weights": uniform, "rep_len": torch.tensor([4, 9, 16])})
+    return cases
+
+
+def _induction_hint(case: Case, got: object) -> str:
+    """Name the classic slip the answer matches, if any."""
+    if not isinstance(got, Tensor):
+        return ""
+    weights, rep_len = case["weights"], case["rep_len"]
+    right = reference_induction_score(weights, rep_len)
+    slips = [
+        (
+            dict(key_shift=0),
+            "the key is the earlier copy of the query's own token (key "
+            "q - n_rep): an induction head looks one further, at the token that FOLLOWED it, "
+            "key q - n_rep + 1",
+        ),  # fmt: skip
+        (
+            dict(key_shift=2),
+            "the key is two past the earlier occurrence: the token that "
+            "followed it is key q - n_rep + 1",
+        ),  # fmt: skip
+        (
+            dict(last_extra=1),
+            "the queries run to 2 n_rep - 1: the last token of the repeat "
+            "predicts a token after it, outside the repeat; stop at 2 n_rep - 2",
+        ),  # fmt: skip
+        (
+            dict(per_row=True),
+            "each row's mean was averaged: average over all (row, query) "
+            "pairs at once, so that a row with a longer repeat counts more",
+        ),  # fmt: skip
+        (
+            dict(transposed=True),
+            "the weights were read [key, query]: they are indexed [row, head, query, key]",
+        ),  # fmt: skip
+    ]
+    for options, message in slips:
+        wrong = _induction_variant(weights, rep_len, **options)
+        if got.shape == wrong.shape and torch.allclose(got.double(), wrong.double(), atol=1e-6):
+            if not torch.allclose(wrong, right, atol=1e-6):
+                return f"\n   hint: {message}"
+    return ""
+
+
+def check_induction_score(
+    induction_score: Callable[[Tensor, Tensor], Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``induction_score(weights, rep_len)`` → ``(heads,)``, as
+    :func:`reference_induction_score` describes: random causal weights with repeats of
+    different lengths, an ideal induction head beside a previous-token head, and uniform
+    attention. A wrong answer is told which classic slip it matches, if any."""
+    _check_callable("induction_score", induction_score)
+    return run_check(
+        "induction_score",
+        induction_score,
+        reference_induction_score,
+        _induction_cases(),
+        atol=1e-6,
+        rtol=1e-5,
+        verbose=verbose,
+        hint=_induction_hint,
     )
