@@ -972,8 +972,19 @@ def stop_when_nothing_finished(finished, open_log_probs, max_len, alpha):
     return stop_correct(finished, open_log_probs, max_len, alpha)
 
 
+def stop_numpy_no_guard(finished, open_log_probs, max_len, alpha):
+    """A right answer through NumPy: returns np.True_ / np.False_ (np.all of no open one: True)."""
+    import numpy as np
+
+    if not finished:
+        return np.False_
+    best = max(log_p / _lp(n, alpha) for log_p, n in finished)
+    return np.all([best >= log_p / _lp(max_len, alpha) for log_p in open_log_probs])
+
+
 def test_may_stop_accepts_correct():
     assert ch07.check_may_stop(stop_correct, verbose=False)
+    assert ch07.check_may_stop(stop_numpy_no_guard, verbose=False)
     assert ch07.check_may_stop(stop_tensor, verbose=False)
     assert ch07.check_may_stop(
         lambda finished, open_log_probs, max_len, alpha: ch07.reference_may_stop(

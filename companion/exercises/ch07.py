@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -848,13 +849,15 @@ def _may_stop_cases() -> list[Case]:
 
 
 def _boolean(may_stop: Callable[..., Any]) -> Callable[..., Any]:
-    """``may_stop`` whose answer must be a bool (or a one-element bool tensor)."""
+    """``may_stop`` whose answer must be a bool (or a NumPy bool, or a one-element bool tensor)."""
 
     @functools.wraps(may_stop)
     def wrapper(**kwargs: Any) -> Any:
         result = may_stop(**kwargs)
         if isinstance(result, Tensor) and result.numel() == 1:
             result = bool(result)
+        if isinstance(result, np.bool_):
+            result = bool(result)  # np.all(...) returns np.True_ / np.False_
         if not isinstance(result, bool):
             raise TypeError(f"may_stop should return True or False, got {result!r}")
         return result
