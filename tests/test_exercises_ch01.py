@@ -1360,3 +1360,13 @@ def test_equivariance_wrong_axis_is_told_so_not_to_loosen_the_tolerance(wrong):
     message = result.message
     assert "not x with its rows (tokens) reordered" in message, message
     assert "atol=1e-5" not in message and "rounding" not in message, message
+
+
+def test_equivariance_check_inputs_are_the_checks_cases():
+    """The public (layer, x) pairs chapter 1 measures its hint's sizes on are the check's own."""
+    pairs = ch01.equivariance_check_inputs()
+    cases = ch01._equivariance_cases()
+    assert len(pairs) == len(cases) > 20
+    for (layer, x), case in zip(pairs, cases, strict=True):
+        assert layer.name == case["layer"].name and torch.equal(x, case["x"])
+        assert x.ndim == 2 and x.shape[1] == 4

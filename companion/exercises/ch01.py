@@ -49,6 +49,7 @@ __all__ = [
     "NamedLayer",
     "equivariance_test_layers",
     "equivariance_gap",
+    "equivariance_check_inputs",
     "OFFSET_HEAD_MIN_WEIGHT",
     "angle_positions",
     "offset_head_weights",
@@ -733,6 +734,17 @@ EQUIVARIANCE_PARITY_LONGEST = 40
 #: The seed the equivariance check gives PyTorch's global generator before it runs the reader's
 #: test, so that a test drawing unseeded random permutations gets the same verdict every time.
 EQUIVARIANCE_GLOBAL_SEED = 0
+
+
+def equivariance_check_inputs() -> list[tuple[NamedLayer, Tensor]]:
+    """The ``(layer, x)`` pairs :func:`check_is_permutation_equivariant` runs a reader's test on.
+
+    Each ``x`` is a sequence of shape ``(seq_len, 4)`` and each layer maps it to a tensor of the
+    same length; the same pairs, in the same order, on every call (seeded). Chapter 1 measures
+    on them the sizes its exercise 4 hint quotes: the float32 rounding of the equivariant layers
+    and the smallest change the others plant.
+    """
+    return [(case["layer"], case["x"]) for case in _equivariance_cases()]
 
 
 def _equivariance_cases() -> list[Case]:
