@@ -3,6 +3,7 @@ reported without raising."""
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -577,7 +578,7 @@ CHECKS = [
     ch06.check_peri_ln_block,
     ch06.check_relative_updates,
     ch06.check_stream_size_slope,
-    ch06.check_adam_first_step,
+    ch06.check_adam_second_step,
 ]
 
 
@@ -608,7 +609,7 @@ def test_crashing_answer_is_reported_not_raised(check):
         (ch06.check_layer_norm_backward, ch06.reference_layer_norm_backward),
         (ch06.check_peri_ln_block, ch06.reference_peri_ln_block),
         (ch06.check_relative_updates, ch06.reference_relative_updates),
-        (ch06.check_adam_first_step, ch06.reference_adam_first_step),
+        (ch06.check_adam_second_step, ch06.reference_adam_second_step),
     ],
 )
 def test_reference_passes_its_own_check_on_several_cases(check, reference):
@@ -724,145 +725,206 @@ def peri_ln_as_pre_ln(x, sublayer, input_norm, output_norm):  # output norm forg
     return x + sublayer(input_norm(x))
 
 
-@pytest.mark.parametrize("value", [1, 1.0, np.float64(0.99), 1.02])
-def test_peri_ln_added_size_accepts_one(value):
-    assert ch06.check_peri_ln_added_size(value, verbose=False), value
-    assert ch06.check_peri_ln_added_size(value, ch06.reference_peri_ln_block, verbose=False), value
+@pytest.mark.parametrize("value", [0.01, np.float64(0.0099), 0.012, 1e-2])
+def test_peri_ln_gradient_scale_accepts_one_hundredth(value):
+    assert ch06.check_peri_ln_gradient_scale(value, verbose=False), value
+    assert ch06.check_peri_ln_gradient_scale(value, ch06.reference_peri_ln_block, verbose=False), (
+        value
+    )
 
 
-@pytest.mark.parametrize("wrong", [100, 100.0, 8, 0, 0.0, 0.5, 10])
-def test_peri_ln_added_size_rejects_classic_slips(wrong):
-    result = ch06.check_peri_ln_added_size(wrong, verbose=False)
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [(1, "how far must a weight move"), (1.0, "how far"), (100, "Pre-LN"), (0.1, "√"),
+     (0.0, "d(output)/dW"), (1e-4, "d(output)/dW"), (-0.01, "d(output)/dW")],
+)  # fmt: skip
+def test_peri_ln_gradient_scale_rejects_classic_slips(wrong, says):
+    result = ch06.check_peri_ln_gradient_scale(wrong, verbose=False)
     assert not result
-    if wrong >= 5:
-        assert "its own" in result.message, result.message
-    if wrong == 0:
-        assert "variance 1, not 0" in result.message, result.message
+    assert says in result.message, result.message
 
 
 @pytest.mark.parametrize("value", [None, "1", True, [1.0]])
-def test_peri_ln_added_size_needs_a_number(value, capsys):
-    result = ch06.check_peri_ln_added_size(value)
+def test_peri_ln_gradient_scale_needs_a_number(value, capsys):
+    result = ch06.check_peri_ln_gradient_scale(value)
     assert not result
     out = capsys.readouterr().out
     assert ("not attempted yet" in out) == (value is None), out
 
 
-def test_peri_ln_added_size_measures_the_readers_block():
-    """Given the block, the check measures what it adds: 1 at both weight scales for Peri-LN;
-    a block without the output norm (Pre-LN) adds 100 times more at scale 100 and fails."""
-    good = ch06.check_peri_ln_added_size(1.0, ch06.reference_peri_ln_block, verbose=False)
-    assert good and "Measured with your block: 1.000" in good.message, good.message
-    bad = ch06.check_peri_ln_added_size(1.0, peri_ln_as_pre_ln, verbose=False)
+def test_peri_ln_gradient_scale_measures_the_readers_block():
+    """Given the block, the check measures the weight gradient's ratio: 0.0100 for Peri-LN;
+    a block without the output norm (Pre-LN) gives 1 and fails."""
+    good = ch06.check_peri_ln_gradient_scale(0.01, ch06.reference_peri_ln_block, verbose=False)
+    assert good and "is 0.0100 times" in good.message, good.message
+    bad = ch06.check_peri_ln_gradient_scale(0.01, peri_ln_as_pre_ln, verbose=False)
     assert not bad and "check your block" in bad.message, bad.message
 
 
-def test_peri_ln_added_size_with_an_unwritten_block():
+def test_peri_ln_gradient_scale_with_an_unwritten_block():
     def stub(x, sublayer, input_norm, output_norm):
         raise NotImplementedError
 
-    result = ch06.check_peri_ln_added_size(1.0, stub, verbose=False)
+    result = ch06.check_peri_ln_gradient_scale(0.01, stub, verbose=False)
     assert result and "not written yet" in result.message, result.message
 
 
+def test_stream_size_slope_rejects_the_end_point_slope():
+    """Two end points instead of a least-squares fit: equal for evenly spaced log depths, about
+    0.017 off on the check's unevenly spaced case, which names the slip."""
+
+    def end_points(depths, norm_first):
+        _, sizes = ch06.reference_stream_size_slope(depths, norm_first)
+        slope = math.log(sizes[-1] / sizes[0]) / math.log(depths[-1] / depths[0])
+        return slope, sizes
+
+    result = ch06.check_stream_size_slope(end_points, verbose=False)
+    assert not result
+    assert "first and the last point" in result.message, result.message
+
+
 # --------------------------------------------------------------------------------------------
-# adam_first_step (exercise 5)
+# adam_second_step (exercise 5)
 # --------------------------------------------------------------------------------------------
 
 
-def adam_by_the_box(grad, lr, betas, eps):
+def adam_by_the_box(grad1, grad2, lr, betas, eps):
     beta1, beta2 = betas
-    m_hat = (1 - beta1) * grad / (1 - beta1)
-    v_hat = (1 - beta2) * grad**2 / (1 - beta2)
-    return -lr * m_hat / (v_hat.sqrt() + eps)
+    m = v = 0
+    for t, grad in enumerate((grad1, grad2), start=1):
+        m = beta1 * m + (1 - beta1) * grad
+        v = beta2 * v + (1 - beta2) * grad**2
+        step = -lr * (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt() + eps)
+    return step
 
 
-def adam_short_form(grad, lr, betas, eps):  # the box's formula simplified: -lr g / (|g| + eps)
-    return -lr * grad / (grad.abs() + eps)
+def adam_gradient_descent(grad1, grad2, lr, betas, eps):
+    return -lr * grad2
 
 
-def adam_gradient_descent(grad, lr, betas, eps):  # a step 100 times larger for 100 g
-    return -lr * grad
+def adam_first_step_formula(grad1, grad2, lr, betas, eps):  # forgets g1: scale-free step
+    return -lr * grad2 / (grad2.abs() + eps)
 
 
-def adam_no_bias_correction(grad, lr, betas, eps):
+def _moments(grad1, grad2, betas):
     beta1, beta2 = betas
-    return -lr * (1 - beta1) * grad / (((1 - beta2) * grad**2).sqrt() + eps)
+    m2 = beta1 * (1 - beta1) * grad1 + (1 - beta1) * grad2
+    v2 = beta2 * (1 - beta2) * grad1**2 + (1 - beta2) * grad2**2
+    return m2, v2
 
 
-def adam_wrong_sign(grad, lr, betas, eps):
-    return lr * grad / (grad.abs() + eps)
+def adam_step1_correction(grad1, grad2, lr, betas, eps):
+    m2, v2 = _moments(grad1, grad2, betas)
+    return -lr * (m2 / (1 - betas[0])) / ((v2 / (1 - betas[1])).sqrt() + eps)
 
 
-def adam_sign_only(grad, lr, betas, eps):  # the |g| >> eps limit
-    return -lr * torch.sign(grad)
+def adam_no_bias_correction(grad1, grad2, lr, betas, eps):
+    m2, v2 = _moments(grad1, grad2, betas)
+    return -lr * m2 / (v2.sqrt() + eps)
 
 
-def adam_eps_inside(grad, lr, betas, eps):
-    return -lr * grad / (grad**2 + eps).sqrt()
+def adam_wrong_sign(grad1, grad2, lr, betas, eps):
+    return -adam_by_the_box(grad1, grad2, lr, betas, eps)
 
 
-def adam_by_torch_optim(grad, lr, betas, eps):
-    weight = torch.nn.Parameter(torch.zeros_like(grad))
-    optimizer = torch.optim.Adam([weight], lr=lr, betas=betas, eps=eps)
-    weight.grad = grad.clone()
-    optimizer.step()
-    return weight.detach().clone()
+def adam_betas_swapped(grad1, grad2, lr, betas, eps):  # passed at step 1, where betas cancel
+    return adam_by_the_box(grad1, grad2, lr, betas[::-1], eps)
+
+
+def adam_eps_inside(grad1, grad2, lr, betas, eps):
+    m2, v2 = _moments(grad1, grad2, betas)
+    return -lr * (m2 / (1 - betas[0] ** 2)) / (v2 / (1 - betas[1] ** 2) + eps).sqrt()
+
+
+def adam_by_torch_optim(grad1, grad2, lr, betas, eps, optimizer=torch.optim.Adam):
+    weight = torch.nn.Parameter(torch.zeros_like(grad1))
+    opt = optimizer([weight], lr=lr, betas=betas, eps=eps)
+    weight.grad = grad1.clone()
+    opt.step()
+    before = weight.detach().clone()
+    weight.grad = grad2.clone()
+    opt.step()
+    return weight.detach() - before
+
+
+def adam_by_adamax(grad1, grad2, lr, betas, eps):
+    return adam_by_torch_optim(grad1, grad2, lr, betas, eps, torch.optim.Adamax)
+
+
+def adam_by_functional(grad1, grad2, lr, betas, eps):
+    import torch.optim._functional as functional
+
+    param, m, v = torch.zeros_like(grad1), torch.zeros_like(grad1), torch.zeros_like(grad1)
+    steps = [torch.tensor(0.0)]
+    out = None
+    for grad in (grad1, grad2):
+        before = param.clone()
+        functional.adam([param], [grad], [m], [v], [], steps, amsgrad=False, beta1=betas[0],
+               beta2=betas[1], lr=lr, weight_decay=0.0, eps=eps, maximize=False)  # fmt: skip
+        out = param - before
+    return out
 
 
 def test_adam_reference_is_torch_optim_adam():
-    for case in ch06._adam_first_step_cases():
+    for case in ch06._adam_second_step_cases():
         expected = adam_by_torch_optim(**case)
         assert torch.allclose(
-            ch06.reference_adam_first_step(**case), expected, atol=1e-9, rtol=1e-5
+            ch06.reference_adam_second_step(**case), expected, atol=1e-9, rtol=1e-5
         )
 
 
-def test_adam_first_step_accepts_correct():
-    for answer in (adam_by_the_box, adam_short_form):
-        result = ch06.check_adam_first_step(answer, verbose=False)
-        assert result, result.message
-        assert "for 100·g: 1.000" in result.message, result.message
+def test_adam_second_step_accepts_correct():
+    result = ch06.check_adam_second_step(adam_by_the_box, verbose=False)
+    assert result, result.message
+    assert "for g then g: 1.000; for g then g/10: 0.744" in result.message, result.message
 
 
 @pytest.mark.parametrize(
     ("wrong", "says"),
     [
         (adam_gradient_descent, "gradient descent"),
-        (adam_no_bias_correction, "bias correction"),
+        (adam_first_step_formula, "first step's formula"),
+        (adam_step1_correction, "1 - β₁²"),
+        (adam_no_bias_correction, "bias correction is missing"),
         (adam_wrong_sign, "wrong sign"),
-        (adam_sign_only, "|g| ≫ ε"),
+        (adam_betas_swapped, "swapped"),
         (adam_eps_inside, "after the square root"),
         (adam_by_torch_optim, "switched off"),
+        (adam_by_adamax, "switched off"),
+        (adam_by_functional, "switched off"),
     ],
 )
-def test_adam_first_step_rejects_wrong(wrong, says):
-    result = ch06.check_adam_first_step(wrong, verbose=False)
+def test_adam_second_step_rejects_wrong(wrong, says):
+    result = ch06.check_adam_second_step(wrong, verbose=False)
     assert not result
     assert says in result.message, result.message
 
 
 def test_adam_check_leaves_torch_optim_working():
-    ch06.check_adam_first_step(adam_by_torch_optim, verbose=False)
+    ch06.check_adam_second_step(adam_by_torch_optim, verbose=False)
     grad = torch.tensor([2.0, -0.5])
     assert torch.allclose(
-        adam_by_torch_optim(grad, 0.1, (0.9, 0.98), 1e-9), torch.tensor([-0.1, 0.1])
+        adam_by_torch_optim(grad, grad, 0.1, (0.9, 0.98), 1e-9), torch.tensor([-0.1, 0.1])
     )
+    adam_module = importlib.import_module("torch.optim.adam")
+    assert torch.optim._functional.adam is adam_module.adam  # restored, not left refusing
 
 
-@pytest.mark.parametrize("value", [1, 1.0, np.float64(0.98), 1.04])
-def test_adam_step_prediction_accepts_one(value):
+@pytest.mark.parametrize("value", [0.744, 0.74, np.float64(0.72), 0.77])
+def test_adam_step_prediction_accepts_the_ratio(value):
     assert ch06.check_adam_step_prediction(value, verbose=False), value
 
 
 @pytest.mark.parametrize(
     ("wrong", "says"),
     [
-        (100, "gradient descent"),
-        (100.0, "gradient descent"),
-        (10, "√g"),
-        (0.01, "g / |g|"),
-        (0, "g / |g|"),
+        (0.1, "gradient descent"),
+        (1, "scale-free only"),
+        (1.0, "scale-free only"),
+        (0.316, "√0.1"),
+        (0.53, "write m₂"),
+        (10, "write m₂"),
+        (0, "write m₂"),
     ],
 )
 def test_adam_step_prediction_rejects_classic_slips(wrong, says):
@@ -879,11 +941,11 @@ def test_adam_step_prediction_needs_a_number(value, capsys):
     assert ("not attempted yet" in out) == (value is None), out
 
 
-def test_peri_ln_added_size_reports_a_crashing_block():
+def test_peri_ln_gradient_scale_reports_a_crashing_block():
     def crashes(x, sublayer, input_norm, output_norm):
         raise RuntimeError("boom")
 
-    result = ch06.check_peri_ln_added_size(1.0, crashes, verbose=False)
+    result = ch06.check_peri_ln_gradient_scale(0.01, crashes, verbose=False)
     assert not result and "boom" in result.message and "is right, but" in result.message, (
         result.message
     )
