@@ -1133,3 +1133,11 @@ def test_mean_pool_rejects_changing_the_weight_in_place():
     assert not result
     assert "in place" in result.message, result.message
     assert ch09.check_mean_pool_kv_heads(ch09.reference_mean_pool_kv_heads, verbose=False)
+
+
+def test_the_float32_slip_gets_a_hint_and_a_formula_slip_does_not(capsys):
+    assert not ch09.check_ntk_rope(ntk_float32_frequencies)
+    out = capsys.readouterr().out
+    assert "case 8" in out and "hint: only this long case fails" in out and "float64" in out, out
+    assert not ch09.check_ntk_rope(ntk_base_times_rho)
+    assert "hint:" not in capsys.readouterr().out
