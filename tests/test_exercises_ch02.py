@@ -1134,3 +1134,37 @@ def test_gradient_crossover_refuses_the_modules_gap():
     assert not result
     assert "crossover_gap" in result.message, result.message
     assert "measure the gradient gap yourself" in result.message, result.message
+
+
+def backward_scale_twice(q, k, v, grad_output):  # the chain rule's 1/√d_k applied twice
+    scale = 1 / math.sqrt(q.shape[-1])
+    grad_q, grad_k, grad_v = backward_correct(q, k, v, grad_output)
+    return scale * grad_q, scale * grad_k, grad_v
+
+
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [
+        (backward_without_scale, "a factor √d_k: the 1/√d_k missing"),
+        (backward_scale_twice, "applied twice"),
+    ],
+)
+def test_attention_backward_names_a_scale_slip(wrong, says):
+    result = ch02.check_attention_backward(wrong, verbose=False)
+    assert not result and says in result.message, result.message
+
+
+def test_attention_backward_hint_is_silent_for_other_slips():
+    result = ch02.check_attention_backward(backward_diagonal_jacobian, verbose=False)
+    assert not result and "Hint" not in result.message, result.message
+
+
+@pytest.mark.parametrize("wrong", [blockwise_naive_exp, blockwise_max_from_zero])
+def test_blockwise_names_the_missing_maximum(wrong):
+    result = ch02.check_blockwise_attention(wrong, verbose=False)
+    assert not result and "Is a maximum per query subtracted" in result.message, result.message
+
+
+def test_blockwise_hint_is_silent_for_a_finite_slip():
+    result = ch02.check_blockwise_attention(blockwise_no_rescale, verbose=False)
+    assert not result and "Hint" not in result.message, result.message

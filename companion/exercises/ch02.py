@@ -694,7 +694,19 @@ def check_blockwise_attention(
         lambda q, k, v, block_size: reference_scaled_attention(q, k, v)[0],
         _blockwise_cases(),
         verbose=verbose,
+        hint=_blockwise_hint,
     )
+
+
+def _blockwise_hint(case: Case, got: Any) -> str:
+    """Names the classic slip behind a NaN or inf in the output: no maximum subtracted
+    (exp overflows), or a running maximum started at 0 (every exp underflows: 0/0)."""
+    if isinstance(got, Tensor) and got.is_floating_point() and not torch.isfinite(got).all():
+        return (
+            "\n   Hint: NaN or inf: exp overflowed, or 0/0. Is a maximum per query subtracted"
+            " before exp, and does the running maximum start at −inf?"
+        )
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -773,7 +785,7 @@ def crossover_gap(d_k: int, sigma: float) -> float:
     ``1/√d_k`` over the median without it, 16 keys per query.
 
     With ``q = σ q₀`` and ``k = σ k₀`` the softmax input is ``λ σ² q₀·k₀`` and
-    ``∂L/∂q = σ · (the gradient for q₀ at the factor λσ²)``, so the gap is the standard-normal
+    ``∂L/∂q = (1/σ) · (the gradient for q₀ at the factor λσ²)``, so the gap is the standard-normal
     gap at the factors ``σ²/√d_k`` and ``σ²``. Measured with
     :func:`sampled_query_gradient_norms` on 50 000 queries per scale (about 2 % sampling
     noise); :func:`check_gradient_crossover` uses it only at settings where the gap is at
@@ -1037,4 +1049,25 @@ def check_attention_backward(
         reference_attention_backward,
         _attention_backward_cases(),
         verbose=verbose,
+        hint=_attention_backward_hint,
     )
+
+
+def _attention_backward_hint(case: Case, got: Any) -> str:
+    """Names a slip of the scale: ∂L/∂q and ∂L/∂k off by exactly √d_k or 1/√d_k."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 3):
+        return ""
+    expected = reference_attention_backward(**case)
+    root = math.sqrt(case["q"].shape[-1])
+    for factor, slip in (
+        (root, "the 1/√d_k missing on the way back"),
+        (1 / root, "it applied twice"),
+    ):
+        if all(
+            isinstance(g, Tensor)
+            and g.shape == e.shape
+            and torch.allclose(g.double(), factor * e.double(), atol=1e-5, rtol=1e-4)
+            for g, e in zip(got[:2], expected[:2])
+        ):
+            return f"\n   Hint: ∂L/∂q and ∂L/∂k are off by a factor √d_k{'' if factor > 1 else ' (too small)'}: {slip}?"
+    return ""
