@@ -982,6 +982,26 @@ def stop_numpy_no_guard(finished, open_log_probs, max_len, alpha):
     return np.all([best >= log_p / _lp(max_len, alpha) for log_p in open_log_probs])
 
 
+def _stop_bound_at(shift):
+    """A may_stop whose open-side bound uses lp(max_len + shift) instead of lp(max_len)."""
+
+    def may_stop(finished, open_log_probs, max_len, alpha):
+        if not finished:
+            return False
+        best = max(log_p / _lp(n, alpha) for log_p, n in finished)
+        return all(best >= log_p / _lp(max_len + shift, alpha) for log_p in open_log_probs)
+
+    return may_stop
+
+
+@pytest.mark.parametrize("shift", [-2, -1, 1, 2])
+def test_may_stop_rejects_off_by_one_bound(shift):
+    """lp(max_len - 1) or - 2 stops while an open hypothesis can still win (unsafe);
+    lp(max_len + 1) or + 2 waits when none can (e.g. counting <eos> on top of max_len)."""
+    assert not ch07.check_may_stop(_stop_bound_at(shift), verbose=False)
+    assert ch07.check_may_stop(_stop_bound_at(0), verbose=False)
+
+
 def test_may_stop_accepts_correct():
     assert ch07.check_may_stop(stop_correct, verbose=False)
     assert ch07.check_may_stop(stop_numpy_no_guard, verbose=False)

@@ -839,6 +839,11 @@ def _may_stop_cases() -> list[Case]:
         },
         # the finished one's own length, not max_len: -2.0 / lp(12) = -1.07 would stop here
         {"finished": [(-2.0, 5)], "open_log_probs": [-2.3], "max_len": 12, "alpha": 0.6},
+        # the bound is lp(max_len) exactly, in both directions (-2.0 / lp(5) = -1.472):
+        # -2.7 / lp(12) = -1.445 can still win: go on (lp(11) or lp(10) would stop too early)
+        {"finished": [(-2.0, 5)], "open_log_probs": [-2.7], "max_len": 12, "alpha": 0.6},
+        # -2.8 / lp(12) = -1.499 cannot win: stop (lp(13) or lp(14) would wait needlessly)
+        {"finished": [(-2.0, 5)], "open_log_probs": [-2.8], "max_len": 12, "alpha": 0.6},
         # alpha = 0: plain log P on both sides
         {"finished": [(-2.0, 5)], "open_log_probs": [-2.1], "max_len": 12, "alpha": 0.0},
         {"finished": [(-2.0, 5)], "open_log_probs": [-1.9], "max_len": 12, "alpha": 0.0},
