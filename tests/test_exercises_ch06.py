@@ -160,6 +160,27 @@ def test_layer_norm_backward_rejects_wrong(wrong):
     assert not ch06.check_layer_norm_backward(wrong, verbose=False)
 
 
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [
+        (ln_backward_constant_statistics, "constants"),
+        (ln_backward_no_mean_term, "term from the mean"),
+        (ln_backward_no_variance_term, "term from D"),
+        (ln_backward_no_gain, "gain is missing"),
+        (ln_backward_unbiased, "not d - 1"),
+    ],
+)
+def test_layer_norm_backward_names_the_classic_slips(wrong, says):
+    result = ch06.check_layer_norm_backward(wrong, verbose=False)
+    assert not result
+    assert says in result.message, result.message
+
+
+def test_layer_norm_backward_hint_is_silent_on_other_mistakes():
+    result = ch06.check_layer_norm_backward(ln_backward_eps_dropped, verbose=False)
+    assert not result and "hint" not in result.message, result.message
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_reference_layer_norm_backward_matches_autograd(dtype):
     g = torch.Generator().manual_seed(0)
@@ -253,6 +274,24 @@ def test_relative_updates_accepts_correct():
 )
 def test_relative_updates_rejects_wrong(wrong):
     assert not ch06.check_relative_updates(wrong, verbose=False)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [
+        (relative_updates_ratio_of_means, "ratio of means"),
+        (relative_updates_divides_by_next, "‖x_l‖"),
+    ],
+)
+def test_relative_updates_names_the_classic_slips(wrong, says):
+    result = ch06.check_relative_updates(wrong, verbose=False)
+    assert not result
+    assert says in result.message, result.message
+
+
+def test_relative_updates_other_slips_get_no_hint():
+    result = ch06.check_relative_updates(relative_updates_all_states, verbose=False)
+    assert not result and "hint" not in result.message, result.message
 
 
 def test_relative_updates_of_a_pre_ln_stack_shrink():
@@ -761,6 +800,14 @@ def test_peri_ln_gradient_scale_measures_the_readers_block():
     assert not bad and "check your block" in bad.message, bad.message
 
 
+@pytest.mark.parametrize("value", [None, "0.01"])
+def test_peri_ln_gradient_scale_does_not_measure_before_a_prediction(value):
+    """Without a predicted number the check must not print the measured ratio (the answer)."""
+    result = ch06.check_peri_ln_gradient_scale(value, ch06.reference_peri_ln_block, verbose=False)
+    assert not result
+    assert "Measured" not in result.message and "0.0100" not in result.message, result.message
+
+
 def test_peri_ln_gradient_scale_with_an_unwritten_block():
     def stub(x, sublayer, input_norm, output_norm):
         raise NotImplementedError
@@ -921,7 +968,7 @@ def test_adam_step_prediction_accepts_the_ratio(value):
         (0.1, "gradient descent"),
         (1, "scale-free only"),
         (1.0, "scale-free only"),
-        (0.316, "√0.1"),
+        (0.316, "√|g| instead of √(g²)"),
         (0.53, "write m₂"),
         (10, "write m₂"),
         (0, "write m₂"),

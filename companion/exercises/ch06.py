@@ -159,6 +159,45 @@ class _LayerNormKernelsForbidden(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _layer_norm_backward_hint(case: dict, got: object) -> str:
+    """Name the classic slip when the answer is one of them."""
+    x, gain, grad_out, eps = case["x"], case["gain"], case["grad_out"], case["eps"]
+    if not isinstance(got, Tensor) or got.shape != x.shape:
+        return ""
+    got = got.to(x.dtype)
+    mean = x.mean(dim=-1, keepdim=True)
+    centred = x - mean
+    delta = gain * grad_out
+
+    def backward(correction: int) -> Tensor:
+        s = torch.sqrt((centred**2).sum(dim=-1, keepdim=True) / (x.shape[-1] - correction) + eps)
+        x_hat = centred / s
+        return (
+            delta - delta.mean(-1, keepdim=True) - x_hat * (delta * x_hat).mean(-1, keepdim=True)
+        ) / s
+
+    s = torch.sqrt((centred**2).mean(dim=-1, keepdim=True) + eps)
+    x_hat = centred / s
+
+    def like(other: Tensor) -> bool:
+        return bool(torch.allclose(got, other, rtol=1e-3, atol=1e-6))
+
+    if like(delta / s):
+        return (
+            "\n   hint: that treats the mean and D as constants; both depend on x, which adds"
+            " the two terms that remove mean(δ) and x̂ ⊙ mean(δ ⊙ x̂)."
+        )
+    if like((delta - x_hat * (delta * x_hat).mean(-1, keepdim=True)) / s):
+        return "\n   hint: the term from the mean is missing: subtract mean(δ) as well."
+    if like((delta - delta.mean(-1, keepdim=True)) / s):
+        return "\n   hint: the term from D is missing: subtract x̂ ⊙ mean(δ ⊙ x̂) as well."
+    if like(reference_layer_norm_backward(x, torch.ones_like(gain), grad_out, eps)):
+        return "\n   hint: the gain is missing: the gradient at x̂ is δ = γ ⊙ ∂L/∂y."
+    if like(backward(correction=1)):
+        return "\n   hint: LayerNorm's variance divides by d, not d - 1 (biased, as nn.LayerNorm)."
+    return ""
+
+
 def check_layer_norm_backward(
     layer_norm_backward: Callable[[Tensor, Tensor, Tensor, float], Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -193,6 +232,7 @@ def check_layer_norm_backward(
         reference_layer_norm_backward,
         _layer_norm_backward_cases(),
         verbose=verbose,
+        hint=_layer_norm_backward_hint,
     )
 
 
@@ -374,12 +414,12 @@ def check_peri_ln_gradient_scale(
     """Check exercise 2's prediction: with fresh norms (gain 1, bias 0) and a bias-free
     sub-layer, by what factor the gradient with respect to the sub-layer's weights changes
     when those weights are multiplied by 100 (1/100: the output norm removes the scale from
-    the output, so the output no longer depends on it). Given your ``peri_ln_block``, the
-    check also measures it."""
+    the output, so the output no longer depends on it). Given your ``peri_ln_block`` and a
+    predicted number, the check also measures it (not before: the measure is the answer)."""
     name = "peri_ln_gradient_scale"
     measured = ""
     block_ok = True
-    if peri_ln_block is not None:
+    if peri_ln_block is not None and _is_number(predicted_ratio):  # no answer before a guess
         try:
             grads = [_peri_weight_gradient(peri_ln_block, scale) for scale in _PERI_MEASURE_SCALES]
         except NotImplementedError:
@@ -489,16 +529,39 @@ def _relative_updates_cases() -> list[Case]:
     return cases
 
 
+def _relative_updates_hint(case: dict, got: object) -> str:
+    """Name the classic slip when the answer is one of them."""
+    stream = case["stream"]
+    if not isinstance(got, Tensor) or got.shape != (stream.shape[0] - 1,):
+        return ""
+    update_norm = (stream[1:] - stream[:-1]).norm(dim=-1).flatten(1)  # (S, tokens)
+    before, after = stream[:-1].norm(dim=-1).flatten(1), stream[1:].norm(dim=-1).flatten(1)
+
+    def like(other: Tensor) -> bool:
+        return bool(torch.allclose(got.to(other.dtype), other, rtol=1e-3, atol=1e-6))
+
+    if like(update_norm.mean(1) / before.mean(1)):
+        return (
+            "\n   hint: that is a ratio of means; take the ratio for each token first, then the"
+            " mean over tokens."
+        )
+    if like((update_norm / after).mean(1)):
+        return "\n   hint: divide by the stream the update was added to, ‖x_l‖, not by ‖x_{l+1}‖."
+    return ""
+
+
 def check_relative_updates(
     relative_updates: Callable[[Tensor], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``relative_updates(stream)``: ``(S + 1, ..., d)`` → ``(S,)``."""
+    """Check ``relative_updates(stream)``: ``(S + 1, ..., d)`` → ``(S,)``; the classic slips
+    (a ratio of means, dividing by ``‖x_{l+1}‖``) get a hint."""
     return run_check(
         "relative_updates",
         relative_updates,
         reference_relative_updates,
         _relative_updates_cases(),
         verbose=verbose,
+        hint=_relative_updates_hint,
     )
 
 
@@ -1019,7 +1082,7 @@ def check_adam_step_prediction(predicted_ratio: object, verbose: bool = True) ->
         if abs(value - ADAM_SECOND_STEP_RATIO) <= ADAM_PREDICTION_TOLERANCE:
             result = CheckResult(
                 name, True, 1,
-                f"✅ {name}: {value:g}: m̂₂ = (0.9 g + 0.1 g) / 1.9 and √v̂₂ = √(0.99 / 1.98) |g|,"
+                f"✅ {name}: {value:g}: m̂₂ = (0.09 g + 0.1 g / 10) / 0.19 and √v̂₂ = √(0.99 / 1.98) |g|,"
                 f" so the step is {ADAM_SECOND_STEP_RATIO:.3f} of the first: neither 1 (scale-free)"
                 " nor 0.1 (gradient descent).",
             )  # fmt: skip
@@ -1037,8 +1100,8 @@ def check_adam_step_prediction(predicted_ratio: object, verbose: bool = True) ->
                 )
             elif 0.25 <= value <= 0.4:
                 hint = (
-                    "√0.1 would be right if m̂ followed g₂ alone and v̂ averaged g₁ and g₂"
-                    " equally; work out both bias-corrected moments at step 2."
+                    "√0.1 is what you get if Adam divided by √|g| instead of √(g²); work out"
+                    " both bias-corrected moments at step 2."
                 )
             else:
                 hint = (
