@@ -419,6 +419,66 @@ def bert_one_tensor(tokens, mask_id, vocab_size, special_ids, generator):
     return ch10.reference_bert_masking(tokens, mask_id, vocab_size, special_ids, generator)[0]
 
 
+def _bert_random_from(name, source):
+    """HF-style masking, but each random replacement comes from `source(tokens, real,
+    selected, generator)` instead of a uniform draw over the ordinary ids."""
+
+    def masking(tokens, mask_id, vocab_size, special_ids, generator):
+        real = ~torch.isin(tokens, torch.tensor(special_ids))
+        selected = real & (torch.rand(tokens.shape, generator=generator) < 0.15)
+        split = torch.rand(tokens.shape, generator=generator)
+        drawn = source(tokens, real, selected, generator)
+        inputs = torch.where(selected & (split >= 0.8) & (split < 0.9), drawn, tokens)
+        inputs = inputs.masked_fill(selected & (split < 0.8), mask_id)
+        return inputs, tokens.masked_fill(~selected, 0)
+
+    masking.__name__ = name
+    return masking
+
+
+def _from_the_batch(tokens, real, selected, generator):
+    pool = tokens[real]  # every real token of the batch
+    return pool[torch.randint(len(pool), tokens.shape, generator=generator)]
+
+
+def _from_the_row(tokens, real, selected, generator):
+    drawn = tokens.clone()
+    for row in range(tokens.shape[0]):
+        pool = tokens[row][real[row]]
+        drawn[row] = pool[torch.randint(len(pool), (tokens.shape[1],), generator=generator)]
+    return drawn
+
+
+def _shuffle_the_selected(tokens, real, selected, generator):
+    drawn = tokens.clone()
+    chosen = tokens[selected]
+    drawn[selected] = chosen[torch.randperm(len(chosen), generator=generator)]
+    return drawn
+
+
+bert_random_from_the_batch = _bert_random_from("bert_random_from_the_batch", _from_the_batch)
+bert_random_from_the_row = _bert_random_from("bert_random_from_the_row", _from_the_row)
+bert_shuffles_the_selected = _bert_random_from("bert_shuffles_the_selected", _shuffle_the_selected)
+
+
+@pytest.mark.parametrize(
+    "wrong", [bert_random_from_the_batch, bert_random_from_the_row, bert_shuffles_the_selected]
+)
+def test_bert_masking_rejects_replacements_from_the_batchs_tokens(wrong):
+    """The batch's tokens look like plausible noise words, but on skewed word frequencies
+    they are far from uniform: the fifth layout's chi-square test refuses them."""
+    result = ch10.check_bert_masking(wrong, verbose=False)
+    assert not result
+    assert "not uniform over the ordinary ids" in result.message, result.message
+
+
+def test_uniformity_test_has_a_skewed_layout():
+    """One layout's most frequent ordinary id is about half of its words."""
+    setting = ch10._masking_settings()[4]
+    words = torch.cat([t[t > 4] for t in setting.batches])
+    assert torch.bincount(words).max() / len(words) > 0.4
+
+
 def test_bert_masking_accepts_correct():
     for fn in [
         ch10.reference_bert_masking,

@@ -233,7 +233,8 @@ def _masking_settings() -> list[_MaskingSetting]:
     Rows are ``<bos> words <eos>`` + padding, with some ``<unk>`` among the words; 100 batches
     of 16 sentences of 3 to 40 words give about 33,000 real tokens in each of the first two
     layouts (and the fourth), and 100 batches of 48 about 100,000 in the third, so that 0.833
-    lies well outside its 5-standard-deviation band."""
+    lies well outside its 5-standard-deviation band. A fifth layout, like the first, draws its
+    words with skewed (Zipf-like) frequencies, as real text has them."""
     g = seeded_generator(1002)
     settings = []
     layouts = [
@@ -241,13 +242,23 @@ def _masking_settings() -> list[_MaskingSetting]:
         (30, (0, 1, 2, 3, 29), 29, 16),
         (7, (0, 1, 2, 3, 6), 6, 48),
         (24, (0, 1, 2, 3, 4, 21, 22, 23), 4, 16),
+        (24, (0, 1, 2, 3, 4), 4, 16),  # skewed word frequencies (below)
     ]
-    for vocab_size, special_ids, mask_id, rows in layouts:
+    for layout, (vocab_size, special_ids, mask_id, rows) in enumerate(layouts):
         ordinary = torch.tensor([i for i in range(vocab_size) if i not in special_ids])  # (n,)
+        # The fifth layout's words are Zipf-like (the k-th ordinary id with weight 1/k^2, so
+        # the first is about 60% of the words): a replacement drawn from the batch's or the
+        # row's own tokens, or a shuffle of the selected ones, is then far from uniform.
+        weights = 1.0 / torch.arange(1, len(ordinary) + 1, dtype=torch.float64) ** 2  # (n,)
         batches = []
         for _ in range(100):
             lengths = torch.randint(3, 41, (rows,), generator=g)  # (rows,) words per sentence
-            words = ordinary[torch.randint(len(ordinary), (rows, 40), generator=g)]  # (rows, 40)
+            if layout == 4:
+                picks = torch.multinomial(weights, rows * 40, replacement=True, generator=g)
+                words = ordinary[picks.reshape(rows, 40)]  # (rows, 40)
+            else:
+                picks = torch.randint(len(ordinary), (rows, 40), generator=g)  # (rows, 40)
+                words = ordinary[picks]  # (rows, 40)
             words = words.masked_fill(torch.rand(rows, 40, generator=g) < 0.05, 3)  # some <unk>
             extra = [i for i in special_ids if i not in (0, 1, 2, 3, mask_id)]  # sentinels
             if extra:  # (only the fourth layout draws these, so the others stay as they were)
@@ -402,6 +413,12 @@ def _masking_statistics(
         problem = _dispersion_problem(setting, results)
     if problem is not None:
         return problem
+    is_ordinary = ~torch.isin(torch.arange(setting.vocab_size), special)  # (vocab_size,)
+    # Uniformity first: a draw from the batch's own tokens also hits the original too often,
+    # and "not uniform" names the slip better than the shares below would.
+    problem = _uniformity_problem(setting, results, random_counts[is_ordinary], is_ordinary)
+    if problem is not None:
+        return problem
     # A random draw equals the original token 1 time in `ordinary_count`: it then looks kept.
     same = 1 / ordinary_count
     replaced = selected - masked - kept
@@ -415,7 +432,6 @@ def _masking_statistics(
             problem += " (too many: is the split 80/10/10, and can a random draw be mask_id?)"
         if problem:
             return problem
-    is_ordinary = ~torch.isin(torch.arange(setting.vocab_size), special)  # (vocab_size,)
     never = (is_ordinary & (random_counts == 0)).nonzero().flatten().tolist()
     if never:
         return (
@@ -426,13 +442,49 @@ def _masking_statistics(
     return None
 
 
+def _uniformity_problem(
+    setting: _MaskingSetting,
+    results: list[tuple[Tensor, Tensor]],
+    counts: Tensor,
+    is_ordinary: Tensor,
+) -> str | None:
+    """A chi-square test that the visible random replacements are uniform over the ordinary
+    ids. A uniform draw that hits the original token looks kept, so id v is expected in
+    proportion to the number of selected positions whose original is not v (this also holds
+    for an answer that redraws until the token differs). The statistic is turned into a
+    standard normal deviate (Wilson and Hilferty's cube root) and refused beyond
+    :data:`Z_BOUND`."""
+    ordinary = is_ordinary.nonzero().flatten()  # (n,)
+    originals = torch.zeros(setting.vocab_size, dtype=torch.float64)  # (vocab_size,)
+    for tokens, (_, targets) in zip(setting.batches, results):
+        originals += torch.bincount(tokens[targets.long() != 0], minlength=setting.vocab_size)
+    weight = originals.sum() - originals[ordinary]  # (n,) selected positions not holding v
+    total = int(counts.sum())
+    if len(ordinary) < 2 or total == 0:
+        return None
+    expected = total * weight / weight.sum()  # (n,)
+    chi2 = float(((counts.double() - expected) ** 2 / expected).sum())
+    dof = len(ordinary) - 1
+    z = ((chi2 / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
+    if z <= Z_BOUND:
+        return None
+    top = int(ordinary[counts.argmax()])
+    return (
+        f"the random replacements are not uniform over the ordinary ids (chi-square "
+        f"{chi2:.0f} on {dof} degrees of freedom, {z:.1f} standard deviations; id {top} drawn "
+        f"{int(counts.max())} times of {total}, about {expected.mean().item():.0f} expected): "
+        f"draw each one uniformly from the ids in [0, {setting.vocab_size}) that are not in "
+        f"special_ids, not from the tokens of the batch"
+    )
+
+
 def check_bert_masking(
     bert_mask: Callable[..., tuple[Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
     """Check ``bert_mask(tokens, mask_id, vocab_size, special_ids, generator)`` →
     ``(inputs, targets)``, both ``(batch, len)``, as :func:`reference_bert_masking` describes.
 
-    Your function masks 400 batches (four vocabulary layouts, 33,000 to 100,000 real tokens each),
+    Your function masks 500 batches (five vocabulary layouts, 33,000 to 100,000 real tokens each),
     each with a fresh generator. Every result must hold on its own: padding and special
     tokens untouched (input unchanged, target 0), the target of a selected position its
     original token, every other position unchanged with target 0, random replacements never
@@ -443,7 +495,8 @@ def check_bert_masking(
     10% unchanged (a random draw that hits the original token counts as unchanged: the
     expected shares allow for it); and random replacements must reach every ordinary id
     (at least about 20 draws of each are expected: a correct answer misses one with probability
-    below 1e-7).
+    below 1e-7), uniformly (a chi-square test; one layout has skewed word frequencies, so that
+    a replacement taken from the batch's own tokens fails it).
     Finally, two calls with generators seeded alike must agree (every random number comes
     from ``generator``). A call into :mod:`companion.data.objectives` (whose
     ``masked_lm_example`` is the answer) is refused.
