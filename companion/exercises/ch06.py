@@ -59,6 +59,23 @@ def _is_number(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
 
 
+def _unusable_prediction(
+    name: str, predicted: object, what: str, note: str = ""
+) -> CheckResult | None:
+    """The result for a prediction that is missing (``None``: not attempted yet) or not a
+    number (``what`` names what was asked, e.g. "the predicted slope"); ``None`` when
+    ``predicted`` is a number the check can judge. ``note`` is appended to the first message."""
+    if predicted is None:
+        return CheckResult(
+            name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).{note}"
+        )
+    if not _is_number(predicted):
+        return CheckResult(
+            name, False, 0, f"❌ {name}: expected a number ({what}), got {type(predicted).__name__}"
+        )
+    return None
+
+
 # --------------------------------------------------------------------------------------------
 # Exercise 1: the gradient through a LayerNorm
 # --------------------------------------------------------------------------------------------
@@ -445,15 +462,9 @@ def check_peri_ln_gradient_scale(
                     " weight gradient falls 100-fold: check your block against exercise 2's"
                     " check first."
                 )
-    if predicted_ratio is None:
-        result = CheckResult(
-            name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).{measured}"
-        )
-    elif not _is_number(predicted_ratio):
-        result = CheckResult(
-            name, False, 0,
-            f"❌ {name}: expected a number (the predicted ratio), got {type(predicted_ratio).__name__}",
-        )  # fmt: skip
+    unusable = _unusable_prediction(name, predicted_ratio, "the predicted ratio", measured)
+    if unusable is not None:
+        result = unusable
     else:
         value = float(predicted_ratio)
         if value > 0 and 1 / PERI_PREDICTION_FACTOR <= value / 0.01 <= PERI_PREDICTION_FACTOR:
@@ -850,13 +861,9 @@ def check_stream_size_prediction(predicted_slope: object, verbose: bool = True) 
     against :math:`N` if the final norm's division by it is all that makes Pre-LN's last-layer
     gradient fall with slope :math:`-\\tfrac12` (about :math:`+\\tfrac12`)."""
     name = "stream_size_prediction"
-    if predicted_slope is None:
-        result = CheckResult(name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).")
-    elif not _is_number(predicted_slope):
-        result = CheckResult(
-            name, False, 0,
-            f"❌ {name}: expected a number (the predicted slope), got {type(predicted_slope).__name__}",
-        )  # fmt: skip
+    unusable = _unusable_prediction(name, predicted_slope, "the predicted slope")
+    if unusable is not None:
+        result = unusable
     else:
         value = float(predicted_slope)
         if abs(value - 0.5) <= PREDICTION_TOLERANCE:
@@ -1070,13 +1077,9 @@ def check_adam_step_prediction(predicted_ratio: object, verbose: bool = True) ->
     when the gradient at step 2 is the one at step 1 divided by 10, with betas (0.9, 0.98)
     and |g| much larger than eps (about 0.744: the moments average both gradients)."""
     name = "adam_step_prediction"
-    if predicted_ratio is None:
-        result = CheckResult(name, False, 0, f"⏳ {name}: not attempted yet (no prediction given).")
-    elif not _is_number(predicted_ratio):
-        result = CheckResult(
-            name, False, 0,
-            f"❌ {name}: expected a number (the predicted ratio), got {type(predicted_ratio).__name__}",
-        )  # fmt: skip
+    unusable = _unusable_prediction(name, predicted_ratio, "the predicted ratio")
+    if unusable is not None:
+        result = unusable
     else:
         value = float(predicted_ratio)
         if abs(value - ADAM_SECOND_STEP_RATIO) <= ADAM_PREDICTION_TOLERANCE:
