@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from notebook_code import chapter_code as run_chapter_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "book" / "03_multi_head_attention.ipynb"
@@ -40,16 +41,7 @@ from companion.utils import set_seed
 
 def chapter_code() -> dict:
     """Execute the chapter's task, model and training function; return their namespace."""
-    cells = json.loads(NOTEBOOK.read_text())["cells"]
-    (cell,) = [c for c in cells if c.get("id") == CELL_ID]
-    source = "".join(cell["source"])
-    marker = "threads_before = torch.get_num_threads()"
-    if marker not in source:
-        raise ValueError(f"cell {CELL_ID} no longer contains {marker!r}: update this script")
-    namespace: dict = {}
-    exec(PRELUDE, namespace)  # noqa: S102 - the course's own notebook code
-    exec(source.split(marker)[0], namespace)  # noqa: S102
-    return namespace
+    return run_chapter_cell(NOTEBOOK, CELL_ID, "threads_before = torch.get_num_threads()", PRELUDE)
 
 
 def main() -> None:
