@@ -996,3 +996,12 @@ def test_peri_ln_gradient_scale_reports_a_crashing_block():
     assert not result and "boom" in result.message and "is right, but" in result.message, (
         result.message
     )
+
+
+def test_peri_ln_prediction_hint_for_100_agrees_with_the_solution():
+    """A prediction of 100 is told what grows 100-fold in a Pre-LN branch (the input gradient),
+    not that it is the Pre-LN answer: the Pre-LN weight gradient does not change (solution)."""
+    result = ch06.check_peri_ln_gradient_scale(100.0, verbose=False)
+    assert not result
+    assert "with respect to its input" in result.message
+    assert "weight gradient does not change" in result.message

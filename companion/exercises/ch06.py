@@ -484,8 +484,10 @@ def check_peri_ln_gradient_scale(
                 )
             elif value >= 10:
                 hint = (
-                    "that is a branch without output norm (Pre-LN), whose output grows with"
-                    " the weights; output_norm divides by the output's own standard deviation."
+                    "that is how a Pre-LN branch's gradient with respect to its input grows"
+                    " (its output grows with the weights; its weight gradient does not change)."
+                    " Here output_norm divides by the output's own standard deviation: what"
+                    " happens to the weight gradient then?"
                 )
             elif 0.05 <= value < 0.5:
                 hint = (
