@@ -756,7 +756,7 @@ def test_batch_cases_hold_each_kind_of_mixing():
     }
     assert set(ch11._BatchModel.READS) | others <= set(kinds)
     verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
-    assert verdicts.count(True) == 3 and verdicts.count(False) == 15, verdicts
+    assert verdicts.count(True) == 3 and verdicts.count(False) == 16, verdicts
     assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind
 
 
@@ -859,3 +859,28 @@ def test_every_exercise_has_heading_statement_stub_check_and_solution():
         assert checks and f"ch11.{checks[0]}" in after.split("</details>")[0], (
             f"exercise {number}: the solution should call the stub's check, {checks[0]}"
         )
+
+
+def test_batch_independence_rejects_allclose_with_its_default_rtol():
+    """allclose(atol=1e-4) also allows 1e-5 x |logit|: a 1.5e-4 move of a large logit passes it,
+    though the exercise asks for every logit within 1e-4 (review s9rvF11)."""
+
+    def default_rtol(logits_fn, ids):
+        with torch.no_grad():
+            batched = logits_fn(ids)
+            return all(
+                torch.allclose(logits_fn(ids[r : r + 1])[0], batched[r], atol=1e-4)
+                for r in range(ids.shape[0])
+            )
+
+    def absolute(logits_fn, ids):
+        with torch.no_grad():
+            batched = logits_fn(ids)
+            return all(
+                torch.allclose(logits_fn(ids[r : r + 1])[0], batched[r], atol=1e-4, rtol=0)
+                for r in range(ids.shape[0])
+            )
+
+    result = ch11.check_batch_independent(default_rtol, verbose=False)
+    assert not result and "rtol=0" in result.message
+    assert ch11.check_batch_independent(absolute, verbose=False)

@@ -639,6 +639,12 @@ class _BatchModel:
         if self.how == "one logit" and batch > 1:  # one logit of row 1 reads row 0, by < 1e-2
             logits = logits.clone()
             logits[1, -1, 0] += 1e-2 * torch.sigmoid(logits[0, 0, 0])
+        if self.how == "a large logit moves":  # logits of size up to ~50; in a batch, row 1's
+            logits = 20 * logits  # largest moves by 1.5e-4: over 1e-4, but within allclose's
+            if batch > 1:  # default rtol (1e-5 × its size) on top of atol=1e-4
+                logits = logits.clone()
+                largest = logits[1].abs().argmax()  # flat index into (seq, vocab)
+                logits[1].view(-1)[largest] += 1.5e-4
         return logits
 
     def __repr__(self) -> str:
@@ -668,6 +674,7 @@ def _batch_cases() -> list[Case]:
             ("neighbouring rows read each other", 0.5, 4),  # misses: two halves vs the whole
             ("padded rows read the batch mean", 0.5, 4),  # misses: a reordering + first or last
             ("batch size", 0.5, 3),  # misses: each sentence against a batch of its copies
+            ("a large logit moves", 0.5, 3),  # misses: allclose(atol=1e-4) with its default rtol
         ]
     ):
         length = 10 if how == "one logit" else 5
@@ -689,6 +696,10 @@ _BATCH_HINTS = {
     "batch mean at position 0": "only the first position mixes the batch: compare every position",
     "one logit": "a single logit moves by 1e-2: compare the largest difference, not the mean",
     "batch size": "this model reads the batch size: run every sentence alone, a batch of one",
+    "a large logit moves": (
+        "one large logit moves by 1.5e-4 in a batch: over 1e-4, but allclose's default"
+        " rtol adds 1e-5 × the logit's size; compare absolutely (rtol=0)"
+    ),
 }
 
 
@@ -718,8 +729,9 @@ def check_batch_independent(
     reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0,
     row 1 reading row 0 and row 0 reading row 2 of four, neighbouring rows of four reading each
     other), let only the padded sentences read the batch mean, move a single logit by less than
-    ``1e-2``, add a position code along the batch axis (``batch_first`` confusion), or read the
-    batch size: a test that watches only some rows or positions, averages the differences, only
+    ``1e-2``, add a position code along the batch axis (``batch_first`` confusion), read the
+    batch size, or move one large logit by 1.5e-4 (within ``allclose``'s default ``rtol`` on top
+    of ``atol=1e-4``): a test that watches only some rows or positions, averages the differences, only
     reorders the batch (reversed, rolled, a fixed permutation) besides running one sentence
     alone, compares two halves of the batch with the whole, or compares each sentence with a
     batch of its copies, misses one of them. A call into the clinic's toolkit
