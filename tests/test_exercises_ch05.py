@@ -343,7 +343,7 @@ def prefix_padded_queries_see_prefix(tokens, prefix_lens, pad_id):  # a padded q
 
 
 def test_prefix_lm_mask_names_the_padded_query():
-    """Harmless but outside the spec ("keep its row or see nothing"): rejected, and the message
+    """Harmless but outside the spec ("a real query's row or nothing"): rejected, and the message
     says that only padded queries' rows differ."""
     result = ch05.check_prefix_lm_mask(prefix_padded_queries_see_prefix, verbose=False)
     assert not result and "is padding" in result.message, result.message

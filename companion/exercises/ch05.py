@@ -243,8 +243,9 @@ def reference_prefix_lm_mask(tokens: Tensor, prefix_lens: Tensor, pad_id: int) -
     Returns:
         Boolean mask ``(batch, 1, n, n)``: query ``i`` of sequence ``b`` may attend to key
         ``j`` when ``tokens[b, j]`` is not padding *and* (``j < prefix_lens[b]`` or
-        ``j <= i``). Only keys are masked: a padded query keeps its row over the real keys
-        (the check also accepts that row blanked, :func:`_blank_padded_queries_allowed`).
+        ``j <= i``). Only keys are masked: a padded query gets the row a real query at its
+        position would get, pads still blocked as keys (the check also accepts that row
+        blanked, :func:`_blank_padded_queries_allowed`).
     """
     n = tokens.shape[1]
     positions = torch.arange(n)  # (n,)
@@ -334,7 +335,8 @@ def _prefix_hint(case: Case, got: Any) -> str:
     b, _, i, _ = differs.nonzero()[0].tolist()
     return (
         f"\n   Only padded queries' rows differ (query {i} of sequence {b} is padding). A padded"
-        " query may keep its row or see nothing, nothing in between."
+        " query may see what a real query there would (pads still blocked as keys) or see"
+        " nothing, nothing in between."
     )
 
 
@@ -343,7 +345,8 @@ def check_prefix_lm_mask(
 ) -> CheckResult:
     """Check ``prefix_lm_mask(tokens, prefix_lens, pad_id)``: ``(batch, n)`` ids and
     ``(batch,)`` prefix lengths → boolean ``(batch, 1, n, n)``, key ``j`` real *and*
-    (``j < prefix_lens[b]`` or ``j <= i``). A padded query may keep its row or see nothing."""
+    (``j < prefix_lens[b]`` or ``j <= i``). A padded query may see what a real query there would
+    (pads still blocked as keys) or see nothing."""
     return _run(
         "prefix_lm_mask",
         _blank_padded_queries_allowed(
