@@ -1275,6 +1275,15 @@ def separable_unsorted_neighbours(weights, tol):
     return all(abs(b - a) > tol for a, b in zip(totals, totals[1:]))
 
 
+def separable_at_least_tol(weights, tol):
+    # ">= tol" for "more than tol": accepts (0.5, 0.25) at tol 0.25, whose totals are exactly tol apart
+    totals = sorted(
+        sum(w * b for w, b in zip(weights.tolist(), bits))
+        for bits in itertools.product((0, 1), repeat=len(weights))
+    )
+    return all(b - a >= tol for a, b in zip(totals, totals[1:]))
+
+
 def separable_buckets(weights, tol):
     # totals rounded to multiples of tol: 0.5 and 0.506 land in buckets 50 and 51
     totals = [
@@ -1302,6 +1311,7 @@ def test_blend_separable_accepts_correct():
         (separable_same_size_only, "no more than tol apart"),
         (separable_unsorted_neighbours, "once sorted, neighbours are enough"),
         (separable_buckets, "different buckets of width tol"),
+        (separable_at_least_tol, "no more than tol apart"),
         (lambda weights, tol: True, "expected False"),
         (lambda weights, tol: False, "expected True"),
         (lambda weights, tol: 0.5, "return True or False"),

@@ -947,6 +947,7 @@ def _separable_cases() -> list[Case]:
         ([0.52, 0.26, 0.13, 0.06, 0.03], 0.005),  # five lookups, every total its own
         ([0.7, 0.3], 0.01),
         ([0.6, 0.4, 0.0], 0.01),  # a lookup with no weight: a symbol there adds nothing
+        ([0.5, 0.25], 0.25),  # totals 0, 0.25, 0.5, 0.75 exactly tol apart: not MORE than tol
         ([1.0], 0.01),
     ]
     return [{"weights": torch.tensor(w, dtype=torch.float64), "tol": tol} for w, tol in cases]
