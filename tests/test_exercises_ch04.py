@@ -43,15 +43,15 @@ def sin_cos_order(d_model):
 def concat_shift_blocks(shift, d_model):
     omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     c, s = torch.diag(torch.cos(shift * omega)), torch.diag(torch.sin(shift * omega))
-    return torch.cat([torch.cat([c, s], 1), torch.cat([-s, c], 1)], 0)
+    return torch.cat([torch.cat([c, -s], 1), torch.cat([s, c], 1)], 0)
 
 
 def concat_shift_interleaved(shift, d_model):
-    """The interleaved T_Δ as it is (the identity order), built by hand as section 4.5 builds
-    R_i: the other layout's matrix."""
+    """The interleaved M_Δ as it is (the identity order), built by hand from section 4.1's
+    clock-hand step: the other layout's matrix."""
     omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     blocks = [
-        torch.tensor([[math.cos(a), math.sin(a)], [-math.sin(a), math.cos(a)]])
+        torch.tensor([[math.cos(a), -math.sin(a)], [math.sin(a), math.cos(a)]])
         for a in (shift * omega).tolist()
     ]
     return torch.block_diag(*blocks)
@@ -64,7 +64,7 @@ def concat_shift_transposed(shift, d_model):
 def concat_shift_signs_swapped(shift, d_model):
     omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     c, s = torch.diag(torch.cos(shift * omega)), torch.diag(torch.sin(shift * omega))
-    return torch.cat([torch.cat([c, -s], 1), torch.cat([s, c], 1)], 0)
+    return torch.cat([torch.cat([c, s], 1), torch.cat([-s, c], 1)], 0)
 
 
 def concat_shift_interleaved_reordered(shift, d_model):
@@ -74,15 +74,15 @@ def concat_shift_interleaved_reordered(shift, d_model):
 
 
 def concat_shift_by_permutation(shift, d_model):
-    """Right numbers, but the package's T_Δ reordered: one line, refused by the check."""
+    """Right numbers, but the package's T_Δ transposed and reordered: one line, refused."""
     order = sin_cos_order(d_model)
-    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
+    return sinusoidal_shift_matrix(shift, d_model).T[order][:, order]
 
 
 def concat_shift_by_layout_permutation(shift, d_model):
-    """Right numbers, the package's T_Δ and permutation: T[p][:, p], refused by the check."""
+    """Right numbers, the package's T_(-Δ) = M_Δ and permutation: M[p][:, p], refused."""
     order = rope_layout_permutation(d_model)
-    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
+    return sinusoidal_shift_matrix(-shift, d_model)[order][:, order]
 
 
 def concat_shift_inverse_order(shift, d_model):
@@ -115,7 +115,7 @@ def test_concat_shift_matrix_accepts_every_route_from_the_formulas(correct):
     "package_route", [concat_shift_by_permutation, concat_shift_by_layout_permutation]
 )
 def test_concat_shift_matrix_refuses_the_package(package_route):
-    """T[p][:, p] from companion.positional gives the right numbers and is refused."""
+    """M[p][:, p] from companion.positional gives the right numbers and is refused."""
     reference = ch04.reference_concat_shift_matrix
     for shift, d_model in [(1, 4), (-3, 6), (40, 32)]:
         torch.testing.assert_close(package_route(shift, d_model), reference(shift, d_model))
@@ -141,13 +141,13 @@ def test_concat_shift_matrix_rejects_wrong(wrong):
 
 
 def concat_shift_least_squares(rows):
-    """T fitted by least squares to `rows` rows of the float32 concatenated table."""
+    """M fitted by least squares to `rows` rows of the float32 concatenated table."""
 
     def fit(shift, d_model):
         table = ch04.reference_concat_table(rows + abs(shift), d_model)  # (rows + |Δ|, d_model)
         early, late = table[:rows], table[abs(shift) :]  # (rows, d_model) each: PE_i, PE_(i+|Δ|)
         source, target = (early, late) if shift >= 0 else (late, early)
-        return torch.linalg.lstsq(source, target).solution.T  # source @ Tᵀ ≈ target
+        return torch.linalg.lstsq(source, target).solution  # source @ M ≈ target
 
     return fit
 
@@ -164,7 +164,7 @@ def test_reference_concat_shift_matrix_shifts_the_concat_table():
     for shift in [0, 1, 7, -4]:
         m = ch04.reference_concat_shift_matrix(shift, 16).double()
         start, stop = max(0, -shift), 60 - max(0, shift)
-        shifted = table[start:stop] @ m.T  # row i → row i + shift
+        shifted = table[start:stop] @ m  # row i → row i + shift
         torch.testing.assert_close(shifted, table[start + shift : stop + shift], atol=1e-6, rtol=0)
 
 

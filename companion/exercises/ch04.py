@@ -9,7 +9,7 @@ stub in the notebook.
 ===============================================  ==================================
 exercise                                         check
 ===============================================  ==================================
-the shift matrix ``T_Δ`` of the sin | cos layout  :func:`check_concat_shift_matrix`
+the shift matrix ``M_Δ`` of the sin | cos layout  :func:`check_concat_shift_matrix`
 the two closest codes of a table, measured      :func:`check_closest_codes`
 porting a rotate-half checkpoint (GQA, biases)  :func:`check_half_to_interleaved`
 capstone: a rotary (RoPE) rotation              :func:`check_rope_rotate`
@@ -197,7 +197,7 @@ def reference_sinusoidal_table(max_len: int, d_model: int) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: the shift matrix T_Δ of the concatenated (sin | cos) layout
+# Exercise 1: the shift matrix M_Δ of the concatenated (sin | cos) layout
 # --------------------------------------------------------------------------------------------
 
 
@@ -216,12 +216,12 @@ def reference_concat_table(max_len: int, d_model: int) -> Tensor:
 
 
 def reference_concat_shift_matrix(shift: int, d_model: int) -> Tensor:
-    """``T_Δ`` with ``PE[i + Δ] = PE[i] @ T_Δᵀ`` (row vectors, as in chapter 4; for a 1-D row
-    ``PE[i]`` that is ``T_Δ @ PE[i]``) for the **concatenated** layout.
+    """``M_Δ`` with ``PE[i + Δ] = PE[i] @ M_Δ`` (row vectors, as in chapter 4) for the
+    **concatenated** layout.
 
-    The four ``d/2 × d/2`` blocks are diagonal: ``[[C, S], [-S, C]]`` with
-    ``C = diag(cos(Δ ω_m))`` and ``S = diag(sin(Δ ω_m))`` - the interleaved ``T_Δ`` with its
-    rows and columns permuted.
+    The four ``d/2 × d/2`` blocks are diagonal: ``[[C, -S], [S, C]]`` with
+    ``C = diag(cos(Δ ω_m))`` and ``S = diag(sin(Δ ω_m))`` - the interleaved ``M_Δ`` (chapter
+    4, section 4.2) with its rows and columns permuted.
 
     Args:
         shift: the offset ``Δ`` (any integer, also negative).
@@ -232,9 +232,10 @@ def reference_concat_shift_matrix(shift: int, d_model: int) -> Tensor:
     """
     angles = shift * _frequencies(d_model)  # (d_model/2,)
     cos, sin = torch.diag(torch.cos(angles)), torch.diag(torch.sin(angles))  # (d/2, d/2) each
-    top = torch.cat([cos, sin], dim=1)  # new sines   ← cos · sin + sin · cos
-    bottom = torch.cat([-sin, cos], dim=1)  # new cosines ← -sin · sin + cos · cos
-    return torch.cat([top, bottom], dim=0).float()  # (d_model, d_model)
+    # new sine = sin · cos(Δω) + cos · sin(Δω); new cosine = cos · cos(Δω) - sin · sin(Δω)
+    from_sines = torch.cat([cos, -sin], dim=1)  # rows of the old sines
+    from_cosines = torch.cat([sin, cos], dim=1)  # rows of the old cosines
+    return torch.cat([from_sines, from_cosines], dim=0).float()  # (d_model, d_model)
 
 
 def _shift_cases() -> list[Case]:
@@ -247,11 +248,11 @@ def check_concat_shift_matrix(
 ) -> CheckResult:
     """Check ``concat_shift_matrix(shift, d_model) -> (d_model, d_model)`` for the sin | cos
     layout, with :mod:`companion.positional` switched off: reordering the package's
-    ``sinusoidal_shift_matrix`` by ``rope_layout_permutation`` is one line, so a call into the
-    module fails the check. Every route from the formulas passes: the four diagonal blocks, or
-    the interleaved ``T_Δ`` built by hand with its rows and columns reordered into the
-    sin | cos order. The interleaved matrix itself, its transpose (``T_{-Δ}``), the inverse
-    order, or reordering the columns alone fail."""
+    ``sinusoidal_shift_matrix`` (transposed) by ``rope_layout_permutation`` is one line, so a
+    call into the module fails the check. Every route from the formulas passes: the four
+    diagonal blocks, or the interleaved ``M_Δ`` built by hand with its rows and columns
+    reordered into the sin | cos order. The interleaved matrix itself, its transpose
+    (``M_{-Δ}``), the inverse order, or reordering the columns alone fail."""
     return run_check(
         "concat_shift_matrix",
         _without_positional(concat_shift_matrix, "build the shift matrix"),
