@@ -753,10 +753,12 @@ def test_batch_cases_hold_each_kind_of_mixing():
         "one logit",
         "padded rows read the batch mean",
         "batch size",
+        "a large logit moves",
+        *ch11._BatchModel.NUDGES,
     }
     assert set(ch11._BatchModel.READS) | others <= set(kinds)
     verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
-    assert verdicts.count(True) == 3 and verdicts.count(False) == 16, verdicts
+    assert verdicts.count(True) == 4 and verdicts.count(False) == 17, verdicts
     assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind
 
 
@@ -884,3 +886,25 @@ def test_batch_independence_rejects_allclose_with_its_default_rtol():
     result = ch11.check_batch_independent(default_rtol, verbose=False)
     assert not result and "rtol=0" in result.message
     assert ch11.check_batch_independent(absolute, verbose=False)
+
+
+@pytest.mark.parametrize("tolerance", [5e-5, 0.8e-4, 1.2e-4, 2e-4])
+def test_batch_independence_holds_its_stated_tolerance(tolerance):
+    """The exercise asks for every logit within 1e-4: one healthy model moves a logit by 0.9e-4 in
+    a batch, one leaking model by 1.1e-4 (on a small logit, where rtol adds nothing), so a test
+    with any other absolute tolerance fails a case, and 1e-4 itself passes (review s9rvF11)."""
+
+    def with_tolerance(atol):
+        def batch_independent(logits_fn, ids):
+            with torch.no_grad():
+                batched = logits_fn(ids)
+                return all(
+                    (logits_fn(ids[r : r + 1])[0] - batched[r]).abs().max() <= atol
+                    for r in range(ids.shape[0])
+                )
+
+        return batch_independent
+
+    result = ch11.check_batch_independent(with_tolerance(tolerance), verbose=False)
+    assert not result and "1e-4" in result.message, f"tolerance {tolerance} accepted"
+    assert ch11.check_batch_independent(with_tolerance(1e-4), verbose=False)
