@@ -718,8 +718,9 @@ def _one_token_layer(position: int, d: int = 4) -> NamedLayer:
 #: How many two-token cases of the one-token layers the equivariance check adds: a test that
 #: draws k random permutations from the global generator sees only the identity on one of them
 #: with probability 2^-k, so it catches all of them, and can pass, with probability under
-#: (1 - 2^-k) ** 96, about 5% for k = 5. (A generator seeded inside the test repeats its draws
-#: on every case of one length: the parity layer's many lengths catch such a test instead.)
+#: (1 - 2^-k) ** 96 per seed of EQUIVARIANCE_GLOBAL_SEEDS, about 5% for k = 5. (A generator
+#: seeded inside the test repeats its draws on every case of one length: the parity layer's
+#: many lengths catch such a test instead.)
 EQUIVARIANCE_TWO_TOKEN_CASES = 96
 
 #: How many extra three-token cases of the layer that breaks only when the middle token moves
