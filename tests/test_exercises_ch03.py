@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -1298,6 +1299,11 @@ def test_blend_separable_accepts_correct():
     assert ch03.check_blend_separable(separable_with_tensors, verbose=False)
     assert ch03.check_blend_separable(
         lambda weights, tol: torch.tensor(ch03.reference_blend_separable(weights, tol)),
+        verbose=False,
+    )
+    # NumPy's bool (np.all's result; named bool_ before NumPy 2) is a right answer too
+    assert ch03.check_blend_separable(
+        lambda weights, tol: np.bool_(ch03.reference_blend_separable(weights, tol)),
         verbose=False,
     )
 
