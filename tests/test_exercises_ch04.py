@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -1005,12 +1006,17 @@ def relative_tensor_verdict(layer, x):
     return torch.tensor(relative_correct(layer, x))  # a 0-d bool tensor is accepted too
 
 
+def relative_numpy_verdict(layer, x):
+    return np.bool_(relative_correct(layer, x))  # np.all(...)'s NumPy bool is accepted too
+
+
 @pytest.mark.parametrize(
     "correct",
     [
         relative_correct,
         relative_solution,
         relative_tensor_verdict,
+        relative_numpy_verdict,
         relative_tolerance(1e-5, (1, 2, 3, 500)),
         relative_tolerance(1e-4, (1, 3, 10000)),
         relative_tolerance(1e-5, (7, 1001, 5000)),

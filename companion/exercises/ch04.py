@@ -1161,6 +1161,8 @@ def _relative_verdict_problem(got: object, case: Case) -> str | None:
     layer, x, expected = case["layer"], case["x"], case["relative"]
     if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
         got = bool(got)
+    if type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
+        got = bool(got)  # np.allclose(...) is a Python bool, np.all(...) NumPy's: right too
     if not isinstance(got, bool):
         return f"your test must return True or False, got {type(got).__name__} {got!r}"[:200]
     if got == expected:
