@@ -7,7 +7,7 @@ of random word vectors per step, the chapter's position code and $W_V$) for seed
 records, per seed: the turn and stretch read from the position block of $W_Q W_K^\top$, the
 last loss, the least weight that a query of the chapter's sentence puts on the previous token,
 the turn without query 2 in the loss, and the turn and last loss with $W_V$ learned too. It
-writes them to ``companion/results/ch01_learn_seeds.json``, which section 1.6's appendix reads,
+writes them to ``companion/results/ch01_learn_seeds.json``, which the chapter's appendix reads,
 shows and asserts on (its seed 0 row must match the chapter's live run).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ch01_learn_seeds.py 0 1 2 3 4 5

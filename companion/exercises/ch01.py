@@ -1071,7 +1071,7 @@ def check_is_permutation_equivariant(
                     f"{result.message} This happened with PyTorch's global generator seeded "
                     f"with {seed}; under seed {EQUIVARIANCE_GLOBAL_SEEDS[0]} every verdict was "
                     "right. Your test's verdict depends on its random draws: try more "
-                    "reorderings"
+                    "reorderings."
                 )
             break
     assert result is not None  # EQUIVARIANCE_GLOBAL_SEEDS is not empty
