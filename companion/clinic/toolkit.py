@@ -618,8 +618,9 @@ def causal_leak_check(
     Limits: a perturbation only shows the dependences that the substitutes reveal. A leak
     that reads a property the substitute shares with the original token (for instance, only
     whether the later token is padding, which the substitutes never are), or a leak smaller
-    than ``atol``, passes. It also does not see a leak through anything but the ids (a cache,
-    a batch statistic). The gradient test (``∂ logits[:, t] / ∂ embeddings[:, t']`` must be
+    than ``atol``, passes. It also does not see a leak on a path that ``fn`` never runs: a
+    key/value cache it does not use, or a statistic computed only in training mode (BatchNorm
+    over the sequence) when ``fn`` runs the model in ``eval()``. The gradient test (``∂ logits[:, t] / ∂ embeddings[:, t']`` must be
     zero for ``t' > t``) sees every differentiable dependence but needs the embeddings, that
     is, the model's internals; this one needs only the adapter.
     """
