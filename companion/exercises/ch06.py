@@ -400,8 +400,9 @@ def _peri_gradient_problem(peri_ln_block: Callable) -> str | None:
 #: output norm divides the sub-layer's output by its own standard deviation, so multiplying the
 #: weights by 100 leaves the block's output unchanged and divides the gradient with respect to
 #: those weights by 100 (up to the norm's eps): a predicted ratio within this factor of 0.01
-#: passes (1.25: the nearest classic slips, 0.1 and 1, are 10 and 100 times off)
-PERI_PREDICTION_FACTOR: float = 1.25
+#: passes (1.1: the check's own measure is within 1 % of 0.01; 1/64 or 1/80 fail, and the classic
+#: slips, 0.1 and 1, are 10 and 100 times off)
+PERI_PREDICTION_FACTOR: float = 1.1
 #: the width and the weight scales at which the check measures the reader's block
 _PERI_MEASURE_D, _PERI_MEASURE_SCALES = 64, (1.0, 100.0)
 
