@@ -678,6 +678,24 @@ def test_equivariance_multiset_comparison_is_rejected_by_the_wrongly_ordered_lay
     assert "Try more reorderings" not in result.message, result.message
 
 
+def test_equivariance_summed_comparison_is_named_invariance():
+    """Comparing the outputs summed over the tokens tests invariance, not equivariance: the
+    check rejects it and says that the comparison ignores which row is which."""
+
+    def summed_outputs(layer, x):
+        gen = torch.Generator().manual_seed(5)
+        perms = [torch.arange(x.shape[0]).flip(0)]
+        perms += [torch.randperm(x.shape[0], generator=gen) for _ in range(20)]
+        total = layer(x).sum(0)  # (d_out,)
+        return all(torch.allclose(layer(x[p]).sum(0), total, atol=1e-5, rtol=1e-4) for p in perms)
+
+    result = ch01.check_is_permutation_equivariant(summed_outputs, verbose=False)
+    assert not result
+    assert "ignores which output row is which" in result.message, result.message
+    assert "invariance, not equivariance" in result.message, result.message
+    assert "all, not any" not in result.message, result.message
+
+
 def test_equivariance_too_few_reorderings_are_not_blamed_on_the_comparison():
     """A test that tries only the reversal compares row by row: it gets the hint to try more
     reorderings, not the sorted-comparison hint."""

@@ -837,7 +837,9 @@ def _ignores_row_order(test: Callable[[Callable[[Tensor], Tensor], Tensor], obje
 
     It does when it accepts a layer whose output is the same whatever the order of the tokens
     (each column sorted), which any row-by-row comparison under a real reordering rejects, and
-    still rejects a layer that adds each position's index to its row (so it does reorder).
+    still rejects a layer that multiplies each row by its position + 1 (so it does reorder):
+    a layer whose sorted columns and column sums both change under a reordering, so sorted and
+    summed comparisons (invariance in place of equivariance) are both caught.
     """
     x = torch.arange(24, dtype=torch.float32).reshape(6, 4)  # six different tokens
 
@@ -850,7 +852,7 @@ def _ignores_row_order(test: Callable[[Callable[[Tensor], Tensor], Tensor], obje
 
     order_blind = NamedLayer("each column sorted", lambda t: t.sort(0).values)
     positioned = NamedLayer(
-        "position index added", lambda t: t + 100.0 * torch.arange(t.shape[0])[:, None]
+        "each row times its position + 1", lambda t: t * (1.0 + torch.arange(t.shape[0]))[:, None]
     )
     return verdict(order_blind) is True and verdict(positioned) is False
 
@@ -993,8 +995,9 @@ def _equivariance_verdict_problem(
         hint = _identity_only_hint(x.shape[0])
     elif test is not None and _ignores_row_order(test):
         hint = (
-            " Your comparison ignores which output row is which (sorted outputs, say): "
-            "compare layer(x[perm]) with layer(x)[perm] row by row"
+            " Your comparison ignores which output row is which (sorted or summed outputs, "
+            "say: that tests invariance, not equivariance): compare layer(x[perm]) with "
+            "layer(x)[perm] row by row"
         )
     elif gap < 0.1:
         hint = " Your test needs a stricter tolerance (differences this small are not rounding)"
