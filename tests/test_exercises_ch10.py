@@ -1147,6 +1147,26 @@ def se_sample_std(baseline_losses, model_losses, clusters):  # ddof=1 for the in
     return paired, gap.std(ddof=1) / math.sqrt(len(gap)), unpaired
 
 
+def se_textbook(baseline_losses, model_losses, clusters):  # every number with ddof=1 / G/(G-1)
+    paired, _, unpaired = se_right(baseline_losses, model_losses, clusters)
+    groups = len(set(clusters.tolist()))
+    gap = baseline_losses - model_losses
+    correction = math.sqrt(groups / (groups - 1))
+    return paired * correction, gap.std(ddof=1) / math.sqrt(len(gap)), unpaired * correction
+
+
+def se_textbook_added(baseline_losses, model_losses, clusters):  # ddof=1, errors added
+    paired, independent, _ = se_textbook(baseline_losses, model_losses, clusters)
+    correction = math.sqrt(len(set(clusters.tolist())) / (len(set(clusters.tolist())) - 1))
+    added = clustered_se(baseline_losses, clusters) + clustered_se(model_losses, clusters)
+    return paired, independent, added * correction
+
+
+def se_textbook_paired_without_clusters(baseline_losses, model_losses, clusters):
+    _, independent, unpaired = se_textbook(baseline_losses, model_losses, clusters)
+    return independent, independent, unpaired
+
+
 def se_unpaired_variance(baseline_losses, model_losses, clusters):  # a variance, not an error
     paired, independent, unpaired = se_right(baseline_losses, model_losses, clusters)
     return paired, independent, unpaired**2
@@ -1155,6 +1175,9 @@ def se_unpaired_variance(baseline_losses, model_losses, clusters):  # a variance
 def test_standard_errors_right_answers_pass():
     assert ch10.check_standard_errors(se_right, verbose=False)
     assert ch10.check_standard_errors(se_by_hand, verbose=False)
+    # the textbook ddof=1 convention, for the independent number alone or for all three
+    assert ch10.check_standard_errors(se_sample_std, verbose=False)
+    assert ch10.check_standard_errors(se_textbook, verbose=False)
 
 
 @pytest.mark.parametrize(
@@ -1165,7 +1188,8 @@ def test_standard_errors_right_answers_pass():
         (se_unpaired_without_clusters, "ignores the clusters"),
         (se_independent_with_clusters, "uses the clusters"),
         (se_paired_without_clusters, "ignores the clusters"),
-        (se_sample_std, "ddof"),
+        (se_textbook_added, "add in quadrature"),
+        (se_textbook_paired_without_clusters, "ignores the clusters"),
         (se_unpaired_variance, None),
     ],
     ids=lambda x: getattr(x, "__name__", str(x)),
