@@ -13,8 +13,8 @@ Notation as in chapter 4: ``i`` a position, ``m`` a pair index (dimensions ``2m`
   ``PE[i, 2m] = sin(i / 10000^(2m/d_model))``, ``PE[i, 2m+1] = cos(i / 10000^(2m/d_model))``,
   i.e. wavelengths ``λ_m = 2π · 10000^(2m/d_model)`` from ``2π`` to almost ``10000 · 2π``.
   Moving ``Δ`` positions rotates every (sin, cos) pair by a fixed angle, so
-  ``PE[i + Δ] = T_Δ PE[i]`` with a block-diagonal rotation ``T_Δ`` that does not depend on ``i``
-  (:func:`sinusoidal_shift_matrix`).
+  ``PE[i + Δ] = PE[i] @ M_Δ`` with a block-diagonal rotation ``M_Δ`` that does not depend on
+  ``i`` (:func:`sinusoidal_shift_matrix`).
 * :class:`LearnedPositionalEmbedding` - one trained vector per position, added likewise.
 * :class:`RotaryEmbedding` - RoPE (Su et al., 2021): rotate each query and key pair of
   dimensions by an angle proportional to its position, so a query-key score depends only on
@@ -136,13 +136,15 @@ def sinusoidal_table(
 def sinusoidal_shift_matrix(
     shift: int, d_model: int, *, base: float = 10000.0, dtype: torch.dtype = torch.float32
 ) -> Tensor:
-    """The matrix ``T_Δ`` with ``PE[i + Δ] = PE[i] @ T_Δᵀ`` (``= PE[i] @ T_{-Δ}``) for every
-    position ``i``, codes being row vectors as everywhere in the course.
+    """The matrix ``M_Δ`` with ``PE[i + Δ] = PE[i] @ M_Δ`` for every position ``i``, codes
+    being row vectors as everywhere in the course (chapter 4's ``M_Δ``).
 
     For each pair ``(sin(i ω_m), cos(i ω_m))`` the angle-addition formulas give the 2 × 2 block
-    ``ρ(Δ ω_m) = [[cos(Δ ω_m), sin(Δ ω_m)], [-sin(Δ ω_m), cos(Δ ω_m)]]``, which turns a row
-    vector ``(a, b)`` counter-clockwise by ``Δ ω_m``: a rotation that depends on the offset
-    ``Δ`` only. ``T_Δ`` is block-diagonal with one such block per pair ``m``.
+    ``[[cos(Δ ω_m), -sin(Δ ω_m)], [sin(Δ ω_m), cos(Δ ω_m)]]``: a rotation by ``Δ ω_m`` that
+    depends on the offset ``Δ`` only. ``M_Δ`` is block-diagonal with one such block per pair
+    ``m``; ``M_{-Δ} = M_Δᵀ`` moves back, and ``M_Δ M_Δ' = M_{Δ + Δ'}``. RoPE's rotation of
+    a row at position ``i`` (:class:`RotaryEmbedding`) is ``M_{-i}`` over the head width: the
+    paper writes the sine first, so the same angle turns the other way.
 
     Args:
         shift: the offset ``Δ`` (may be negative).
@@ -156,7 +158,8 @@ def sinusoidal_shift_matrix(
     _check_even("d_model", check_positive_int("d_model", d_model))
     angles = shift * sinusoidal_frequencies(d_model, base=base)  # (d_model/2,)
     cos, sin = torch.cos(angles), torch.sin(angles)  # (d_model/2,) each
-    blocks = torch.stack([torch.stack([cos, sin], -1), torch.stack([-sin, cos], -1)], -2)
+    # row (sin, cos) of position i times [[cos, -sin], [sin, cos]] = row of position i + Δ
+    blocks = torch.stack([torch.stack([cos, -sin], -1), torch.stack([sin, cos], -1)], -2)
     # blocks: (d_model/2, 2, 2), one rotation per frequency
     return torch.block_diag(*blocks).to(dtype)  # (d_model, d_model)
 

@@ -75,15 +75,15 @@ def concat_shift_interleaved_reordered(shift, d_model):
 
 
 def concat_shift_by_permutation(shift, d_model):
-    """Right numbers, but the package's T_Δ transposed and reordered: one line, refused."""
+    """Right numbers, but the package's M_Δ reordered: one line, refused."""
     order = sin_cos_order(d_model)
-    return sinusoidal_shift_matrix(shift, d_model).T[order][:, order]
+    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
 
 
 def concat_shift_by_layout_permutation(shift, d_model):
-    """Right numbers, the package's T_(-Δ) = M_Δ and permutation: M[p][:, p], refused."""
+    """Right numbers, the package's M_Δ and permutation: M[p][:, p], refused."""
     order = rope_layout_permutation(d_model)
-    return sinusoidal_shift_matrix(-shift, d_model)[order][:, order]
+    return sinusoidal_shift_matrix(shift, d_model)[order][:, order]
 
 
 def concat_shift_inverse_order(shift, d_model):
@@ -264,6 +264,17 @@ def test_closest_codes_rejects_wrong(wrong):
     assert not ch04.check_closest_codes(wrong, verbose=False)
 
 
+def closest_float_offset(seq_len, d_model):
+    """Right numbers, but the offset as a float (63.0): the exercise asks for an int."""
+    offset, distance = closest_closed_form(seq_len, d_model)
+    return float(offset), distance
+
+
+def test_closest_codes_rejects_a_float_offset():
+    result = ch04.check_closest_codes(closest_float_offset, verbose=False)
+    assert not result and "the offset should be an int" in result.message, result.message
+
+
 def test_reference_closest_codes_is_the_brute_force_minimum():
     for seq_len, d_model in [(45, 2), (60, 6), (200, 32)]:
         offset, distance = closest_by_table(seq_len, d_model)
@@ -432,7 +443,7 @@ def test_rope_rotate_rejects_the_matrix_route_the_chapter_shows(matrix_route):
     x, positions = torch.randn(3, 7, 8, generator=g), torch.tensor([3, 0, 7, 7, 40, 1, 2])
     torch.testing.assert_close(matrix_route(x, positions), ch04.reference_rope_rotate(x, positions))
     result = ch04.check_rope_rotate(matrix_route, verbose=False)
-    assert not result and "d_k × d_k rotation matrix" in result.message, result.message
+    assert not result and "d_k × d_k matrix" in result.message, result.message
 
 
 def rope_cache_full_width(x, positions):
@@ -501,10 +512,10 @@ def test_reference_rope_matches_companion_and_the_shift_matrix():
     torch.testing.assert_close(
         ch04.reference_rope_rotate(x, positions), RotaryEmbedding(8).rotate(x, positions)
     )
-    # a row vector at position p is rotated by x @ M_p (= M_{-p} x): the shift matrix again
+    # a row vector at position p is rotated by x @ R_p = x @ M_{-p}: the shift matrix, backwards
     for p in [0, 3, 30]:
         rotated = ch04.reference_rope_rotate(x[0, 0, :1], torch.tensor([p]))
-        torch.testing.assert_close(rotated, x[0, 0, :1] @ sinusoidal_shift_matrix(p, 8))
+        torch.testing.assert_close(rotated, x[0, 0, :1] @ sinusoidal_shift_matrix(-p, 8))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1196,6 +1207,18 @@ def test_relative_test_explains_a_missed_period():
         assert not result
         assert f"a code of period {period}" in result.message, result.message
         assert "every period that divides it" in result.message
+
+
+def relative_without_start_0(layer, x):
+    """Good tolerance, near and far starts, but start 0 never used: blind to position 0."""
+    out = layer(x, 1)
+    return all(torch.allclose(layer(x, s), out, atol=1e-5, rtol=1e-4) for s in (2, 10_001))
+
+
+def test_relative_test_rejects_a_test_that_never_uses_start_0():
+    result = ch04.check_shift_invariant(relative_without_start_0, verbose=False)
+    assert not result and "marker on position 0 only" in result.message, result.message
+    assert "Include start 0" in result.message
 
 
 def test_relative_layers_reject_a_non_integer_start():

@@ -50,6 +50,9 @@ def test_sinusoidal_frequencies():
 
 def test_shift_matrix_is_block_diagonal_rotation():
     m = sinusoidal_shift_matrix(5, 8, dtype=torch.float64)
+    table = sinusoidal_table(12, 8, dtype=torch.float64)  # (12, 8)
+    assert torch.allclose(table[:7] @ m, table[5:], atol=1e-12)  # PE[i + 5] = PE[i] @ M_5
+    assert torch.allclose(sinusoidal_shift_matrix(-5, 8, dtype=torch.float64), m.T, atol=1e-12)
     assert torch.allclose(m @ m.T, torch.eye(8, dtype=torch.float64), atol=1e-12)
     off_block = m.clone()
     for i in range(4):

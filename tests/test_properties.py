@@ -138,13 +138,13 @@ def test_attention_weight_rows_sum_to_one(batch, q_len, k_len, heads, mask_kind,
     double=st.booleans(),
 )
 def test_sinusoidal_shift_is_a_fixed_rotation(half_d, shift, double):
-    """PE(p + k) = T_k · PE(p) for every p, with one block-diagonal rotation T_k."""
+    """PE(p + k) = PE(p) @ M_k for every p (row vectors), with one block-diagonal rotation M_k."""
     d_model, max_len = 2 * half_d, 100
     dtype = torch.float64 if double else torch.float32
     table = sinusoidal_table(max_len, d_model, dtype=dtype)  # (max_len, d_model)
     m_k = sinusoidal_shift_matrix(shift, d_model, dtype=dtype)  # (d_model, d_model)
     positions = torch.arange(max(0, -shift), min(max_len, max_len - shift))
-    predicted = table[positions] @ m_k.T  # row p: T_k · PE(p)
+    predicted = table[positions] @ m_k  # row p: PE(p) @ M_k
     tolerance = 1e-9 if double else 2e-5
     assert max_abs_diff(predicted, table[positions + shift]) <= tolerance
     assert max_abs_diff(m_k @ m_k.T, torch.eye(d_model, dtype=dtype)) <= tolerance

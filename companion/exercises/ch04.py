@@ -158,7 +158,7 @@ def _pairwise_only(fn: Callable[..., object], task: str) -> Callable[..., object
             )
         if watch.square is not None:
             raise RuntimeError(
-                f"your function seems to apply a d_k × d_k rotation matrix ({watch.square}), "
+                f"your function seems to apply a d_k × d_k matrix ({watch.square}), "
                 f"as section 4.5 does to show the algebra; this exercise asks you to {task} "
                 f"with {pairs}, entry by entry. (A table of cosines and sines indexed by "
                 "position and multiplied entry by entry is fine.)"
@@ -248,7 +248,7 @@ def check_concat_shift_matrix(
 ) -> CheckResult:
     """Check ``concat_shift_matrix(shift, d_model) -> (d_model, d_model)`` for the sin | cos
     layout, with :mod:`companion.positional` switched off: reordering the package's
-    ``sinusoidal_shift_matrix`` (transposed) by ``rope_layout_permutation`` is one line, so a
+    ``sinusoidal_shift_matrix`` (``M_Δ``) by ``rope_layout_permutation`` is one line, so a
     call into the module fails the check. Every route from the formulas passes: the four
     diagonal blocks, or the interleaved ``M_Δ`` built by hand with its rows and columns
     reordered into the sin | cos order. The interleaved matrix itself, its transpose
@@ -317,12 +317,21 @@ def check_closest_codes(
     The distance may come from a float32 table (tolerance ``1e-3``, far below the gaps
     between a distance and its square, or between neighbouring candidates). Offset 0 (a
     position and itself), the squared distance, the largest dot product reported as the
-    distance, or an offset range that stops one short or runs one too far are all rejected.
+    distance, or an offset range that stops one short or runs one too far are all rejected,
+    and so is an offset returned as a float (``63.0``): the exercise asks for an ``int``.
     """
 
     @functools.wraps(closest_codes)
     def run(**kwargs: object) -> object:
-        return _as_offset_and_distance(closest_codes(**kwargs))
+        value = _as_offset_and_distance(closest_codes(**kwargs))
+        if isinstance(value, tuple) and not isinstance(value[0], (int, Tensor)):
+            offset = value[0]
+            if isinstance(offset, float) and offset.is_integer():  # e.g. 63.0
+                raise TypeError(
+                    f"the offset should be an int, as the exercise asks; got the float {offset!r} "
+                    "(int(...) converts it)"
+                )
+        return value
 
     return run_check(
         "closest_codes",
@@ -1124,6 +1133,18 @@ def _relative_cases() -> list[Case]:
             ),
             False,
         ),
+        # a marker on position 0 only (a BOS-style absolute code): a test that never uses
+        # start 0 sees no position 0 and so no change (last, so that the random inputs of
+        # the cases above stay as they were)
+        (
+            "attention on tokens plus a marker on position 0 only (a test that never uses start 0 "
+            "misses it)",
+            lambda x, s: attention(
+                x + (torch.arange(s, s + x.shape[1]) == 0).float()[:, None] * direction,
+                rope=False,
+            ),
+            False,
+        ),
     ]
     return [
         {
@@ -1182,9 +1203,15 @@ def _relative_verdict_problem(got: object, case: Case) -> str | None:
         # checked first: its largest move (at a far start) is small, yet no tolerance that
         # accepts RoPE's rounding sees it at near starts; the fix is a far start
         hint = (
-            " Try a far start (10 000 or more): starts up to 10 move this code's outputs by "
+            " Try a far start (thousands of positions, e.g. 10 000): starts up to 10 move this "
+            "code's outputs by "
             "float32 rounding only, as they move RoPE's, so near starts miss it at any "
             "tolerance that accepts RoPE"
+        )
+    elif "position 0 only" in repr(layer):
+        hint = (
+            " Include start 0 among your starts: a code can mark one position only (a "
+            "beginning-of-text marker on position 0), and starts that all skip it see nothing"
         )
     elif gap < 1e-2 or "faint" in repr(layer):
         hint = (
@@ -1228,7 +1255,8 @@ def check_shift_invariant(
     queries only, a parity code (a test that tries only even starts misses it), codes of period
     3, 5 and 7 (a test with one far start such as 1001 or 12345 misses one of them) and a code
     of wavelength ``2π·10^8`` (starts up to 10 move it by float32 rounding only, so a test that
-    tries only near starts misses it at any tolerance; start 10 000 moves it by ``1.5e-3``); and four
+    tries only near starts misses it at any tolerance; start 10 000 moves it by ``1.5e-3``), a
+    marker on position 0 only (a test that never uses start 0 misses it); and four
     whose dependence cancels in a summary: outputs rolled by ``start % seq_len`` (a test of
     the sum or of the mean over the sequence misses it), a code on the last token's output
     only (a test of the first token misses it), on the first token's only (a test of the last
