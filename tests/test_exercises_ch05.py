@@ -662,6 +662,34 @@ def first_leak_uniform(attend, x):  # torch.rand_like: uniform in [0, 1), never 
     return _pairs(attend, x, torch.rand_like)
 
 
+def first_leak_l2_norm(attend, x):  # the L2 norm of output i's whole change, not any entry
+    return _pairs_compared(attend, x, lambda a, b: (a - b).norm() > 1e-5)
+
+
+def first_leak_l2_norm_per_sequence(attend, x):  # the L2 norm over one sequence's features
+    return _pairs_compared(attend, x, lambda a, b: (a - b).norm(dim=-1).max() > 1e-5)
+
+
+def test_leak_case_below_the_tolerance_in_every_entry_fails_an_l2_norm():
+    """About 8e-6 in every entry of output 0: no entry moves by 1e-5, so no leak; the L2 norm
+    of the change, over the whole output or one sequence, is above 1e-5 whatever the seed."""
+    spread = {case["attend"].name: case for case in ch05._future_leak_cases()}[
+        "8e-6 in every entry, x[3] into 0"
+    ]
+    assert ch05.reference_first_leak(**spread) is None
+    for seed in range(50):
+        torch.manual_seed(seed)
+        changed = spread["x"].clone()
+        changed[:, 3] = torch.randn_like(changed[:, 3])
+        move = (spread["attend"](changed) - spread["attend"](spread["x"]))[:, 0]  # (batch, d)
+        assert 5e-6 < move.abs().min() and move.abs().max() < 9e-6, (seed, move)
+        assert move.norm() > 2e-5, (seed, move.norm())
+        assert first_leak_l2_norm(**spread) == (0, 3), seed
+        assert first_leak_l2_norm_per_sequence(**spread) == (0, 3), seed
+        for solution in (first_leak_correct, first_leak_max_abs):
+            assert solution(**spread) is None, (solution.__name__, seed)
+
+
 def test_leak_cases_in_one_feature_of_one_sequence_and_through_the_batch():
     """The 5e-5 leak into the last feature of sequence 1, and the batch-centred leak: each
     wrong comparison misses its case whatever the seed, and the right ones never do."""
@@ -755,6 +783,8 @@ def test_first_leak_accepts_correct():
         first_leak_batch_summed,
         first_leak_allclose_default_rtol,
         first_leak_uniform,
+        first_leak_l2_norm,
+        first_leak_l2_norm_per_sequence,
     ],
 )
 def test_first_leak_rejects_wrong(wrong):

@@ -622,6 +622,15 @@ def _offset_step(v: Tensor) -> Tensor:
     return (4.0 + step).expand_as(v)
 
 
+def _spread_below_tolerance(v: Tensor) -> Tensor:
+    """``(batch, d)``: ``8e-6 tanh(100 |v|^2)`` in every entry. At a zero input it is 0; a
+    random input moves every entry by about ``8e-6``, below ``1e-5``, so no entry counts. The
+    L2 norm of the whole change over (batch 2, d 4) is about ``sqrt(8) 8e-6 = 2.3e-5``, over
+    one sequence's 4 features about ``1.6e-5``: a test on either norm reports a leak."""
+    step = 8e-6 * torch.tanh(100 * v.square().sum(dim=-1, keepdim=True))  # (batch, 1)
+    return step.expand_as(v)
+
+
 def _negative_part(v: Tensor) -> Tensor:  # (batch, d): 1e-3 relu(-v), closed for inputs >= 0
     return 1e-3 * (-v).relu()
 
@@ -783,6 +792,14 @@ def _future_leak_cases() -> list[Case]:
             ),
             "x": _abs_at(x(5, batch=4), 3),
         },  # (0, 3)
+        # about 8e-6 in every entry of output 0: below 1e-5 in each, so no leak by the
+        # specification; the L2 norm of the whole change (about 2.3e-5) is above 1e-5
+        {
+            "attend": _Elementwise(
+                "8e-6 in every entry, x[3] into 0", _add_at(causal, 0, 3, _spread_below_tolerance)
+            ),
+            "x": _zero_at(x(5), 3),
+        },  # None
     ]
 
 
@@ -800,7 +817,8 @@ def check_first_leak(
     leak that sums to zero over the batch (missed by batch-summed outputs), a step of about
     ``1.5e-5`` on entries of size 1.5 or more (missed by ``allclose`` with its default
     ``rtol``), a leak through negative entries only (missed by uniform noise,
-    ``torch.rand_like``), and leaks that a positive rescale, an added constant, a negation or
+    ``torch.rand_like``), a change of about ``8e-6`` in every entry (no leak by the
+    specification, reported by a test on the L2 norm of the change), and leaks that a positive rescale, an added constant, a negation or
     a replacement by zeros cannot reveal."""
     return _run(
         "first_leak",
