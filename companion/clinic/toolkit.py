@@ -31,7 +31,8 @@ diagnostic                            catches
 :func:`batch_independence`            a sentence's output that depends on the others or on
                                       its row (batch_first confusion, a batch-axis slip)
 :func:`padding_invariance`            outputs that move when pads are appended (no padding
-                                      mask, a mask on the query axis)
+                                      mask, a mask on the query axis); a causal decoder-only
+                                      model needs the pads prepended (``side="left"``)
 :func:`initial_loss_check`            a loss at initialisation far from ``ln V`` (scale slips
                                       of the embedding or the tied output)
 :func:`overfit_check`                 a model that cannot learn one batch (double softmax)
@@ -852,42 +853,60 @@ def padding_invariance(
     vary: int = 0,
     extra: int = 3,
     atol: float = 1e-5,
+    side: str = "right",
 ) -> Finding:
-    """Whether appending ``extra`` pads to ``inputs[vary]`` (default the first input: the
-    source of an encoder-decoder, the ids of a decoder-only model) leaves the logits of the
-    original positions unchanged, as a correct padding mask guarantees.
+    """Whether adding ``extra`` pads to ``inputs[vary]`` (default the first input: the source
+    of an encoder-decoder) leaves the logits of the original positions unchanged, as a correct
+    padding mask guarantees. The pads are appended (``side="right"``) or prepended
+    (``side="left"``).
 
     Catches a missing key padding mask (``padding_idx`` taken for a mask), a mask on the
-    query axis and a loss of position information at the pads. The positions compared are
-    the ``seq_out`` of the unpadded call, ``logits[:, :seq_out]``.
+    query axis and a loss of position information at the pads. When the output has one
+    position per token of ``inputs[vary]`` (a decoder-only model), the original positions are
+    the last ``seq_out`` after left pads, else the first ``seq_out``.
+
+    A causal decoder-only model needs ``side="left"``: appended pads come after every real
+    token, where the causal mask already hides them, so the right-side test cannot fail there,
+    even without any padding mask. Left pads also test the positions and the fill value: a
+    model that numbers its positions from the first pad fails, as left-padded batched
+    generation would (chapter 5, section 5.5), and so does a mask filled with ``-inf``, which
+    leaves a leading pad query no key (its NaN spreads); a model only ever padded on the right
+    may accept these.
 
     Args:
         fn: the adapter, ``fn(*inputs)`` → ``(batch, seq_out, vocab)``.
         inputs: ``(batch, len)`` ids or a tuple in ``fn``'s order.
         pad_id: the padding id.
         vary: which input gets the pads.
-        extra: how many pads to append.
+        extra: how many pads to add.
         atol: the largest change allowed.
+        side: ``"right"`` (append) or ``"left"`` (prepend).
     """
     check_callable("fn", fn, "a logits function (ids → logits)")
     inputs = _inputs(inputs)
     index = _vary_index(inputs, vary)
     check_positive_int("extra", extra)
     check_nonnegative_float("atol", atol)
+    check_choice("side", side, ("right", "left"))
     base = _logits(fn, inputs)  # (batch, seq_out, vocab)
     pad = _check_pad(pad_id, base.shape[-1], optional=False)
     ids = inputs[index]  # (batch, len)
     pads = torch.full((ids.shape[0], extra), pad, dtype=ids.dtype, device=ids.device)
-    padded = _logits(fn, _replace(inputs, index, torch.cat([ids, pads], dim=1)))
+    longer = torch.cat([ids, pads] if side == "right" else [pads, ids], dim=1)
+    padded = _logits(fn, _replace(inputs, index, longer))
     if padded.shape[1] < base.shape[1]:
         raise ValueError(
             f"the padded call returned fewer positions ({padded.shape[1]}) than the unpadded "
             f"one ({base.shape[1]})"
         )
-    gap = (padded[:, : base.shape[1]] - base).abs().max().nan_to_num(float("inf")).item()
+    # left pads shift the outputs only when they follow the padded input (decoder-only)
+    shift = extra if side == "left" and padded.shape[1] == base.shape[1] + extra else 0
+    kept = padded[:, shift : shift + base.shape[1]]  # (batch, seq_out, vocab)
+    gap = (kept - base).abs().max().nan_to_num(float("inf")).item()
     passed = gap <= atol
     verdict = "unchanged" if passed else "changed"
-    summary = f"{extra} more pads on inputs[{vary}]: logits {verdict}, largest change {gap:.2g}"
+    where = "more pads on" if side == "right" else "pads before"
+    summary = f"{extra} {where} inputs[{vary}]: logits {verdict}, largest change {gap:.2g}"
     return Finding("padding invariance", passed, summary, {"gap": gap})
 
 
