@@ -1168,3 +1168,76 @@ def test_blockwise_names_the_missing_maximum(wrong):
 def test_blockwise_hint_is_silent_for_a_finite_slip():
     result = ch02.check_blockwise_attention(blockwise_no_rescale, verbose=False)
     assert not result and "Hint" not in result.message, result.message
+
+
+# ---------------------------------------------------------------------------------------------
+# score_moments (section 2.2's derivation, with unequal spreads and correlated coordinates)
+# ---------------------------------------------------------------------------------------------
+
+
+def moments_formula(d_k, sigma_q, sigma_k, rho):
+    return rho * sigma_q * sigma_k * d_k, d_k * (sigma_q * sigma_k) ** 2 * (1 + rho**2)
+
+
+def moments_as_tensors(d_k, sigma_q, sigma_k, rho):  # float32 tensors, a list instead of a tuple
+    mean, variance = moments_formula(d_k, sigma_q, sigma_k, rho)
+    return [torch.tensor(mean), torch.tensor(variance, dtype=torch.float32)]
+
+
+def moments_expanded(d_k, sigma_q, sigma_k, rho):  # E[(qk)²] − E[qk]², term by term, then × d_k
+    second = sigma_q**2 * sigma_k**2 * (3 * rho**2 + (1 - rho**2))
+    first = rho * sigma_q * sigma_k
+    return d_k * first, d_k * (second - first**2)
+
+
+@pytest.mark.parametrize("right", [moments_formula, moments_as_tensors, moments_expanded])
+def test_score_moments_accepts_correct(right):
+    result = ch02.check_score_moments(right, verbose=False)
+    assert result, result.message
+
+
+def _slip(name):
+    def slip(d_k, sigma_q, sigma_k, rho):
+        return ch02._moment_slips(d_k, sigma_q, sigma_k, rho)[name]
+
+    return slip
+
+
+@pytest.mark.parametrize(
+    ("start", "says"),
+    [
+        ("the variance grows like √d_k", "grows like √d_k"),
+        ("the variance grows like d_k²", "grows like d_k²"),
+        ("σ_q σ_k where", "σ_q σ_k where σ_q² σ_k² belongs"),
+        ("no ρ in the variance", "holds only for independent"),
+        ("(1 − ρ²)", "holds only for independent"),
+        ("E[(q·k)²]-like", "is not subtracted"),
+        ("the mean misses", "a covariance"),
+        ("the mean has", "a covariance"),
+        ("the mean grows like √d_k", "the d_k means add"),
+        ("(variance, mean)", "wrong order"),
+    ],
+)
+def test_score_moments_rejects_and_names_each_slip(start, says):
+    (name,) = [n for n in ch02._moment_slips(64, 1.0, 1.0, 0.0) if n.startswith(start)]
+    result = ch02.check_score_moments(_slip(name), verbose=False)
+    assert not result and says in result.message, result.message
+
+
+def test_score_moments_slips_are_far_from_the_answer():
+    """Every slip misses some case by more than 10 %: rounding can never pass one."""
+    for name in ch02._moment_slips(64, 1.0, 1.0, 0.0):
+        worst = 0.0
+        for case in ch02._MOMENT_CASES:
+            got, want = _slip(name)(*case), ch02.reference_score_moments(*case)
+            worst = max(worst, *(abs(g - w) / max(abs(w), 1e-12) for g, w in zip(got, want)))
+        assert worst > 0.1, (name, worst)
+
+
+def test_score_moments_hint_is_silent_for_other_answers():
+    def off(d_k, sigma_q, sigma_k, rho):
+        mean, variance = moments_formula(d_k, sigma_q, sigma_k, rho)
+        return mean, 1.5 * variance
+
+    result = ch02.check_score_moments(off, verbose=False)
+    assert not result and "Hint" not in result.message, result.message

@@ -8,8 +8,8 @@ difference. It never raises on a wrong answer; it returns a truthy/falsy
     from companion.exercises import ch02
     ch02.check_blockwise_attention(my_blockwise_attention)
 
-The chapter's exercises use :func:`check_blockwise_attention`, :func:`check_scale_test`,
-:func:`check_gradient_crossover` and :func:`check_attention_backward`.
+The chapter's exercises use :func:`check_score_moments`, :func:`check_blockwise_attention`,
+:func:`check_scale_test`, :func:`check_gradient_crossover` and :func:`check_attention_backward`.
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ __all__ = [
     "check_attention_backward",
     "check_blockwise_attention",
     "check_gradient_crossover",
+    "check_score_moments",
     "crossover_gap",
     "CROSSOVER_N_KEYS",
     "CROSSOVER_SIGMAS",
     "CROSSOVER_D_KS",
+    "reference_score_moments",
     "sampled_query_gradient_norms",
     "check_scale_test",
     "reference_is_scaled_attention",
@@ -89,7 +91,125 @@ def reference_scaled_attention(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor,
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 2 - a test of your own that catches a wrong scale
+# Exercise 1 - the variance of a score, with unequal spreads and correlated coordinates
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_score_moments(
+    d_k: int, sigma_q: float, sigma_k: float, rho: float
+) -> tuple[float, float]:
+    """Mean and variance of ``q·k`` over ``d_k`` independent coordinates, each pair
+    ``(q_c, k_c)`` jointly normal with mean 0, standard deviations ``sigma_q`` and ``sigma_k``
+    and correlation ``rho``.
+
+    With ``q_c = σ_q z`` and ``k_c = σ_k (ρ z + √(1 − ρ²) w)``, ``z`` and ``w`` independent
+    standard normal: ``E[q_c k_c] = ρ σ_q σ_k`` and ``E[(q_c k_c)²] = σ_q² σ_k² (3ρ² + 1 − ρ²)``
+    (``E[z⁴] = 3``), so ``Var(q_c k_c) = σ_q² σ_k² (1 + ρ²)``; the coordinates are independent,
+    so the means and the variances add.
+    """
+    mean = rho * sigma_q * sigma_k * d_k
+    variance = d_k * sigma_q**2 * sigma_k**2 * (1 + rho**2)
+    return mean, variance
+
+
+#: (d_k, σ_q, σ_k, ρ) of the check's cases, in order: the chapter's setting first, then unequal
+#: spreads with σ_q σ_k ≠ 1, then correlated coordinates (positive and negative ρ). Every slip
+#: of ``_MOMENT_SLIPS`` misses at least one case by more than 10 %.
+_MOMENT_CASES = (
+    (64, 1.0, 1.0, 0.0),
+    (16, 1.5, 1.5, 0.0),
+    (32, 0.5, 2.0, 0.0),
+    (32, 1.2, 0.8, 0.5),
+    (8, 1.0, 1.0, -0.3),
+    (128, 0.5, 1.3, 0.9),
+)
+
+
+def _moment_slips(d_k: int, s_q: float, s_k: float, rho: float) -> dict[str, tuple[float, float]]:
+    """The classic wrong answers at one setting, each with what it forgets."""
+    mean, variance = reference_score_moments(d_k, s_q, s_k, rho)
+    product = s_q**2 * s_k**2
+    return {
+        "the variance grows like √d_k (or is it the standard deviation?): the d_k terms'"
+        " variances add, so the variance grows like d_k and its square root like √d_k": (
+            mean,
+            math.sqrt(d_k) * product * (1 + rho**2),
+        ),
+        "the variance grows like d_k²: the d_k terms are independent, so their variances add"
+        " (d_k times one term's), not their standard deviations": (
+            mean,
+            d_k**2 * product * (1 + rho**2),
+        ),
+        "σ_q σ_k where σ_q² σ_k² belongs: Var(q_c k_c) = E[q_c²] E[k_c²] = σ_q² σ_k² at ρ = 0,"
+        " the product of two variances": (mean, d_k * s_q * s_k * (1 + rho**2)),
+        "no ρ in the variance: E[q_c² k_c²] = E[q_c²] E[k_c²] holds only for independent q_c, k_c;"
+        " with correlation ρ, write k_c = σ_k (ρ z + √(1 − ρ²) w) and use E[z⁴] = 3": (
+            mean,
+            d_k * product,
+        ),
+        "(1 − ρ²): E[q_c² k_c²] = E[q_c²] E[k_c²] holds only for independent q_c, k_c; with"
+        " correlation ρ it is σ_q² σ_k² (1 + 2ρ²), since E[z⁴] = 3": (
+            mean,
+            d_k * product * (1 - rho**2),
+        ),
+        "E[(q·k)²]-like: the squared mean of each term, (ρ σ_q σ_k)², is not subtracted": (
+            mean,
+            d_k * product * (1 + 2 * rho**2),
+        ),
+        "the mean misses σ_q σ_k: E[q_c k_c] = ρ σ_q σ_k, a covariance": (rho * d_k, variance),
+        "the mean has σ_q² σ_k²: E[q_c k_c] = ρ σ_q σ_k, a covariance": (
+            rho * product * d_k,
+            variance,
+        ),
+        "the mean grows like √d_k: the d_k means add": (rho * s_q * s_k * math.sqrt(d_k), variance),
+        "(variance, mean) in the wrong order: return (mean, variance)": (variance, mean),
+    }
+
+
+def _score_moments_cases() -> list[Case]:
+    return [
+        {"d_k": d_k, "sigma_q": s_q, "sigma_k": s_k, "rho": rho}
+        for d_k, s_q, s_k, rho in _MOMENT_CASES
+    ]
+
+
+def _score_moments_hint(case: Case, got: Any) -> str:
+    """Names the classic slip that ``got`` matches at this case, or ``""``."""
+    try:
+        got_mean, got_variance = (float(x) for x in got)
+    except (TypeError, ValueError):
+        return ""
+    slips = _moment_slips(case["d_k"], case["sigma_q"], case["sigma_k"], case["rho"])
+    for slip, (mean, variance) in slips.items():
+        if math.isclose(got_mean, mean, rel_tol=1e-3, abs_tol=1e-9) and math.isclose(
+            got_variance, variance, rel_tol=1e-3
+        ):
+            return f"\n   Hint: your answer matches a classic slip, {slip}."
+    return ""
+
+
+def check_score_moments(
+    score_moments: Callable[..., tuple[float, float]], verbose: bool = True
+) -> CheckResult:
+    """Check ``score_moments(d_k, sigma_q, sigma_k, rho) -> (mean, variance)`` of ``q·k`` against
+    the exact moments (within 0.1 %), at six settings: the chapter's (σ = 1, ρ = 0), unequal
+    spreads, and correlated coordinates. A wrong answer that matches a classic slip (variance
+    growing like √d_k or d_k², σ in place of σ², no ρ or (1 − ρ²), the squared mean not
+    subtracted, a mean without σ_q σ_k, the two swapped) is named in the message."""
+    return run_check(
+        "score_moments",
+        score_moments,
+        reference_score_moments,
+        _score_moments_cases(),
+        atol=1e-9,
+        rtol=1e-3,
+        verbose=verbose,
+        hint=_score_moments_hint,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Exercise 3 - a test of your own that catches a wrong scale
 # ---------------------------------------------------------------------------------------------
 
 
@@ -460,7 +580,7 @@ def check_scale_test(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise - attention one block of keys at a time (the online softmax)
+# Exercise 2 - attention one block of keys at a time (the online softmax)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -710,7 +830,7 @@ def _blockwise_hint(case: Case, got: Any) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# The measurement of exercise 3: how much gradient reaches the queries, with and without √d_k
+# The measurement of exercise 4: how much gradient reaches the queries, with and without √d_k
 # ---------------------------------------------------------------------------------------------
 
 
@@ -758,7 +878,7 @@ def sampled_query_gradient_norms(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise 3 - a composition: the width from which the √d_k helps, at another initialisation
+# Exercise 4 - a composition: the width from which the √d_k helps, at another initialisation
 # ---------------------------------------------------------------------------------------------
 
 #: The standard deviations σ of the query and key entries at which
@@ -902,7 +1022,7 @@ def check_gradient_crossover(
 
 
 # ---------------------------------------------------------------------------------------------
-# Exercise - the backward pass of attention, by hand
+# Exercise 5 - the backward pass of attention, by hand
 # ---------------------------------------------------------------------------------------------
 
 
