@@ -195,6 +195,55 @@ def test_padding_invariance_catches_the_query_axis_mask(padded):
     assert clinic.padding_invariance(lambda ids: masked(ids), src, pad_id=PAD)
 
 
+def _causal_decoder_only(padding_mask: bool, positions_skip_pads: bool = True):
+    """A two-layer causal decoder-only logits function, ids (batch, seq_len) -> (batch, seq_len,
+    16), with or without a key padding mask; positions count real tokens only unless told."""
+    g = torch.Generator().manual_seed(0)
+    emb, pos_table, unembed = (
+        torch.randn(*s, generator=g) / 4 for s in ((16, 8), (20, 8), (8, 16))
+    )
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        real = ids != PAD  # (batch, seq_len)
+        if positions_skip_pads:
+            positions = (real.cumsum(1) - 1).clamp(min=0)  # (batch, seq_len)
+        else:
+            positions = torch.arange(ids.shape[1]).expand_as(ids)  # (batch, seq_len)
+        x = emb[ids] + pos_table[positions]  # (batch, seq_len, 8)
+        allowed = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()  # causal
+        allowed = allowed & real[:, None, :] if padding_mask else allowed.expand(len(ids), -1, -1)
+        for _ in range(2):
+            scores = (x @ x.transpose(1, 2) / 8**0.5).masked_fill(~allowed, -1e9)
+            x = x + torch.softmax(scores, dim=-1) @ x  # (batch, seq_len, 8)
+        return x @ unembed  # (batch, seq_len, 16)
+
+    return logits
+
+
+def test_padding_invariance_needs_left_pads_on_a_causal_decoder_only_model():
+    """Appended pads sit after every real token, where the causal mask hides them: the right-side
+    test passes a model with no padding mask at all. Prepended pads catch it, and catch positions
+    that count the pads, while a correct model passes both sides."""
+    ids = torch.randint(4, 16, (4, 6), generator=torch.Generator().manual_seed(1))  # no pads
+    verdicts = {
+        (mask, side): bool(
+            clinic.padding_invariance(_causal_decoder_only(mask), ids, pad_id=PAD, side=side)
+        )
+        for mask in (False, True)
+        for side in ("right", "left")
+    }
+    assert verdicts == {
+        (False, "right"): True,  # the blind spot the docstring names
+        (False, "left"): False,
+        (True, "right"): True,
+        (True, "left"): True,
+    }, verdicts
+    shifted = _causal_decoder_only(True, positions_skip_pads=False)
+    assert not clinic.padding_invariance(shifted, ids, pad_id=PAD, side="left")
+    with pytest.raises(ValueError, match="side"):
+        clinic.padding_invariance(_causal_decoder_only(True), ids, pad_id=PAD, side="both")
+
+
 def test_initial_loss_catches_the_unscaled_tied_output(padded):
     src, tgt_in, labels = padded
     healthy = clinic.initial_loss_check(

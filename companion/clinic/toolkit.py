@@ -1078,7 +1078,11 @@ def deterministic_check(fn: LogitsFn, inputs: Inputs, *, atol: float = 0.0) -> F
     first, second = _logits(fn, inputs), _logits(fn, inputs)
     gap = (first - second).abs().max().item()
     passed = gap <= atol
-    hint = "" if passed else ": dropout still on at evaluation? (model.eval() missing)"
+    hint = (
+        ""
+        if passed
+        else ": dropout still on at evaluation? (model.eval() missing, or dropout that eval() cannot reach)"
+    )
     summary = f"two calls on the same ids differ by {gap:.2g}{hint}"
     return Finding("deterministic evaluation", passed, summary, {"gap": gap})
 
