@@ -352,6 +352,13 @@ def merge_lse_by_sum(out_a, lse_a, out_b, lse_b):
     return output, lse_a + lse_b
 
 
+def merge_in_float32(out_a, lse_a, out_b, lse_b):
+    # the right formula, computed in float32 and cast back: float64 parts lose precision
+    parts = (t.float() for t in (out_a, lse_a, out_b, lse_b))
+    output, lse = ch09.reference_merge_partial_attention(*parts)
+    return output.to(out_a.dtype), lse.to(lse_a.dtype)
+
+
 def merge_nan_when_both_empty(out_a, lse_a, out_b, lse_b):
     lse = torch.logaddexp(lse_a, lse_b)
     weight_a, weight_b = torch.exp(lse_a - lse), torch.exp(lse_b - lse)  # -inf - -inf = NaN
@@ -1141,3 +1148,9 @@ def test_the_float32_slip_gets_a_hint_and_a_formula_slip_does_not(capsys):
     assert "case 8" in out and "hint: only this long case fails" in out and "float64" in out, out
     assert not ch09.check_ntk_rope(ntk_base_times_rho)
     assert "hint:" not in capsys.readouterr().out
+
+
+def test_merge_rejects_float32_inside_for_float64_parts():
+    result = ch09.check_merge_partial_attention(merge_in_float32, verbose=False)
+    assert not result
+    assert "float64 parts" in result.message, result.message

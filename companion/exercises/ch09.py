@@ -374,7 +374,7 @@ def _merge_cases() -> list[Case]:
         _merge_case(padded, values(2, 9, 5), keys[:9] < 4),
         # scores near 800: exp(lse) overflows even float64 (from about 709)
         _merge_case(scores(3, 6, scale=3.0, offset=800.0), values(6, 4), keys[:6] < 2),
-        # float64 parts: the merge must keep their dtype (a cast to float32 loses precision)
+        # float64 parts: the merge must keep their dtype and their precision (to 1e-12, above)
         _merge_case(scores(2, 4, 10, scale=2.0), values(2, 10, 8), keys < 6, dtype=torch.float64),
     ]
 
@@ -406,6 +406,20 @@ def check_merge_partial_attention(
                         f"the merged {label} is {result.dtype}, the parts are {out_a.dtype}: "
                         "keep the parts' dtype"
                     )
+            if out_a.dtype == torch.float64 and all(isinstance(r, Tensor) for r in merged):
+                # float64 parts ask for float64 precision: a merge computed in float32 and cast
+                # back is off by about 1e-8, which the default tolerance (1e-5) would not see
+                expected = reference_merge_partial_attention(out_a, lse_a, out_b, lse_b)
+                for label, result, reference in zip(("output", "lse"), merged, expected):
+                    if (
+                        result.shape == reference.shape
+                        and not torch.isclose(result, reference, rtol=0.0, atol=1e-12).all()
+                    ):
+                        gap = (result - reference).abs().nan_to_num(math.inf).max().item()
+                        raise ValueError(
+                            f"float64 parts: the merged {label} is off by up to {gap:.1e} "
+                            "(1e-12 allowed): compute in the parts' dtype, not in float32"
+                        )
         return merged
 
     return run_check(
@@ -618,7 +632,7 @@ def reference_is_relative(score_fn: Callable[[Tensor, Tensor, int, int], Tensor]
     (``i != j`` almost always: a scheme can be blind to a shift on the diagonal only), and
     compares with an absolute tolerance of ``1e-5``: float rounding differs from one position
     to the next (up to about ``1e-6`` for RoPE in float32), and scores near 0 make a relative
-    tolerance useless. Fifty draws, because a bias on every few positions moves a score only
+    tolerance useless. Fifty draws (the notebook's solution uses 100), because a bias on every few positions moves a score only
     for some of them (a bias on every 17th position for about one draw in nine).
 
     Args:
