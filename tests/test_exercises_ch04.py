@@ -141,11 +141,35 @@ def test_concat_shift_matrix_rejects_wrong(wrong):
     assert not result and "is wrong" in result.message, result.message
 
 
-def concat_shift_least_squares(rows):
-    """M fitted by least squares to `rows` rows of the float32 concatenated table."""
+def test_concat_shift_matrix_names_the_transpose_and_the_interleaved_matrix():
+    """The two classic slips get a targeted hint: M_(-Δ), and section 4.2's M_Δ unreordered."""
+    for wrong in (concat_shift_transposed, concat_shift_signs_swapped):
+        result = ch04.check_concat_shift_matrix(wrong, verbose=False)
+        assert not result and "M_(-Δ), the transpose" in result.message, result.message
+    result = ch04.check_concat_shift_matrix(concat_shift_interleaved, verbose=False)
+    assert not result and "for the interleaved table" in result.message, result.message
+    for other in (concat_shift_inverse_order, concat_shift_columns_only):
+        result = ch04.check_concat_shift_matrix(other, verbose=False)
+        assert not result and "transpose" not in result.message, result.message
+        assert "for the interleaved table" not in result.message, result.message
+
+
+def concat_table_float64(max_len, d_model):
+    """The concatenated table computed in float64 throughout (exact to float64 rounding)."""
+    positions = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+    angles = positions * 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)  # (max_len, d_model)
+
+
+def concat_shift_least_squares(rows, dtype=torch.float32):
+    """M fitted by least squares to `rows` rows of the concatenated table, in `dtype`."""
 
     def fit(shift, d_model):
-        table = ch04.reference_concat_table(rows + abs(shift), d_model)  # (rows + |Δ|, d_model)
+        rows_in = rows + abs(shift)
+        if dtype == torch.float64:
+            table = concat_table_float64(rows_in, d_model)  # (rows + |Δ|, d_model)
+        else:
+            table = ch04.reference_concat_table(rows_in, d_model)  # (rows + |Δ|, d_model)
         early, late = table[:rows], table[abs(shift) :]  # (rows, d_model) each: PE_i, PE_(i+|Δ|)
         source, target = (early, late) if shift >= 0 else (late, early)
         return torch.linalg.lstsq(source, target).solution  # source @ M ≈ target
@@ -153,10 +177,13 @@ def concat_shift_least_squares(rows):
     return fit
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("rows", [100, 1000])
-def test_concat_shift_matrix_rejects_a_least_squares_fit_to_a_float32_table(rows):
-    """The hint's claim: fits to 100 or 1000 float32 rows fail the check."""
-    result = ch04.check_concat_shift_matrix(concat_shift_least_squares(rows), verbose=False)
+def test_concat_shift_matrix_rejects_a_least_squares_fit(rows, dtype):
+    """The hint's claim: fits fail the check, even to a float64 table (the slow pairs'
+    columns are nearly dependent over a short table)."""
+    fit = concat_shift_least_squares(rows, dtype)
+    result = ch04.check_concat_shift_matrix(fit, verbose=False)
     assert not result and "is wrong" in result.message, result.message
 
 
@@ -490,6 +517,15 @@ def test_rope_cases_never_have_seq_len_equal_to_d_k():
     for case in ch04._rope_cases():
         seq_len, d_k = case["x"].shape[-2:]
         assert seq_len != d_k and int(case["positions"].max()) + 1 != d_k
+
+
+def test_rope_rotate_names_a_turn_the_other_way():
+    """Built from section 4.2's M_Δ block, the turn goes clockwise: the hint says R_i = M_(-i)."""
+    result = ch04.check_rope_rotate(rope_clockwise, verbose=False)
+    assert not result and "R_i = M_(-i)" in result.message, result.message
+    for other in (rope_rotate_half, rope_double_index):
+        result = ch04.check_rope_rotate(other, verbose=False)
+        assert not result and "M_(-i)" not in result.message, result.message
 
 
 def test_rope_rotate_rejects_companion_rotary_embedding():

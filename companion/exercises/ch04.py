@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -259,7 +259,36 @@ def check_concat_shift_matrix(
         reference_concat_shift_matrix,
         _shift_cases(),
         verbose=verbose,
+        hint=_concat_shift_hint,
     )
+
+
+def _close_to(got: object, expected: Tensor) -> bool:
+    """Whether ``got`` is a tensor of ``expected``'s shape with the same entries, to 1e-4."""
+    return (
+        isinstance(got, Tensor)
+        and got.shape == expected.shape
+        and torch.allclose(got.double(), expected.double(), atol=1e-4, rtol=1e-3)
+    )
+
+
+def _concat_shift_hint(case: Mapping[str, object], got: object) -> str:
+    """The hint of the two classic slips: the matrix that turns back (``M_{-Δ}``, the
+    transpose), and section 4.2's interleaved ``M_Δ`` left in its own order."""
+    shift, d_model = int(case["shift"]), int(case["d_model"])
+    if _close_to(got, reference_concat_shift_matrix(-shift, d_model)):
+        return (
+            "\n   Your matrix is M_(-Δ), the transpose: it moves the table back by `shift`. "
+            "Check table[i + shift] == table[i] @ M on a few rows of the concatenated table."
+        )
+    back = torch.argsort(torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)]))
+    interleaved = reference_concat_shift_matrix(shift, d_model)[back][:, back]  # section 4.2's M_Δ
+    if _close_to(got, interleaved):
+        return (
+            "\n   This is section 4.2's M_Δ for the interleaved table. The concatenated table "
+            "has its columns in the sin | cos order: reorder M's rows and its columns alike."
+        )
+    return ""
 
 
 # --------------------------------------------------------------------------------------------
@@ -631,6 +660,23 @@ def check_rope_rotate(
         reference_rope_rotate,
         _rope_cases(),
         verbose=verbose,
+        hint=_rope_rotate_hint,
+    )
+
+
+def _rope_rotate_hint(case: Mapping[str, object], got: object) -> str:
+    """The hint of a rotation that turns the other way, as section 4.2's ``M_Δ`` (sine first)
+    does: built from that block, it is ``M_i``, while RoPE's ``R_i`` is ``M_{-i}``."""
+    x, positions = case["x"], case["positions"]
+    if not isinstance(x, Tensor) or not isinstance(positions, Tensor):
+        return ""
+    if not _close_to(got, reference_rope_rotate(x, -positions)):
+        return ""
+    return (
+        "\n   Your rotation turns the other way (clockwise), (a, b) ↦ (a cos φ + b sin φ, "
+        "-a sin φ + b cos φ): that is the block of section 4.2's M_Δ at Δ = i, built for codes "
+        "that hold the sine first. RoPE's R_i = M_(-i): (a, b) ↦ (a cos φ - b sin φ, "
+        "a sin φ + b cos φ)."
     )
 
 
