@@ -715,6 +715,29 @@ def _one_token_layer(position: int, d: int = 4) -> NamedLayer:
     return NamedLayer(name, layer)
 
 
+def _largest_first_layer(d: int = 4) -> NamedLayer:
+    """Self-attention plus a fixed vector on output row 0 when token 0 has the largest first
+    feature of the sequence.
+
+    On a sequence whose largest first feature is at index 2 of 4, the reversal, the cyclic
+    shifts by one and the swap of the ends all leave that token off row 0, so each commutes
+    with the layer at this input; a reordering that brings it to row 0 (one random draw in 4)
+    does not. Such fixed reorderings generate every other one, yet a test checks them at one
+    input only, where they do not compose.
+    """
+    layers = equivariance_test_layers(d)
+    marker = torch.randn(d, generator=seeded_generator(118))  # (d,)
+
+    def layer(x: Tensor) -> Tensor:
+        out = layers["self-attention"](x)  # (seq_len, d)
+        bump = torch.zeros_like(out)  # (seq_len, d)
+        if int(x[:, 0].argmax()) == 0:
+            bump[0] = marker
+        return out + bump
+
+    return NamedLayer("attention plus a fixed vector on row 0 when token 0 is the largest", layer)
+
+
 #: How many two-token cases of the one-token layers the equivariance check adds: a test that
 #: draws k random permutations from the global generator sees only the identity on one of them
 #: with probability 2^-k, so it catches all of them, and can pass, with probability under
@@ -793,6 +816,11 @@ def _equivariance_cases() -> list[Case]:
     g_middle = seeded_generator(117)  # their own generator: the cases above keep their inputs
     for _ in range(EQUIVARIANCE_MIDDLE_TOKEN_CASES):
         cases.append({"layer": one_token[1], "x": torch.randn(3, 4, generator=g_middle)})
+    # four tokens, the largest first feature at index 2: only a reordering that brings it to row
+    # 0 moves the layer's bump, and no fixed reversal, shift by one or swap of the ends does
+    x4 = torch.randn(4, 4, generator=seeded_generator(119))  # (4, 4)
+    x4[2, 0] = x4[:, 0].max() + 1.0
+    cases.append({"layer": _largest_first_layer(), "x": x4})
     return cases
 
 
@@ -911,7 +939,9 @@ def _reorderings_hint(layer: Callable[[Tensor], Tensor], x: Tensor, perms: list[
     if any(_is_transposition(perm) for perm in perms):
         return (
             f" {tried}, and {none} this layer's outputs{kinds}. Your test already "
-            "swaps two tokens: try more reorderings, such as random permutations"
+            "swaps two tokens: try more reorderings, such as random permutations (fixed "
+            "reorderings that generate all the others are checked at this one input only, "
+            "where they do not compose)"
         )
     return (
         f" {tried}, and {none} this layer's outputs{kinds}. Try more reorderings: "
