@@ -659,6 +659,14 @@ class _BatchModel:
         return f"model {self.number} (a function from ids (batch, seq) to logits)"
 
 
+def batch_independence_cases() -> list[Case]:
+    """The cases :func:`check_batch_independent` runs a reader's test on, in its order: each a
+    dict with ``logits_fn`` (ids ``(batch, seq_len)`` → logits ``(batch, seq_len, vocab)``, its
+    ``how`` naming what it does to the batch) and ``ids`` ``(batch, seq_len)``; the same on
+    every call (seeded). Chapter 11 measures on them the moves its exercise 6 solution quotes."""
+    return _batch_cases()
+
+
 def _batch_cases() -> list[Case]:
     g = seeded_generator(116)
     cases: list[Case] = []
