@@ -792,6 +792,32 @@ def test_first_leak_rejects_wrong(wrong):
     assert not ch05.check_first_leak(wrong, verbose=False)
 
 
+@pytest.mark.parametrize(
+    "wrong, case_name",
+    [
+        (first_leak_exact, "1e-6 tanh(x[3]) into 0"),
+        (first_leak_allclose_default_rtol, "1.5e-5 step of x[4] into 2"),
+        (first_leak_l2_norm, "8e-6 in every entry, x[3] into 0"),
+    ],
+)
+def test_first_leak_flags_the_tolerance_cases_as_spec_cases(wrong, case_name):
+    """A sound test that reads the tolerance another way fails a case that says so."""
+    names = [case["attend"].name for case in ch05._future_leak_cases()]
+    assert set(ch05._TOLERANCE_SPEC_CASES) <= set(names)
+    torch.manual_seed(0)
+    result = ch05.check_first_leak(wrong, verbose=False)
+    assert not result
+    assert f"case {names.index(case_name) + 1} is wrong" in result.message
+    assert "tests the stated tolerance" in result.message
+
+
+def test_first_leak_gives_a_conceptual_mistake_no_tolerance_hint():
+    for wrong in (first_leak_whole_future, first_leak_smallest_j_first, first_leak_uniform):
+        torch.manual_seed(0)
+        result = ch05.check_first_leak(wrong, verbose=False)
+        assert not result and "tolerance" not in result.message, wrong.__name__
+
+
 def test_leak_cases_have_both_answers_and_the_hard_leaks():
     answers = [ch05.reference_first_leak(**case) for case in ch05._future_leak_cases()]
     assert answers.count(None) >= 4 and len(answers) - answers.count(None) >= 6

@@ -803,6 +803,31 @@ def _future_leak_cases() -> list[Case]:
     ]
 
 
+# the cases that test the stated tolerance rule (any entry, absolute 1e-5, rtol=0) rather than
+# the idea of a leak test: a learner whose test is sound but reads the tolerance another way
+# (exact equality, allclose's default rtol, an L2 norm) fails one of these, and is told so
+_TOLERANCE_SPEC_CASES = {
+    "1e-6 tanh(x[3]) into 0": "a change of about 1e-6 in each entry, below 1e-5: no leak",
+    "1.5e-5 step of x[4] into 2": (
+        "a change of about 1.5e-5 on entries of size 1.5 or more: a leak, with rtol=0"
+    ),
+    "8e-6 in every entry, x[3] into 0": (
+        "about 8e-6 in every entry, each below 1e-5 (an L2 norm adds them up): no leak"
+    ),
+}
+
+
+def _leak_hint(case: Case, got: Any) -> str:
+    """Say so when the failed case tests the tolerance rule of the specification."""
+    what = _TOLERANCE_SPEC_CASES.get(getattr(case["attend"], "name", ""))
+    if what is None:
+        return ""
+    return (
+        f"\n   This case tests the stated tolerance, not the idea of your test: {what}. A change"
+        " counts when any single entry moves by more than 1e-5, absolute (rtol=0)."
+    )
+
+
 def check_first_leak(
     first_leak: Callable[[Callable[[Tensor], Tensor], Tensor], tuple[int, int] | None],
     verbose: bool = True,
@@ -819,11 +844,13 @@ def check_first_leak(
     ``rtol``), a leak through negative entries only (missed by uniform noise,
     ``torch.rand_like``), a change of about ``8e-6`` in every entry (no leak by the
     specification, reported by a test on the L2 norm of the change), and leaks that a positive rescale, an added constant, a negation or
-    a replacement by zeros cannot reveal."""
+    a replacement by zeros cannot reveal. A failure on one of the three cases that test the
+    tolerance rule (1e-6, the 1.5e-5 step, 8e-6 in every entry) says that it is such a case."""
     return _run(
         "first_leak",
         first_leak,
         reference_first_leak,
         _future_leak_cases(),
         verbose=verbose,
+        hint=_leak_hint,
     )
