@@ -1329,6 +1329,14 @@ def test_blend_separable_rejects_wrong(wrong, hint):
     assert hint in result.message, result.message
 
 
+def test_blend_separable_at_least_tol_is_not_blamed_on_buckets():
+    """Totals exactly tol apart are not MORE than tol apart: the '>= tol' slip gets the plain
+    message, not the rounding-into-buckets one (review s10rv03b)."""
+    result = ch03.check_blend_separable(separable_at_least_tol, verbose=False)
+    assert not result
+    assert "buckets" not in result.message, result.message
+
+
 def test_blend_separable_cases_have_both_verdicts_and_a_tol_that_matters():
     cases = ch03._separable_cases()
     verdicts = [ch03.reference_blend_separable(**case) for case in cases]
