@@ -592,6 +592,12 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         # above float32 rounding)
         return q @ k * scale + 7.5e-5 * (i % 2)
 
+    def faint_every_17th_query(q: Tensor, k: Tensor, i: int, j: int) -> Tensor:
+        # faint and rare: moves a score by 6e-5 (above every tolerance up to 5e-5) for about one
+        # draw in nine, so the mean of |before - after| over the draws stays near 7e-6, below
+        # 1e-5: a test that compares the mean, not each draw, with its tolerance misses it
+        return q @ k * scale + 6e-5 * (i % 17 == 0)
+
     named = [
         ("no position information", no_positions, True),
         ("RoPE (RotaryEmbedding, base 10000)", rope_score, True),
@@ -618,6 +624,7 @@ def _score_functions(dim: int) -> list[tuple[ScoreFunction, bool]]:
         ("bias 0.5 on key positions divisible by 13", every_nth(13, "key"), False),
         ("bias 0.5 on query positions divisible by 17", every_nth(17, "query"), False),
         ("bias 7.5e-5 on odd query positions", faint_odd_query, False),
+        ("bias 6e-5 on query positions divisible by 17", faint_every_17th_query, False),
         ("bias -0.05·i only where the key comes first (j < i)", earlier_key_bias, False),
         ("bias -0.05·i only where the key comes after the query (j > i)", later_key_bias, False),
         ("bias -0.05·i only at offsets |i - j| > 20", far_offset_bias, False),
