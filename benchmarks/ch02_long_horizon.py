@@ -5,10 +5,17 @@ still far behind after 60 steps and still falling. Does the gap close later, as 
 d_k = 64 does? The chapter's time budget leaves no room for it, so this script runs the
 **chapter's own code** (the task, loss and training function of
 ``book/02_scaled_dot_product.ipynb``, cell id ``ch02-train``) for 200 steps at d_k = 64 and 1024:
-scaled (blue), unscaled (red) and control 1 (green: unscaled, W_Q started divided by √d_k),
-seeds 0, 1 and 2, learning rate 0.01 (the chapter's setting). Its first 60 steps are the
-chapter's runs. It records the held-out loss every 10 steps (500 held-out queries, generator seed
-100, as in the chapter). The chapter reads ``companion/results/ch02_long_horizon.json``.
+scaled (blue), unscaled (red), control 1 (green: unscaled, W_Q started divided by √d_k) and
+control 3 (``slow_wq``: red's start, W_Q's learning rate divided by √d_k, the missing cell of the
+2 × 2 of start and rate), seeds 0, 1 and 2, learning rate 0.01 (the chapter's setting). Its first
+60 steps are the chapter's runs. It records the held-out loss every 10 steps (500 held-out
+queries, generator seed 100, as in the chapter).
+
+It also records a **trace** of the first 60 steps of blue, red and green, every step: on the
+held-out queries, the median weight on the right (copied) key, the share of queries whose largest
+weight is on the right key, and the standard deviation of the softmax inputs s̃ = λ q·k (all
+500 × 16 of them). The trace replays ``train_curve``'s draws and steps; its held-out losses are
+checked against ``train_curve``'s. The chapter reads ``companion/results/ch02_long_horizon.json``.
 
 Usage: ``python benchmarks/ch02_long_horizon.py`` (about a minute of CPU time).
 """
@@ -30,7 +37,8 @@ CELL_ID = "ch02-train"
 OUT = ROOT / "companion" / "results" / "ch02_long_horizon.json"
 SEEDS = (0, 1, 2)
 D_KS = (64, 1024)
-SETTINGS = ("scaled", "unscaled", "control")
+SETTINGS = ("scaled", "unscaled", "control", "slow_wq")
+TRACE_SETTINGS, TRACE_STEPS = ("scaled", "unscaled", "control"), 60
 STEPS, EVAL_EVERY = 200, 10
 PRELUDE = """
 import itertools
@@ -44,6 +52,46 @@ N_KEYS = 16
 def chapter_code() -> dict:
     """Execute the chapter's task, loss and training function; return their namespace."""
     return run_chapter_cell(NOTEBOOK, CELL_ID, "curves = {", PRELUDE)
+
+
+def trace_run(code: dict, d_k: int, setting: str, seed: int) -> dict[str, list[float]]:
+    """Replay ``train_curve(d_k, setting, seed)`` for TRACE_STEPS steps, measuring every step."""
+    gen = torch.Generator().manual_seed(seed)  # train_curve's draws, in its order
+    query_proj = torch.randn(code["D_MODEL"], d_k, generator=gen) / math.sqrt(code["D_MODEL"])
+    if setting.startswith("control"):
+        query_proj = query_proj / math.sqrt(d_k)
+    query_proj.requires_grad_()
+    key_proj = (
+        torch.randn(code["D_MODEL"], d_k, generator=gen) / math.sqrt(code["D_MODEL"])
+    ).requires_grad_()
+    optimizer = torch.optim.Adam([{"params": [query_proj]}, {"params": [key_proj]}], lr=0.01)
+    scale = 1 / math.sqrt(d_k) if setting == "scaled" else 1.0
+    x_query, x_keys, values, wanted = code["held_out"]
+    target = (x_keys == x_query).all(-1).float().argmax(-1)  # (500,) the copied key
+    rows = torch.arange(len(target))
+    trace: dict[str, list[float]] = {
+        "loss": [],
+        "right_weight": [],
+        "right_top": [],
+        "score_std": [],
+    }
+    for step in range(TRACE_STEPS + 1):
+        with torch.no_grad():
+            soft_in = scale * (x_query @ (query_proj @ key_proj.T)) @ x_keys.transpose(-2, -1)
+            alpha = torch.softmax(soft_in.squeeze(-2), dim=-1)  # (500, 16)
+            trace["loss"].append(
+                code["retrieval_loss"](query_proj, key_proj, scale, code["held_out"]).item()
+            )
+            trace["right_weight"].append(alpha[rows, target].median().item())
+            trace["right_top"].append((alpha.argmax(-1) == target).float().mean().item())
+            trace["score_std"].append(soft_in.std().item())
+        if step < TRACE_STEPS:
+            batch = code["retrieval_batch"](64, gen)
+            loss = code["retrieval_loss"](query_proj, key_proj, scale, batch)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    return {k: [float(f"{x:.6g}") for x in v] for k, v in trace.items()}
 
 
 def main() -> None:
@@ -60,12 +108,31 @@ def main() -> None:
                 curve = code["train_curve"](d_k, setting, seed)
                 runs[str(d_k)][setting][str(seed)] = [float(f"{x:.6g}") for x in curve]
                 print(f"d_k = {d_k}, {setting}, seed {seed}: {curve[0]:.2f} -> {curve[-1]:.4f}")
+    traces: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = {}
+    for d_k in D_KS:
+        traces[str(d_k)] = {}
+        for setting in TRACE_SETTINGS:
+            traces[str(d_k)][setting] = {}
+            for seed in SEEDS:
+                trace = trace_run(code, d_k, setting, seed)
+                # the replay is train_curve's run: same held-out losses at its evaluation steps
+                ours = trace["loss"][::EVAL_EVERY]
+                theirs = runs[str(d_k)][setting][str(seed)][: len(ours)]
+                assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(ours, theirs)), (
+                    ours,
+                    theirs,
+                )
+                traces[str(d_k)][setting][str(seed)] = trace
     record = {
         "task": "chapter 2's retrieval layer (section 2.5), d_model = 32, Adam lr 0.01, 200 steps",
         "metric": "held-out loss (500 queries): 0 perfect retrieval, 15 uniform weights",
-        "settings": "scaled (blue), unscaled (red), control = control 1 (green)",
+        "settings": "scaled (blue), unscaled (red), control = control 1 (green: W_Q started ÷√d_k), "
+        "slow_wq = control 3 (red's start, W_Q's learning rate ÷√d_k)",
         "steps": list(range(0, STEPS + 1, EVAL_EVERY)),
         "held_out_loss": runs,
+        "trace": traces,
+        "trace_metrics": "every step 0-60 on the held-out queries: loss; median weight on the right key; "
+        "share of queries whose largest weight is on it; std of the softmax inputs λ q·k",
         "sqrt_d_k": {str(d): math.sqrt(d) for d in D_KS},
         "torch": torch.__version__,
         "machine": platform.machine(),

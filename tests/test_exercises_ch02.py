@@ -549,6 +549,19 @@ def scale_test_pytest_style(attention):  # asserts instead of returning False
     return True
 
 
+def scale_test_float64_tight(attention):  # float64 inputs, atol=1e-9: stricter, and right
+    gen = torch.Generator().manual_seed(2)
+    for lead, q_len, k_len, d_k, d_v in GOOD_SHAPES:
+        q = torch.randn(*lead, q_len, d_k, generator=gen, dtype=torch.float64)
+        k = torch.randn(*lead, k_len, d_k, generator=gen, dtype=torch.float64)
+        v = torch.randn(*lead, k_len, d_v, generator=gen, dtype=torch.float64)
+        expected = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(d_k), -1) @ v
+        got = attention(q, k, v)
+        if got.shape != expected.shape or not torch.allclose(got.double(), expected, atol=1e-9):
+            return False
+    return True
+
+
 def scale_test_weights_through_identity(attention):  # v = I reads the weights off the output
     gen = torch.Generator().manual_seed(1)
     for lead, q_len, k_len, d_k in [((), 3, 5, 4), ((2, 2), 2, 6, 25)]:
@@ -662,6 +675,7 @@ def scale_test_never_calls(attention):
         ch02.reference_is_scaled_attention,
         scale_test_correct,
         scale_test_pytest_style,
+        scale_test_float64_tight,
         scale_test_weights_through_identity,
     ],
 )
@@ -1154,8 +1168,13 @@ def test_attention_backward_names_a_scale_slip(wrong, says):
     assert not result and says in result.message, result.message
 
 
-def test_attention_backward_hint_is_silent_for_other_slips():
+def test_attention_backward_names_the_diagonal_jacobian_slip():
     result = ch02.check_attention_backward(backward_diagonal_jacobian, verbose=False)
+    assert not result and "the softmax Jacobian's diagonal only" in result.message, result.message
+
+
+def test_attention_backward_hint_is_silent_for_other_slips():
+    result = ch02.check_attention_backward(backward_grad_k_untransposed, verbose=False)
     assert not result and "Hint" not in result.message, result.message
 
 

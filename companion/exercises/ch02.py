@@ -232,19 +232,27 @@ def _correct_split_scale(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return weights @ v  # (..., q_len, d_v)
 
 
-#: How far :func:`_correct_off_by_rounding` moves every output entry: "a few 1e-6", the size of
-#: float32 rounding the exercise's prompt allows, well inside the solution's atol=1e-5
+#: How far :func:`_correct_off_by_rounding` moves every float32 output entry, on purpose: "a few
+#: 1e-6", the error float32 attention can reach on larger inputs than a test needs (the prompt
+#: says so), well inside the solution's atol=1e-5. Other dtypes get the same offset in units of
+#: their own rounding (float64: about 7e-15), so a float64 test with a tight atol accepts it.
 _ROUNDING_OFFSET = 4e-6
 
 
+def _rounding_offset(dtype: torch.dtype) -> float:
+    """:data:`_ROUNDING_OFFSET` in units of ``dtype``'s machine epsilon (float32's for ints)."""
+    eps = torch.finfo(dtype).eps if dtype.is_floating_point else torch.finfo(torch.float32).eps
+    return _ROUNDING_OFFSET * eps / torch.finfo(torch.float32).eps
+
+
 def _correct_off_by_rounding(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    # the formula, every output entry then 4e-6 too large: a correct function whose rounding is
-    # as large as the prompt allows, on every entry rather than on the few that happen to round
-    # badly. A test that compares with a relative tolerance alone (rtol=1e-4, atol=0) rejects
-    # it whenever an output entry lies within 0.04 of 0, one with atol=1e-6 (rtol=1e-5)
+    # the formula, every output entry then 4e-6 too large (float32): a correct function whose
+    # error is as large as the prompt allows, on every entry rather than on the few that happen
+    # to round badly. A test that compares with a relative tolerance alone (rtol=1e-4, atol=0)
+    # rejects it whenever an output entry lies within 0.04 of 0, one with atol=1e-6 (rtol=1e-5)
     # whenever one lies within 0.3: random normal inputs of a few dozen output entries always
     # have such entries (tests/test_exercises_ch02.py tries many seeds)
-    return _correct_four_lines(q, k, v) + _ROUNDING_OFFSET  # (..., q_len, d_v)
+    return _correct_four_lines(q, k, v) + _rounding_offset(q.dtype)  # (..., q_len, d_v)
 
 
 def _with_factor(factor: Callable[[Tensor, Tensor, Tensor], float]) -> Callable[..., Tensor]:
@@ -367,11 +375,13 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         "a division by √(d_k + 1), a small error (3 % at d_k = 16)",
         _with_factor(lambda q, k, v: 1 / math.sqrt(q.shape[-1] + 1)),
         False,
-        "tighten the tolerance: float32 rounding is about 1e-7, so atol=1e-5 has room enough",
+        "tighten the tolerance: float32 rounding moves these outputs by under 1e-6, so"
+        " atol=1e-5 has room enough",
     ),
     (
-        "the formula with every output entry 4e-6 too large, a rounding error of the size the"
-        " prompt allows",
+        "the formula with every output entry 4e-6 too large (float32 inputs; about 7e-15 for"
+        " float64 ones), a deliberate offset of the size float32 rounding reaches on larger"
+        " inputs, which the prompt says a tolerance must allow",
         _correct_off_by_rounding,
         True,
         "",
@@ -380,7 +390,8 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         "the weights computed in float16, about 1e-3 off",
         _softmax_in_float16,
         False,
-        "tighten the tolerance: float32 rounding is about 1e-7, so atol=1e-5 has room enough",
+        "tighten the tolerance: float32 rounding moves these outputs by under 1e-6, so"
+        " atol=1e-5 has room enough",
     ),
 )
 
@@ -477,10 +488,12 @@ def _scale_verdict_problem(
         for q, k, v in recorded.calls[:3]
     )
     if correct:
+        dtypes = sorted({str(q.dtype).removeprefix("torch.") for q, _, _ in recorded.calls})
         return (
             f"your test rejected {recorded!r}, {what}, an attention that IS correct; on the"
             f" inputs your test used ({shapes}) its outputs differ from the exact values by at"
-            f" most {error:.1e} (on outputs up to {size:.1e}), float32 rounding. Exact equality"
+            f" most {error:.1e} (on outputs up to {size:.1e}), within what {'/'.join(dtypes)}"
+            " rounding allows. Exact equality"
             " always rejects rounding; a tolerance that shrinks to nothing near zero"
             " (torch.allclose's default atol=1e-8, or rtol alone), or an atol below a few 1e-6,"
             " rejects it whenever an output entry lands close to 0, so such a test passes or"
@@ -529,7 +542,8 @@ def check_scale_test(
     :func:`reference_scaled_attention`, the output only, as PyTorch's function returns it)
     and must say whether it computes ``softmax(q kᵀ/√d_k) v``. The check hands it the
     functions of :data:`SCALE_TEST_CANDIDATES`, five correct ones (with different float32
-    rounding, one of them 4e-6 off in every entry, which a purely relative tolerance such as
+    rounding, one of them 4e-6 off in every entry on purpose (float32 inputs; float64 ones get
+    the same offset in float64's units, about 7e-15), which a purely relative tolerance such as
     ``rtol=1e-4, atol=0`` rejects whenever an output entry lies within 0.04 of 0 and
     ``atol=1e-6`` whenever one lies within 0.3: on random normal inputs with a few dozen
     output entries, always) and thirteen with a slip (no scale,
@@ -1190,4 +1204,21 @@ def _attention_backward_hint(case: Case, got: Any) -> str:
             for g, e in zip(got[:2], expected[:2])
         ):
             return f"\n   Hint: ∂L/∂q and ∂L/∂k are off by a factor √d_k{'' if factor > 1 else ' (too small)'}: {slip}?"
+    # the diagonal-Jacobian slip: ∂L/∂s̃ = α (1 − α) u, without the coupling −Σ_l α_l u_l
+    q, k, v = (case[name].double() for name in ("q", "k", "v"))
+    scale = 1 / root
+    weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)  # (..., q_len, k_len)
+    upstream = case["grad_output"].double() @ v.transpose(-2, -1)  # u: (..., q_len, k_len)
+    diagonal = weights * (1 - weights) * upstream  # (..., q_len, k_len)
+    slipped = (scale * diagonal @ k, scale * diagonal.transpose(-2, -1) @ q)
+    if all(
+        isinstance(g, Tensor)
+        and g.shape == e.shape
+        and torch.allclose(g.double(), e, atol=1e-5, rtol=1e-4)
+        for g, e in zip(got[:2], slipped)
+    ):
+        return (
+            "\n   Hint: this is α ⊙ (1 − α) ⊙ u, the softmax Jacobian's diagonal only: raising one"
+            " score also lowers every other weight of its row, so ∂L/∂s̃ = α ⊙ (u − Σ_l α_l u_l)"
+        )
     return ""
