@@ -501,7 +501,8 @@ def test_parameter_cases_are_configs_with_a_short_report():
 
 def test_parameter_cases_set_only_the_fields_the_exercise_lists():
     """Exercise 2 promises configs that set only its listed fields: every other field of
-    every case keeps its default, and the exercise's text names exactly those fields."""
+    every case keeps its default, and the exercise (its text and its stub's docstring) names
+    exactly those fields."""
     defaults = {f.name: f.default for f in fields(TransformerConfig)}
     for case in ch07._parameter_cases():
         changed = {k for k, v in asdict(case["config"]).items() if v != defaults[k]}
@@ -509,11 +510,9 @@ def test_parameter_cases_set_only_the_fields_the_exercise_lists():
     notebook = json.loads(
         (Path(__file__).parents[1] / "book" / "07_whole_transformer.ipynb").read_text("utf-8")
     )
-    text = next(
-        "".join(cell["source"])
-        for cell in notebook["cells"]
-        if "".join(cell["source"]).startswith("**Exercise 2")
-    )
+    sources = ["".join(cell["source"]) for cell in notebook["cells"]]
+    at = next(i for i, source in enumerate(sources) if source.startswith("**Exercise 2"))
+    text = sources[at] + sources[at + 1]  # the statement and the stub's docstring
     named = set(re.findall(r"`(\w+)`", text)) & set(defaults)
     assert named == set(ch07._COUNTED_FIELDS) | {"norm", "final_norm", "positional"}, named
 
@@ -742,9 +741,33 @@ def step_full_forward_last_row(model, token, memory, memory_mask, cache):
     return model(token, token)[:, -1:]
 
 
+def step_with_is_causal(model, token, memory, memory_mask, cache):
+    y = model.tgt_positions(model.tgt_embedding(token), offset=cache.length)  # (batch, 1, d)
+    for layer, kept in zip(model.decoder.layers, cache.layers):
+        y = layer(y, memory, None, memory_mask, cache=kept, is_causal=True)
+    if model.decoder.final_norm is not None:
+        y = model.decoder.final_norm(y)
+    return model.generator(y)
+
+
 def test_decode_step_accepts_correct():
     assert ch07.check_decode_step(step_correct, verbose=False)
     assert ch07.check_decode_step(step_with_the_position_module, verbose=False)
+
+
+def test_decode_step_with_is_causal_is_accepted_and_torch_aligns_it_top_left():
+    """The solution says: is_causal=True is right with the package's cache (the causal mask is
+    aligned bottom-right, the new query sees every cached key), while PyTorch's fused kernel aligns
+    it top-left (a query of length 1 sees only key 0)."""
+    assert ch07.check_decode_step(step_with_is_causal, verbose=False)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, 1, 1, 8, generator=g),
+        torch.randn(1, 1, 4, 8, generator=g),
+        torch.randn(1, 1, 4, 8, generator=g),
+    )
+    top_left = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(top_left, v[:, :, :1])  # only key 0
 
 
 @pytest.mark.parametrize(
