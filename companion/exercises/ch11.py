@@ -748,9 +748,9 @@ def check_batch_independent(
     batch_independent: Callable[..., bool], verbose: bool = True
 ) -> CheckResult:
     """Check ``batch_independent(logits_fn, ids)`` → ``True`` when every sentence's logits
-    depend on that sentence only (to ``1e-4``), else ``False``, on small models: healthy ones
-    (one whose batched result rounds differently, by 1e-6 per row), and ones that mix the
-    batch symmetrically (a batch mean, also a small one, or one at the first position only),
+    depend on that sentence only (to an absolute ``1e-4``), else ``False``, on small models:
+    healthy ones (one whose batched result rounds differently, by 1e-6 per row), and ones that
+    mix the batch symmetrically (a batch mean, also a small one, or one at the first position only),
     make some rows read others (the first row read by the rest, row 0 reading row 1, row 2
     reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0,
     row 1 reading row 0 and row 0 reading row 2 of four, neighbouring rows of four reading each
