@@ -705,7 +705,14 @@ def _peri_in_place(x, sublayer, input_norm, output_norm):
             lambda x, sublayer, input_norm, output_norm: (
                 x.detach() + output_norm(sublayer(input_norm(x)))
             ),
-            "gradient",
+            "x of `x + ...` detached",
+        ),
+        # the right values, but the branch cut out of autograd: the hint names the branch
+        (
+            lambda x, sublayer, input_norm, output_norm: (
+                x + output_norm(sublayer(input_norm(x))).detach()
+            ),
+            "Is the branch detached",
         ),
         # the right values, but the caller's x overwritten
         (_peri_in_place, "in place"),
@@ -799,6 +806,23 @@ def test_peri_ln_gradient_scale_measures_the_readers_block():
     assert good and "is 0.0100 times" in good.message, good.message
     bad = ch06.check_peri_ln_gradient_scale(0.01, peri_ln_as_pre_ln, verbose=False)
     assert not bad and "check your block" in bad.message, bad.message
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        # the residual path detached: the weight gradient still scales by 1/100
+        lambda x, sublayer, input_norm, output_norm: (
+            x.detach() + output_norm(sublayer(input_norm(x)))
+        ),
+        # the two norms swapped: fresh norms are identical, so the measure alone cannot tell
+        lambda x, sublayer, input_norm, output_norm: x + input_norm(sublayer(output_norm(x))),
+    ],
+)
+def test_peri_ln_gradient_scale_runs_the_block_check(wrong):
+    """A wrong block whose weight gradient scales right gets no ✅ (review s10rv06 (c))."""
+    result = ch06.check_peri_ln_gradient_scale(0.01, wrong, verbose=False)
+    assert not result and "fails exercise 2's check" in result.message, result.message
 
 
 @pytest.mark.parametrize("value", [None, "0.01"])

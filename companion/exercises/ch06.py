@@ -388,12 +388,25 @@ def _peri_gradient_problem(peri_ln_block: Callable) -> str | None:
             )
         (grad,) = torch.autograd.grad((out * weights).sum(), leaf, allow_unused=True)
         grads.append(torch.zeros_like(x) if grad is None else grad)
-    if not torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5):
+    if torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5):
+        return None
+    # the reference's gradient is the residual path's (the read-out itself) plus the branch's
+    if torch.allclose(grads[0], weights, rtol=1e-4, atol=1e-5):
         return (
-            "the values are right, but the gradient with respect to x is not: the residual path"
-            " should pass the gradient on unchanged (is x detached somewhere?)."
+            "the values are right, but no gradient flows back through the branch: only the"
+            " residual path passes it on. Is the branch detached (`.detach()` on"
+            " output_norm(...) or inside it)?"
         )
-    return None
+    if torch.allclose(grads[0], grads[1] - weights, rtol=1e-4, atol=1e-5):
+        return (
+            "the values are right, but the residual path passes no gradient: it should pass"
+            " the gradient on unchanged. Is the x of `x + ...` detached?"
+        )
+    return (
+        "the values are right, but the gradient with respect to x is not: the residual path"
+        " should pass the gradient on unchanged and the branch should pass its own"
+        " (is something detached?)."
+    )
 
 
 #: exercise 2's prediction: with fresh norms (gain 1, bias 0) and a bias-free sub-layer, the
@@ -457,7 +470,15 @@ def check_peri_ln_gradient_scale(
                 " times the one at scale 1."
             )
             block_ok = abs(ratio / 0.01 - 1) < 0.01
-            if not block_ok:
+            if block_ok and not check_peri_ln_block(peri_ln_block, verbose=False):
+                # a block can scale its weight gradient right and still be wrong elsewhere
+                # (a detached residual path, swapped norms): exercise 2's check decides
+                block_ok = False
+                measured += (
+                    " Your block's weight gradient scales as predicted, but the block fails"
+                    " exercise 2's check: run that check first."
+                )
+            elif not block_ok:
                 measured += (
                     " A Peri-LN block's output does not change with the weights' scale, so its"
                     " weight gradient falls 100-fold: check your block against exercise 2's"
