@@ -609,7 +609,8 @@ def test_equivariance_swap_of_the_ends_and_one_draw_is_rejected(seed, monkeypatc
 
 def test_equivariance_cases_include_short_sequences():
     short = [case for case in ch01._equivariance_cases() if case["x"].shape[0] <= 3]
-    expected = 5 + ch01.EQUIVARIANCE_TWO_TOKEN_CASES + 3 + ch01.EQUIVARIANCE_MIDDLE_TOKEN_CASES
+    # + 1: the three sorted tokens of the layer that reacts only to rotations
+    expected = 5 + ch01.EQUIVARIANCE_TWO_TOKEN_CASES + 3 + ch01.EQUIVARIANCE_MIDDLE_TOKEN_CASES + 1
     assert len(short) == expected, [c["x"].shape for c in short]
     for case in short:  # each short case is a layer that is NOT equivariant at its length
         assert not ch01.reference_is_permutation_equivariant(case["layer"], case["x"]), case
@@ -691,10 +692,24 @@ def test_equivariance_fixed_generating_reorderings_are_not_enough():
         perms = [swap, torch.roll(torch.arange(n), 1)]
         return all(torch.allclose(layer(x[p]), output[p], atol=1e-5, rtol=1e-4) for p in perms)
 
-    layer, x = ch01.equivariance_check_inputs()[-1]
+    layer, x = ch01.equivariance_check_inputs()[-2]  # the largest-first layer, 4 tokens
     assert swap_and_shift(layer, x), "the trap: both fixed reorderings commute at this input"
     assert not ch01.reference_is_permutation_equivariant(layer, x)
     result = ch01.check_is_permutation_equivariant(swap_and_shift, verbose=False)
+    assert not result
+    assert "do not compose" in result.message, result.message
+
+
+def test_equivariance_all_swaps_of_two_tokens_are_rejected():
+    """Every swap of two tokens, tried at one input, still misses the layer that reacts only to
+    rotations of its sorted tokens (review s10rvF01)."""
+    swaps = _equivariant_under(
+        lambda n: [_swap(n, i, j) for i in range(n) for j in range(i + 1, n)]
+    )
+    layer, x = ch01.equivariance_check_inputs()[-1]
+    assert swaps(layer, x), "the trap: every swap commutes at this input"
+    assert not ch01.reference_is_permutation_equivariant(layer, x)
+    result = ch01.check_is_permutation_equivariant(swaps, verbose=False)
     assert not result
     assert "do not compose" in result.message, result.message
 

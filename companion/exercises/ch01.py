@@ -738,6 +738,31 @@ def _largest_first_layer(d: int = 4) -> NamedLayer:
     return NamedLayer("attention plus a fixed vector on row 0 when token 0 is the largest", layer)
 
 
+def _cycled_order_layer(d: int = 4) -> NamedLayer:
+    """Self-attention plus a fixed vector on output row 0 when the tokens, ranked by their first
+    feature, stand in an even order other than sorted (on three tokens: a rotation by one or two).
+
+    On three tokens sorted by their first feature, every swap of two tokens leaves an odd order,
+    so each commutes with the layer at this input; the two rotations (a random draw in 3) do
+    not. All three swaps generate every reordering, yet checked at one input they do not compose.
+    """
+    layers = equivariance_test_layers(d)
+    marker = torch.randn(d, generator=seeded_generator(120))  # (d,)
+
+    def layer(x: Tensor) -> Tensor:
+        out = layers["self-attention"](x)  # (seq_len, d)
+        order = x[:, 0].argsort().tolist()  # the ranks' order
+        seq_len = len(order)
+        inversions = sum(order[i] > order[j] for i in range(seq_len) for j in range(i + 1, seq_len))
+        if inversions > 0 and inversions % 2 == 0:
+            bump = torch.zeros_like(out)  # (seq_len, d)
+            bump[0] = marker
+            out = out + bump
+        return out
+
+    return NamedLayer("attention plus a fixed vector on row 0 when the tokens are rotated", layer)
+
+
 #: How many two-token cases of the one-token layers the equivariance check adds: a test that
 #: draws k random permutations from the global generator sees only the identity on one of them
 #: with probability 2^-k, so it catches all of them, and can pass, with probability under
@@ -821,6 +846,11 @@ def _equivariance_cases() -> list[Case]:
     x4 = torch.randn(4, 4, generator=seeded_generator(119))  # (4, 4)
     x4[2, 0] = x4[:, 0].max() + 1.0
     cases.append({"layer": _largest_first_layer(), "x": x4})
+    # three tokens sorted by their first feature: every swap of two leaves an odd order, which
+    # the layer ignores; only the two rotations move its bump
+    x3 = torch.randn(3, 4, generator=seeded_generator(121))  # (3, 4)
+    x3 = x3[x3[:, 0].argsort()]
+    cases.append({"layer": _cycled_order_layer(), "x": x3})
     return cases
 
 
