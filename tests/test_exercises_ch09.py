@@ -245,6 +245,26 @@ def pool_head_dim_from_d_model(weight, num_heads, num_kv_heads):
     return blocks.mean(1).reshape(num_kv_heads * head_dim, weight.shape[1])
 
 
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (pool_interleaved_groups, "the pairing of `repeat`"),
+        (pool_sum, "sums the 4 heads of a group"),
+        (pool_adjacent_rows, "neighbouring rows"),
+    ],
+)
+def test_mean_pool_names_the_classic_slips(wrong, hint):
+    result = ch09.check_mean_pool_kv_heads(wrong, verbose=False)
+    assert not result
+    assert hint in result.message, result.message
+
+
+def test_mean_pool_gives_no_hint_to_an_unnamed_slip():
+    result = ch09.check_mean_pool_kv_heads(pool_one_row_per_group, verbose=False)
+    assert not result
+    assert "hint" not in result.message, result.message
+
+
 def test_head_dim_from_d_model_is_rejected_with_a_hint():
     result = ch09.check_mean_pool_kv_heads(pool_head_dim_from_d_model, verbose=False)
     assert not result
@@ -386,6 +406,22 @@ def test_merge_accepts_correct():
 )
 def test_merge_rejects_wrong(wrong):
     assert not ch09.check_merge_partial_attention(wrong, verbose=False)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (merge_mean, "averages the two outputs"),
+        (merge_nan_when_both_empty, "no key in either part"),
+        (merge_through_exp, "exp(lse) overflows"),
+        (merge_through_exp_float64, "no key in either part"),  # 0 / 0 at the empty query
+        (merge_lse_by_max, "not the larger of the two"),
+    ],
+)
+def test_merge_names_the_classic_slips(wrong, hint):
+    result = ch09.check_merge_partial_attention(wrong, verbose=False)
+    assert not result
+    assert hint in result.message, result.message
 
 
 def test_merge_rejects_changing_a_part_in_place():

@@ -229,6 +229,35 @@ def _pool_cases() -> list[Case]:
     ]
 
 
+def _same(got: object, slip: Tensor) -> bool:
+    """Whether ``got`` is a tensor equal to a classic slip's answer (to float rounding)."""
+    return (
+        isinstance(got, Tensor)
+        and got.shape == slip.shape
+        and bool(torch.isclose(got, slip, rtol=1e-4, atol=1e-6, equal_nan=True).all())
+    )
+
+
+def _pool_hint(case: Case, got: object) -> str:
+    """Name the classic pooling slip whose answer ``got`` equals, if any."""
+    weight, heads, kv_heads = case["weight"], case["num_heads"], case["num_kv_heads"]
+    group, head_dim = heads // kv_heads, weight.shape[0] // heads
+    if group == 1:  # groups of one: every slip below equals the right answer
+        return ""
+    blocks = weight.unflatten(0, (heads, head_dim))  # (h, head_dim, d_model)
+    slips = [
+        (blocks.unflatten(0, (group, kv_heads)).mean(0).flatten(0, 1),
+         f"this averages heads j, j + {kv_heads}, j + {2 * kv_heads}, ... (the pairing of `repeat`): "
+         f"group j holds the {group} consecutive heads j·{group} ... j·{group} + {group - 1}"),
+        (blocks.unflatten(0, (kv_heads, group)).sum(1).flatten(0, 1),
+         f"this sums the {group} heads of a group: average them (divide by {group})"),
+        (weight.unflatten(0, (-1, group)).mean(1),
+         f"this averages {group} neighbouring rows: average whole blocks of head_dim = {head_dim} rows"),
+    ]  # fmt: skip
+    hints = [why for slip, why in slips if _same(got, slip)]
+    return f"\n   hint: {' or '.join(hints)}." if hints else ""
+
+
 def check_mean_pool_kv_heads(
     mean_pool_kv_heads: Callable[[Tensor, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -266,6 +295,7 @@ def check_mean_pool_kv_heads(
         reference_mean_pool_kv_heads,
         _pool_cases(),
         verbose=verbose,
+        hint=_pool_hint,
     )
 
 
@@ -379,6 +409,39 @@ def _merge_cases() -> list[Case]:
     ]
 
 
+def _merge_hint(case: Case, got: object) -> str:
+    """Name the classic merging slip that ``got`` shows, if any."""
+    if not (isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, Tensor) for t in got)):
+        return ""
+    output, lse = got
+    out_a, lse_a, out_b, lse_b = case["out_a"], case["lse_a"], case["out_b"], case["lse_b"]
+    expected_out, expected_lse = reference_merge_partial_attention(out_a, lse_a, out_b, lse_b)
+    hints = []
+    if _same(output, (out_a + out_b) / 2):
+        hints.append(
+            "this averages the two outputs: weigh each part by exp(lse_part - lse), "
+            "its share of the sum of exponentials"
+        )
+    if output.shape == expected_out.shape and bool(torch.isnan(output).any()):
+        finite = torch.cat([lse_a[lse_a > -math.inf], lse_b[lse_b > -math.inf]])
+        if bool(((lse_a == -math.inf) & (lse_b == -math.inf)).any()):
+            hints.append(
+                "NaN in the output: a query with no key in either part (lse = -inf in both) must "
+                "get output 0; guard it, e.g. subtract 0 where the merged lse is -inf"
+            )
+        elif finite.numel() and float(finite.abs().max()) > 80:
+            hints.append(
+                "NaN in the output: exp(lse) overflows (float32 from lse ≈ 89, float64 from "
+                "≈ 709); use only differences of lse"
+            )
+    if _same(lse, torch.maximum(lse_a, lse_b)) and not _same(lse, expected_lse):
+        hints.append(
+            "the merged lse is log(exp(lse_a) + exp(lse_b)), not the larger of the two "
+            "(torch.logaddexp)"
+        )
+    return f"\n   hint: {'; '.join(hints)}." if hints else ""
+
+
 def check_merge_partial_attention(
     merge_partial_attention: Callable[..., tuple[Tensor, Tensor]], verbose: bool = True
 ) -> CheckResult:
@@ -428,6 +491,7 @@ def check_merge_partial_attention(
         reference_merge_partial_attention,
         _merge_cases(),
         verbose=verbose,
+        hint=_merge_hint,
     )
 
 
