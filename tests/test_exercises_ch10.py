@@ -257,6 +257,22 @@ def bert_never_the_original(tokens, mask_id, vocab_size, special_ids, generator)
     return torch.where(swap, others, inputs), targets
 
 
+def bert_redraws_until_different(tokens, mask_id, vocab_size, special_ids, generator):
+    """The reference, but a random draw equal to the original token is drawn again: the 10%
+    'random' share then never looks kept, so too many positions change."""
+    ordinary = ordinary_ids(vocab_size, special_ids)
+    real = ~torch.isin(tokens, torch.tensor(list(special_ids)))
+    selected = real & (torch.rand(tokens.shape, generator=generator) < 0.15)
+    split = torch.rand(tokens.shape, generator=generator)
+    to_mask, to_random = selected & (split < 0.8), selected & (split >= 0.8) & (split < 0.9)
+    drawn = ordinary[torch.randint(len(ordinary), tokens.shape, generator=generator)]
+    while (clash := to_random & (drawn == tokens)).any():
+        again = ordinary[torch.randint(len(ordinary), tokens.shape, generator=generator)]
+        drawn = torch.where(clash, again, drawn)
+    inputs = torch.where(to_random, drawn, tokens.masked_fill(to_mask, mask_id))
+    return inputs, tokens.masked_fill(~selected, 0)
+
+
 def _with(name, **changes):
     """A masking function like the reference, with some of its rules changed."""
 
@@ -510,6 +526,7 @@ def test_bert_masking_refuses_the_package():
         (bert_selects_12_percent, "selected / real tokens"),
         (bert_selects_20_percent, "selected / real tokens"),
         (bert_80_20_0, "random other token / selected"),
+        (bert_redraws_until_different, "do not redraw until it differs"),
         (bert_90_5_5, "[MASK] / selected"),
         (bert_85_10_5, "[MASK] / selected"),
         (bert_hard_coded_specials, "take the special ids from special_ids"),

@@ -430,6 +430,11 @@ def _masking_statistics(
         problem = _proportion_problem(what, count, selected, expected)
         if problem and what.startswith("[MASK]") and count / selected > expected:
             problem += " (too many: is the split 80/10/10, and can a random draw be mask_id?)"
+        if problem and what.startswith("random") and count / selected > expected:
+            problem += (
+                " (too many: the random token is uniform over every ordinary id and may happen "
+                "to be the original; do not redraw until it differs)"
+            )
         if problem:
             return problem
     never = (is_ordinary & (random_counts == 0)).nonzero().flatten().tolist()
