@@ -15,14 +15,13 @@ Usage: ``python benchmarks/ch02_wide_head.py`` (a few CPU-seconds; 3.1 when reco
 
 from __future__ import annotations
 
-import json
 import math
-import platform
 import time
 from pathlib import Path
 
 import torch
 from notebook_code import chapter_code as run_chapter_cell
+from notebook_code import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "book" / "02_scaled_dot_product.ipynb"
@@ -70,14 +69,8 @@ def main() -> None:
         "one_hot_loss": 2 * code["D_V"] * (1 - 1 / code["N_KEYS"]),
         "uniform_loss": code["D_V"] * (1 - 1 / code["N_KEYS"]),
         "sqrt_d_k": {str(w): math.sqrt(w) for w in WIDTHS},
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "threads": 1,
-        "cpu_seconds": round(time.process_time() - start, 1),
-        "date": time.strftime("%Y-%m-%d"),
     }
-    OUT.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    write_record(OUT, record, start)
 
 
 if __name__ == "__main__":

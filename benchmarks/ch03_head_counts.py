@@ -14,13 +14,12 @@ Usage: ``python benchmarks/ch03_head_counts.py [--seeds 0 1 2]`` (about 4 CPU-mi
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 from notebook_code import chapter_code as run_chapter_cell
+from notebook_code import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "book" / "03_multi_head_attention.ipynb"
@@ -63,14 +62,8 @@ def main() -> None:
         "head_counts": list(HEAD_COUNTS),
         "steps": steps,
         "test_accuracy": runs,
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "threads": 1,
-        "cpu_seconds": round(time.process_time() - start, 1),
-        "date": time.strftime("%Y-%m-%d"),
     }
-    OUT.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    write_record(OUT, record, start)
 
 
 if __name__ == "__main__":

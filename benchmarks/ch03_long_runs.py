@@ -16,13 +16,12 @@ Usage: ``python benchmarks/ch03_long_runs.py`` (about 1.5 CPU-minutes; 81 CPU-se
 
 from __future__ import annotations
 
-import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 from notebook_code import chapter_code as run_chapter_cell
+from notebook_code import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "book" / "03_multi_head_attention.ipynb"
@@ -89,14 +88,8 @@ def main() -> None:
         "metric": "share of 2,000 test sequences' tokens with all four neighbours named right",
         "steps": {h: [s for s in EVAL_STEPS if s <= last] for h, last in LAST_STEP.items()},
         "all_four_right": runs,
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "threads": 1,
-        "cpu_seconds": round(time.process_time() - start, 1),
-        "date": time.strftime("%Y-%m-%d"),
     }
-    OUT.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    write_record(OUT, record, start)
 
 
 if __name__ == "__main__":

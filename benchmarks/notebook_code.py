@@ -9,7 +9,11 @@ and returns the resulting namespace.
 from __future__ import annotations
 
 import json
+import platform
+import time
 from pathlib import Path
+
+import torch
 
 
 def chapter_code(notebook: Path, cell_id: str, marker: str, prelude: str) -> dict:
@@ -30,3 +34,18 @@ def chapter_code(notebook: Path, cell_id: str, marker: str, prelude: str) -> dic
     exec(prelude, namespace)  # noqa: S102 - the course's own notebook code
     exec(compile(source.split(marker)[0], f"{notebook.name}:{cell_id}", "exec"), namespace)  # noqa: S102
     return namespace
+
+
+def write_record(out: Path, record: dict, cpu_start: float, threads: int = 1) -> None:
+    """Write ``record`` to ``out`` as indented JSON, with what a reader needs to judge it: the
+    torch version, the machine, the thread count, the CPU-seconds since ``cpu_start`` (a
+    ``time.process_time()`` reading) and the date."""
+    record = record | {
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "threads": threads,
+        "cpu_seconds": round(time.process_time() - cpu_start, 1),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {out}")
