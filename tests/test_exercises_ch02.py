@@ -1260,3 +1260,78 @@ def test_score_moments_hint_is_silent_for_other_answers():
 
     result = ch02.check_score_moments(off, verbose=False)
     assert not result and "Hint" not in result.message, result.message
+
+
+def moments_as_numpy(d_k, sigma_q, sigma_k, rho):  # one NumPy array of the two values
+    import numpy as np
+
+    return np.array(moments_formula(d_k, sigma_q, sigma_k, rho))
+
+
+def moments_as_tensor(d_k, sigma_q, sigma_k, rho):  # one float64 tensor of the two values
+    return torch.tensor(moments_formula(d_k, sigma_q, sigma_k, rho), dtype=torch.float64)
+
+
+@pytest.mark.parametrize("right", [moments_as_numpy, moments_as_tensor])
+def test_score_moments_accepts_an_array_of_two(right):
+    result = ch02.check_score_moments(right, verbose=False)
+    assert result, result.message
+
+
+def _other_wrong_moments():
+    """Wrong answers that are none of the named slips, each (mean, variance) at one setting."""
+
+    def variance_with(factor):
+        def wrong(d_k, sigma_q, sigma_k, rho):
+            mean, _ = moments_formula(d_k, sigma_q, sigma_k, rho)
+            return mean, d_k * (sigma_q * sigma_k) ** 2 * factor(rho)
+
+        return wrong
+
+    def mean_with_abs_rho(d_k, sigma_q, sigma_k, rho):
+        _, variance = moments_formula(d_k, sigma_q, sigma_k, rho)
+        return abs(rho) * sigma_q * sigma_k * d_k, variance
+
+    return {
+        "1 + |ρ|": variance_with(lambda rho: 1 + abs(rho)),
+        "(1 + ρ)²": variance_with(lambda rho: (1 + rho) ** 2),
+        "|ρ| in the mean": mean_with_abs_rho,
+    }
+
+
+def test_score_moments_first_case_tells_every_slip_apart():
+    """At the first case every slip, every other wrong answer above and the right answer differ
+    pairwise by more than 5 %: a wrong answer fails there, and at most one slip matches it."""
+    case = ch02._MOMENT_CASES[0]
+    answers = dict(ch02._moment_slips(*case))
+    answers.update({name: fn(*case) for name, fn in _other_wrong_moments().items()})
+    answers["right"] = ch02.reference_score_moments(*case)
+    names = list(answers)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            gap = max(abs(x - y) / max(abs(y), 1e-12) for x, y in zip(answers[a], answers[b]))
+            assert gap > 0.05, (a, b, gap)
+    for name in ch02._moment_slips(*case):  # and every named slip misses it by more than 10 %
+        gap = max(abs(x - y) / abs(y) for x, y in zip(answers[name], answers["right"]))
+        assert gap > 0.1, (name, gap)
+
+
+@pytest.mark.parametrize("name", list(ch02._moment_slips(64, 1.0, 1.0, 0.0)))
+def test_score_moments_names_each_slip_at_the_first_case(name):
+    result = ch02.check_score_moments(_slip(name), verbose=False)
+    assert not result and "case 1 is wrong" in result.message, result.message
+    assert f"classic slip, {name}." in result.message, result.message
+
+
+@pytest.mark.parametrize("name", list(_other_wrong_moments()))
+def test_score_moments_other_wrong_answers_fail_without_a_wrong_name(name):
+    result = ch02.check_score_moments(_other_wrong_moments()[name], verbose=False)
+    assert not result and "case 1 is wrong" in result.message, result.message
+    assert "Hint" not in result.message, result.message
+
+
+def test_score_moments_hint_never_names_a_slip_that_equals_the_answer():
+    """At σ = 1 and ρ = 0 several slips give the right values; an answer rejected there (here a
+    right answer in a shape the check refuses) must not be told it matches one of them."""
+    case = {"d_k": 64, "sigma_q": 1.0, "sigma_k": 1.0, "rho": 0.0}
+    assert ch02._score_moments_hint(case, moments_formula(64, 1.0, 1.0, 0.0)) == ""

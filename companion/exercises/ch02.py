@@ -112,15 +112,17 @@ def reference_score_moments(
     return mean, variance
 
 
-#: (d_k, σ_q, σ_k, ρ) of the check's cases, in order: the chapter's setting first, then unequal
-#: spreads with σ_q σ_k ≠ 1, then correlated coordinates (positive and negative ρ). Every slip
-#: of ``_MOMENT_SLIPS`` misses at least one case by more than 10 %.
+#: (d_k, σ_q, σ_k, ρ) of the check's cases, in order. The first has σ_q ≠ σ_k, σ_q σ_k ≠ 1 and
+#: ρ < 0, so every slip of :func:`_moment_slips` (and 1 + |ρ|, (1 + ρ)², |ρ| in the mean) already
+#: misses it, each with values of its own: a wrong answer fails there and the hint names the one
+#: slip it matches. Then the chapter's setting (σ = 1, ρ = 0), unequal spreads, and correlated
+#: coordinates. Every slip misses the first case by more than 10 %.
 _MOMENT_CASES = (
+    (16, 1.5, 0.8, -0.6),
     (64, 1.0, 1.0, 0.0),
     (16, 1.5, 1.5, 0.0),
     (32, 0.5, 2.0, 0.0),
     (32, 1.2, 0.8, 0.5),
-    (8, 1.0, 1.0, -0.3),
     (128, 0.5, 1.3, 0.9),
 )
 
@@ -173,17 +175,31 @@ def _score_moments_cases() -> list[Case]:
     ]
 
 
+def _as_pair(got: Any) -> Any:
+    """A NumPy array or tensor of two numbers as the tuple ``(mean, variance)``; else ``got``."""
+    if isinstance(got, (np.ndarray, Tensor)) and tuple(got.shape) == (2,):
+        return tuple(float(x) for x in got.tolist())
+    return got
+
+
 def _score_moments_hint(case: Case, got: Any) -> str:
-    """Names the classic slip that ``got`` matches at this case, or ``""``."""
+    """Names the classic slip that ``got`` matches at this case, or ``""``. A slip whose values
+    equal the right ones at this case (σ = 1 or ρ = 0 hide several) is never named: an answer
+    that matches it there is wrong for another reason."""
     try:
-        got_mean, got_variance = (float(x) for x in got)
+        got_mean, got_variance = (float(x) for x in _as_pair(got))
     except (TypeError, ValueError):
         return ""
+
+    def same(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return math.isclose(a[0], b[0], rel_tol=1e-3, abs_tol=1e-9) and math.isclose(
+            a[1], b[1], rel_tol=1e-3, abs_tol=1e-9
+        )
+
+    right = reference_score_moments(case["d_k"], case["sigma_q"], case["sigma_k"], case["rho"])
     slips = _moment_slips(case["d_k"], case["sigma_q"], case["sigma_k"], case["rho"])
-    for slip, (mean, variance) in slips.items():
-        if math.isclose(got_mean, mean, rel_tol=1e-3, abs_tol=1e-9) and math.isclose(
-            got_variance, variance, rel_tol=1e-3
-        ):
+    for slip, values in slips.items():
+        if not same(values, right) and same((got_mean, got_variance), values):
             return f"\n   Hint: your answer matches a classic slip, {slip}."
     return ""
 
@@ -192,13 +208,20 @@ def check_score_moments(
     score_moments: Callable[..., tuple[float, float]], verbose: bool = True
 ) -> CheckResult:
     """Check ``score_moments(d_k, sigma_q, sigma_k, rho) -> (mean, variance)`` of ``q·k`` against
-    the exact moments (within 0.1 %), at six settings: the chapter's (σ = 1, ρ = 0), unequal
-    spreads, and correlated coordinates. A wrong answer that matches a classic slip (variance
-    growing like √d_k or d_k², σ in place of σ², no ρ or (1 − ρ²), the squared mean not
-    subtracted, a mean without σ_q σ_k, the two swapped) is named in the message."""
+    the exact moments (within 0.1 %), at six settings: one where every classic slip gives values
+    of its own, the chapter's (σ = 1, ρ = 0), unequal spreads, and correlated coordinates. The
+    pair may be a tuple, a list, or a NumPy array or tensor of two numbers. A wrong answer that
+    matches a classic slip (variance growing like √d_k or d_k², σ in place of σ², no ρ or
+    (1 − ρ²), the squared mean not subtracted, a mean without σ_q σ_k, the two swapped) is named
+    in the message."""
+
+    @functools.wraps(score_moments)
+    def as_pair(**kwargs: Any) -> Any:
+        return _as_pair(score_moments(**kwargs))
+
     return run_check(
         "score_moments",
-        score_moments,
+        as_pair,
         reference_score_moments,
         _score_moments_cases(),
         atol=1e-9,
