@@ -22,14 +22,13 @@ Usage: ``python benchmarks/ch02_long_horizon.py`` (about a minute of CPU time).
 
 from __future__ import annotations
 
-import json
 import math
-import platform
 import time
 from pathlib import Path
 
 import torch
 from notebook_code import chapter_code as run_chapter_cell
+from notebook_code import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "book" / "02_scaled_dot_product.ipynb"
@@ -134,14 +133,8 @@ def main() -> None:
         "trace_metrics": "every step 0-60 on the held-out queries: loss; median weight on the right key; "
         "share of queries whose largest weight is on it; std of the softmax inputs λ q·k",
         "sqrt_d_k": {str(d): math.sqrt(d) for d in D_KS},
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "threads": 1,
-        "cpu_seconds": round(time.process_time() - start, 1),
-        "date": time.strftime("%Y-%m-%d"),
     }
-    OUT.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {OUT}")
+    write_record(OUT, record, start)
 
 
 if __name__ == "__main__":
