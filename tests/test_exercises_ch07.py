@@ -937,6 +937,14 @@ def stop_finished_not_penalised(finished, open_log_probs, max_len, alpha):
     )
 
 
+def stop_best_by_raw_log_p(finished, open_log_probs, max_len, alpha):
+    """The best finished picked by raw log P, then penalised (review s10rvF07b)."""
+    if not finished:
+        return False
+    log_p, n = max(finished)
+    return log_p / _lp(n, alpha) >= max(open_log_probs, default=-math.inf) / _lp(max_len, alpha)
+
+
 def stop_worst_finished(finished, open_log_probs, max_len, alpha):
     if not finished:
         return False
@@ -1041,6 +1049,7 @@ def test_may_stop_accepts_correct():
     "wrong",
     [
         stop_raw_log_p,
+        stop_best_by_raw_log_p,
         stop_open_not_penalised,
         stop_finished_not_penalised,
         stop_worst_finished,

@@ -850,6 +850,14 @@ def _may_stop_cases() -> list[Case]:
         # alpha = 1 and a longer limit: -3.0 / lp(5) = -1.8 < -6.0 / lp(30) = -1.03: go on
         {"finished": [(-3.0, 5)], "open_log_probs": [-6.0], "max_len": 30, "alpha": 1.0},
         {"finished": [(-3.0, 5)], "open_log_probs": [-12.0], "max_len": 30, "alpha": 1.0},
+        # the best finished AFTER the penalty: raw log P picks (-2.0, 3), -2.0 / lp(3) = -1.68,
+        # which -2.5 / lp(12) = -1.34 could beat; (-2.1, 12) gives -1.12, which it cannot: stop
+        {
+            "finished": [(-2.0, 3), (-2.1, 12)],
+            "open_log_probs": [-2.5],
+            "max_len": 12,
+            "alpha": 0.6,
+        },
     ]
 
 
