@@ -627,9 +627,10 @@ STREAM_SIZE_SEEDS: tuple[int, ...] = (0, 1, 2)
 #: of them). It accepts the right measurement averaged in another order: the mean of the
 #: per-seed slopes (5e-4 to 8e-4 from the reference's), the seeds' geometric mean, their mean
 #: squares pooled, one value per sequence (sizes at most 8e-3 away). It refuses the slips:
-#: the median of the seeds (3e-2), per-token norms (1.3e-2 at depth 20), the standard deviation
-#: of all entries (2.7e-2 at depth 12), other seeds (5e-2 or more), a typed 0.5 (1.2e-2), a
-#: slope measured on other depths (1.8e-2). A slope rounded to two decimals passes.
+#: the median of the seeds (3e-2), per-token sizes (1.3e-2 at depth 20; a hint calls them right
+#: in spirit), the standard deviation of all entries (2.7e-2 at depth 12), other seeds (5e-2 or
+#: more), a typed 0.5 (1.2e-2), a slope measured on other depths (1.8e-2). A slope rounded to
+#: two decimals passes.
 STREAM_SIZE_ATOL: float = 0.01
 
 
@@ -674,14 +675,17 @@ def _stream_variant_sizes(depths: Sequence[int], norm_first: bool) -> dict[str, 
     their root mean square; ``"pooled"``, the seeds pooled as the root of the mean of their
     mean squares; ``"per_sequence"``, the mean of each sequence's root mean square;
     ``"geometric"`` and ``"median"``, the seeds' root mean squares averaged by their geometric
-    mean or their median instead of their plain mean."""
+    mean or their median instead of their plain mean; ``"per_token_d"`` and ``"per_token_rms"``,
+    the mean over tokens of each token's LayerNorm divisor :math:`D` or of its root mean square
+    (section 6.6.3's stream size), per-token sizes that are right in spirit."""
     key = (tuple(int(d) for d in depths), bool(norm_first))
     if key not in _stream_variant_cache:
         variants: dict[str, list[float]] = {
-            "std": [], "pooled": [], "per_sequence": [], "geometric": [], "median": []
+            "std": [], "pooled": [], "per_sequence": [], "geometric": [], "median": [],
+            "per_token_d": [], "per_token_rms": [],
         }  # fmt: skip
         for depth in key[0]:
-            stds, squares, per_sequence, rms = [], [], [], []
+            stds, squares, per_sequence, rms, token_d, token_rms = [], [], [], [], [], []
             for seed in STREAM_SIZE_SEEDS:
                 encoder, x, _ = _init_encoder_and_inputs(depth, key[1], False, seed)
                 with torch.no_grad():
@@ -690,11 +694,15 @@ def _stream_variant_sizes(depths: Sequence[int], norm_first: bool) -> dict[str, 
                 squares.append(y.pow(2).mean().item())
                 per_sequence.append(y.pow(2).mean(dim=(1, 2)).sqrt().mean().item())
                 rms.append(y.pow(2).mean().sqrt().item())
+                token_d.append((y.var(dim=-1, correction=0) + 1e-5).sqrt().mean().item())
+                token_rms.append(y.pow(2).mean(dim=-1).sqrt().mean().item())
             variants["std"].append(float(np.mean(stds)))
             variants["pooled"].append(float(np.sqrt(np.mean(squares))))
             variants["per_sequence"].append(float(np.mean(per_sequence)))
             variants["geometric"].append(float(np.exp(np.mean(np.log(rms)))))
             variants["median"].append(float(np.median(rms)))
+            variants["per_token_d"].append(float(np.mean(token_d)))
+            variants["per_token_rms"].append(float(np.mean(token_rms)))
         _stream_variant_cache[key] = variants
     return {name: list(sizes) for name, sizes in _stream_variant_cache[key].items()}
 
@@ -777,6 +785,19 @@ def _stream_size_hint(case: dict, got: object) -> str:
             # the same numbers up to float rounding: tighter than the check's tolerance
             return all(abs(g - e) < 1e-4 for g, e in zip(got[1], variants[name]))
 
+        per_token = {
+            "per_token_d": "each token's divisor D",
+            "per_token_rms": "each token's root mean square, section 6.6.3's stream size",
+        }
+        token = next((text for variant, text in per_token.items() if close(variant)), None)
+        if token is not None:
+            return (
+                f"\n   hint: right in spirit: these are per-token sizes (the mean of {token}),"
+                " what the norm divides each token by. Their slope is close to the reference's,"
+                " but a mean of per-token roots comes out slightly below the root mean square of"
+                " all entries, x.pow(2).mean().sqrt(): the one size per model this exercise"
+                " measures."
+            )
         if close("std"):
             return (
                 "\n   hint: these look like standard deviations, which subtract the mean of the"
@@ -875,9 +896,9 @@ GENERIC_TEST_EXEMPT = {
 
 #: the predicted slope of the stream's size: the final norm divides the gradient by that size,
 #: so a gradient slope of -1/2 needs a size slope of +1/2; a prediction within this of +1/2
-#: passes (the measured slope is +0.53), a sign error (-1/2), "no growth" (0) or a linear
-#: growth (+1) does not
-PREDICTION_TOLERANCE: float = 0.15
+#: passes (the measured slope is +0.53), a sign error (-1/2), "no growth" (0), a linear
+#: growth (+1) or a guess far from +1/2 (0.38, 0.65) does not
+PREDICTION_TOLERANCE: float = 0.06
 
 
 def check_stream_size_prediction(predicted_slope: object, verbose: bool = True) -> CheckResult:
@@ -892,7 +913,10 @@ def check_stream_size_prediction(predicted_slope: object, verbose: bool = True) 
         value = float(predicted_slope)
         if abs(value - 0.5) <= PREDICTION_TOLERANCE:
             result = CheckResult(
-                name, True, 1, f"✅ {name}: {value:+.2f}, the opposite of the gradient's slope."
+                name,
+                True,
+                1,
+                f"✅ {name}: {value:+.2f}, about +1/2, the opposite of the gradient's slope.",
             )
         elif abs(value + 0.5) <= PREDICTION_TOLERANCE:
             hint = "that is the gradient's own slope: the gradient is divided by the size, so their slopes have opposite signs"
