@@ -680,6 +680,16 @@ def batch_copies_of_itself(logits_fn, ids):  # each sentence in a batch of its c
     )
 
 
+def batch_leave_one_out(logits_fn, ids):  # drop row b, compare the rest: never a batch of one
+    batched = logits_fn(ids)
+    rows = range(ids.shape[0])
+    for b in rows:
+        kept = [r for r in rows if r != b]
+        if not torch.allclose(logits_fn(ids[kept]), batched[kept], atol=1e-4, rtol=0):
+            return False
+    return True
+
+
 #: each incomplete test, and the mixing of the case made to defeat it
 INCOMPLETE = {
     "fixed permutation and first alone": (
@@ -697,6 +707,7 @@ INCOMPLETE = {
     "first alone and reversed": (batch_first_alone_and_reversed, "rows 1 and 3 read each other"),
     "last position": (batch_last_position, "batch mean at position 0"),
     "copies of itself": (batch_copies_of_itself, "batch size"),
+    "leave one out": (batch_leave_one_out, "a sentence alone"),
 }
 
 
@@ -754,11 +765,12 @@ def test_batch_cases_hold_each_kind_of_mixing():
         "padded rows read the batch mean",
         "batch size",
         "a large logit moves",
+        "a sentence alone",
         *ch11._BatchModel.NUDGES,
     }
     assert set(ch11._BatchModel.READS) | others <= set(kinds)
     verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
-    assert verdicts.count(True) == 4 and verdicts.count(False) == 17, verdicts
+    assert verdicts.count(True) == 4 and verdicts.count(False) == 18, verdicts
     assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind
 
 

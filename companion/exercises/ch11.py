@@ -621,6 +621,9 @@ class _BatchModel:
             h = h + 1e-6 * batch
         elif self.how == "batch size":  # reads the batch's size: copies of a sentence hide it
             h = h + 0.1 * s * batch
+        elif self.how == "a sentence alone":  # a batch of one is treated differently (a stray
+            if batch == 1:  # .squeeze(), say): a leave-one-out test never runs one and misses it
+                h = h + s
         elif self.how == "batch mean":  # symmetric in the rows: reversing the batch hides it
             h = h + s * h.mean(0, keepdim=True)
         elif self.how == "reads the first row":  # row 0 is clean, the others read it
@@ -693,6 +696,7 @@ def _batch_cases() -> list[Case]:
             ("a large logit moves", 0.5, 3),  # misses: allclose(atol=1e-4) with its default rtol
             ("a logit moves by 0.999e-4", 0.5, 3),  # independent: fails a tolerance below it
             ("a logit moves by 1.001e-4", 0.5, 3),  # not: passed by a tolerance >= 1.001e-4
+            ("a sentence alone", 0.5, 3),  # misses: leave-one-out (it never runs a batch of one)
         ]
     ):
         length = 10 if how == "one logit" else 5
@@ -714,6 +718,10 @@ _BATCH_HINTS = {
     "batch mean at position 0": "only the first position mixes the batch: compare every position",
     "one logit": "a single logit moves by 1e-2: compare the largest difference, not the mean",
     "batch size": "this model reads the batch size: run every sentence alone, a batch of one",
+    "a sentence alone": (
+        "this model treats a batch of one differently (a stray .squeeze(), say): dropping one row "
+        "never runs a batch of one, so run every sentence alone"
+    ),
     "a logit moves by 0.999e-4": (
         "one logit moves by 0.999e-4 in a batch: within the stated 1e-4, so the sentences count as"
         " independent (a tolerance below 1e-4 is too strict)"
