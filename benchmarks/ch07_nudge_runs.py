@@ -91,6 +91,16 @@ def run(nudge_seed: int, factor: bool = True, init_seed: int = 0) -> dict:
     return {"greedy": greedy, "beam3": beam3, "beam3_bound": beam3_bound, "loss": loss}
 
 
+def describe(label: str, result: dict) -> str:
+    """One printed line for a run's record: greedy, both beams, and the run without the factor."""
+    return (
+        f"{label}: greedy {result['greedy']:.1%}, beam of 3 {result['beam3']:.1%}, "
+        f"with the bound stop {result['beam3_bound']:.1%}; without the factor: greedy "
+        f"{result['greedy_no_factor']:.1%}, loss {result['loss_no_factor']:.3f} "
+        f"(with it: {result['loss']:.3f})"
+    )
+
+
 def main(seeds: list[int]) -> None:
     set_threads(limit=1)
     record = {
@@ -106,13 +116,7 @@ def main(seeds: list[int]) -> None:
     }
     for seed in seeds:
         record["runs"][str(seed)] = result = {**run(seed), **run(seed, factor=False)}
-        print(
-            f"nudge {seed}: greedy {result['greedy']:.1%}, beam of 3 {result['beam3']:.1%}, "
-            f"with the bound stop {result['beam3_bound']:.1%}; without the factor: greedy "
-            f"{result['greedy_no_factor']:.1%}, loss {result['loss_no_factor']:.3f} "
-            f"(with it: {result['loss']:.3f})",
-            flush=True,
-        )
+        print(describe(f"nudge {seed}", result), flush=True)
     OUT.write_text(json.dumps(record, indent=1) + "\n")
     print("wrote", OUT)
 

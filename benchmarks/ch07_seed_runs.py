@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ch07_nudge_runs import run  # noqa: E402
+from ch07_nudge_runs import describe, run  # noqa: E402
 
 from companion.utils import set_threads  # noqa: E402
 
@@ -43,13 +43,7 @@ def main(seeds: list[int]) -> None:
     for seed in seeds:
         result = {**run(0, init_seed=seed), **run(0, factor=False, init_seed=seed)}
         record["runs"][str(seed)] = result
-        print(
-            f"seed {seed}: greedy {result['greedy']:.1%}, beam of 3 {result['beam3']:.1%}, "
-            f"with the bound stop {result['beam3_bound']:.1%}; without the factor: greedy "
-            f"{result['greedy_no_factor']:.1%}, loss {result['loss_no_factor']:.3f} "
-            f"(with it: {result['loss']:.3f})",
-            flush=True,
-        )
+        print(describe(f"seed {seed}", result), flush=True)
         OUT.write_text(json.dumps(record, indent=1) + "\n")
     print("wrote", OUT)
 

@@ -32,6 +32,7 @@ __all__ = [
     "CallRefused",
     "refusing_calls",
     "compare",
+    "as_verdict",
     "report",
     "run_check",
     "seeded_generator",
@@ -349,6 +350,17 @@ def run_verdict_check(
 # --------------------------------------------------------------------------------------------
 # Helpers shared by the chapters' case builders and reference solutions
 # --------------------------------------------------------------------------------------------
+
+
+def as_verdict(got: object) -> object:
+    """A reader's True/False answer as a Python ``bool`` when it came as another boolean type: a
+    one-element bool tensor, or NumPy's bool (what ``np.all`` returns). Anything else comes back
+    unchanged, for the caller's "return True or False" message."""
+    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
+        return bool(got)
+    if isinstance(got, np.bool_):
+        return bool(got)
+    return got
 
 
 def seeded_generator(seed: int) -> torch.Generator:

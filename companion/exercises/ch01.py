@@ -31,6 +31,7 @@ from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
+    as_verdict,
     call_reader,
     refusing_calls,
     report,
@@ -1010,10 +1011,7 @@ def _equivariance_verdict_problem(
     reordered (features reordered, say), the message says so; when the test accepts a layer
     that is not equivariant, they say which reorderings it tried (all the identity, say)."""
     layer, x = case["layer"], case["x"]
-    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
-        got = bool(got)
-    if type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
-        got = bool(got)  # np.all(...) returns NumPy's bool, a right answer too
+    got = as_verdict(got)  # a bool tensor or NumPy's bool (np.all's) is a right answer too
     if not isinstance(got, bool):
         return f"your test must return True or False, got {type(got).__name__} {got!r}"[:200]
     if got == expected:

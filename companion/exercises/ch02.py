@@ -31,6 +31,7 @@ from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
+    as_verdict,
     call_reader,
     refusing_calls,
     report,
@@ -492,10 +493,7 @@ def _scale_verdict_problem(
     got: object, correct: bool, what: str, hint: str, recorded: _Recorded
 ) -> str | None:
     """Why the reader's verdict on one candidate is wrong, or ``None`` when it is right."""
-    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
-        got = bool(got)
-    elif isinstance(got, np.bool_):
-        got = bool(got)
+    got = as_verdict(got)  # a bool tensor or NumPy's bool (np.all's) is a right answer too
     if not isinstance(got, bool):
         return f"your test must return True or False, got {type(got).__name__} {got!r}"[:200]
     if got == correct:

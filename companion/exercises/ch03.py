@@ -38,6 +38,7 @@ from companion._validation import check_callable as _require_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
+    as_verdict,
     call_reader,
     compare,
     report,
@@ -959,8 +960,7 @@ def _separable_problem(got: object, case: Case) -> str | None:
     shown = "(" + ", ".join(f"{w:g}" for w in weights.tolist()) + f"), tol {tol:g}"
     if isinstance(got, Tensor) and got.numel() == 1:
         got = got.item()
-    if type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
-        got = bool(got)  # np.all(...) returns NumPy's bool, a right answer too
+    got = as_verdict(got)  # NumPy's bool (np.all's) is a right answer too
     if not isinstance(got, (bool, int)):
         return f"weights {shown}: return True or False, got {type(got).__name__} {got!r}"[:300]
     expected = reference_blend_separable(weights, tol)

@@ -45,6 +45,7 @@ from companion._validation import check_callable as _check_callable
 from companion.exercises._checker import (
     Case,
     CheckResult,
+    as_verdict,
     call_reader,
     compare,
     refusing_calls,
@@ -1226,10 +1227,7 @@ _SUMMARY_BLIND = ("rolled", "LAST token", "FIRST token", "batch element 1")
 def _relative_verdict_problem(got: object, case: Case) -> str | None:
     """Why the reader's verdict ``got`` on ``case`` is wrong, or ``None`` when it is right."""
     layer, x, expected = case["layer"], case["x"], case["relative"]
-    if isinstance(got, Tensor) and got.numel() == 1 and got.dtype == torch.bool:
-        got = bool(got)
-    if type(got).__module__ == "numpy" and type(got).__name__ in ("bool", "bool_"):
-        got = bool(got)  # np.allclose(...) is a Python bool, np.all(...) NumPy's: right too
+    got = as_verdict(got)  # a bool tensor or NumPy's bool (np.all's) is a right answer too
     if not isinstance(got, bool):
         return f"your test must return True or False, got {type(got).__name__} {got!r}"[:200]
     if got == expected:
