@@ -169,6 +169,21 @@ def test_row_softmax_rejects_wrong(wrong):
     assert not ch01.check_row_softmax(wrong, verbose=False)
 
 
+@pytest.mark.parametrize("cast", ["double", "half"])
+def test_row_softmax_rejects_another_dtype_and_says_so(cast):
+    """Right weights in float64 (or float16) for float32 scores: the dtype is part of the
+    answer, and the message names both dtypes."""
+
+    def recast(scores):
+        return getattr(softmax_correct(scores), cast)()
+
+    result = ch01.check_row_softmax(recast, verbose=False)
+    assert not result
+    assert "DtypeChanged" in result.message and "torch.float32 scores" in result.message, (
+        result.message
+    )
+
+
 def test_row_softmax_max_without_values_gets_a_hint():
     """scores.max(dim=-1) is a (values, indices) pair: the bare TypeError gets a hint."""
 

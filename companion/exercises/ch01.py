@@ -129,6 +129,11 @@ class BuiltinSoftmaxCalled(RuntimeError):
     """Raised when the reader's ``row_softmax`` calls one of PyTorch's softmax functions."""
 
 
+class DtypeChanged(TypeError):
+    """Raised when the reader's ``row_softmax`` returns another dtype than the scores' (float64
+    weights for float32 scores, say): a softmax keeps its input's precision."""
+
+
 #: The functions exercise 1 asks the reader not to call: (owner, attribute name). ``logsumexp``
 #: is on the list because ``(scores - scores.logsumexp(-1, keepdim=True)).exp()`` is the
 #: softmax with the max-subtraction done inside PyTorch, the very step the exercise asks for;
@@ -232,7 +237,7 @@ def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = T
     def without_builtin_softmax(**kwargs: Tensor) -> Tensor:
         with _builtin_softmax_forbidden():
             try:
-                return row_softmax(**kwargs)
+                got = row_softmax(**kwargs)
             except TypeError as exc:
                 if "return_types" not in str(exc):
                     raise
@@ -240,6 +245,13 @@ def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = T
                     f"{str(exc).splitlines()[0]}. With a dim, max returns a pair (values, "
                     "indices): use .values, or torch.amax"
                 ) from exc
+        scores = kwargs["scores"]
+        if isinstance(got, Tensor) and got.dtype != scores.dtype:
+            raise DtypeChanged(
+                f"your function returned {got.dtype} weights for {scores.dtype} scores: keep "
+                "the scores' dtype (no .double(), .half() or dtype= argument)"
+            )
+        return got
 
     return run_check(
         "row_softmax",
