@@ -167,6 +167,123 @@ def test_kv_cache_bytes_stub_and_wrong_type_are_reported():
 
 
 # --------------------------------------------------------------------------------------------
+# mla_cache_bytes
+# --------------------------------------------------------------------------------------------
+
+
+def mla_by_formula(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return num_layers * (latent_dim + rope_dim) * dtype.itemsize * batch * seq_len
+
+
+def mla_by_allocation(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    # one layer's latent and RoPE key, as a cache would store them side by side
+    row = torch.empty(batch, seq_len, latent_dim + rope_dim, dtype=dtype)
+    return torch.tensor(num_layers * row.nbytes)  # a 0-dim tensor is accepted too
+
+
+def mla_latent_twice(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return num_layers * (2 * latent_dim + rope_dim) * dtype.itemsize * batch * seq_len
+
+
+def mla_all_doubled(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return 2 * num_layers * (latent_dim + rope_dim) * dtype.itemsize * batch * seq_len
+
+
+def mla_rope_per_head(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return num_layers * (latent_dim + num_heads * rope_dim) * dtype.itemsize * batch * seq_len
+
+
+def mla_without_rope(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return num_layers * latent_dim * dtype.itemsize * batch * seq_len
+
+
+def mla_rope_twice(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return num_layers * (latent_dim + 2 * rope_dim) * dtype.itemsize * batch * seq_len
+
+
+def mla_in_numbers(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return num_layers * (latent_dim + rope_dim) * batch * seq_len
+
+
+def mla_in_bits(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return 8 * mla_by_formula(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len)
+
+
+def mla_one_layer(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return (latent_dim + rope_dim) * dtype.itemsize * batch * seq_len
+
+
+def mla_one_sequence(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return num_layers * (latent_dim + rope_dim) * dtype.itemsize * seq_len
+
+
+def mla_p_always_2(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    return num_layers * (latent_dim + rope_dim) * 2 * batch * seq_len
+
+
+def mla_as_mha(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+    # the rebuilt keys and values of every head (head width latent_dim / 4, as in the chapter)
+    return 2 * num_layers * num_heads * (latent_dim // 4) * dtype.itemsize * batch * seq_len
+
+
+MLA_SLIPS = [
+    (mla_latent_twice, "caches the latent twice"),
+    (mla_all_doubled, "doubles everything"),
+    (mla_rope_per_head, "a RoPE key per head"),
+    (mla_without_rope, "leaves out the RoPE key"),
+    (mla_rope_twice, "caches the RoPE part twice"),
+    (mla_in_numbers, "numbers, not bytes"),
+    (mla_in_bits, "bits, not bytes"),
+    (mla_one_layer, "one layer's cache"),
+    (mla_one_sequence, "one sequence's cache"),
+    (mla_p_always_2, "2 bytes per number"),
+    (mla_as_mha, None),
+]
+
+
+def test_mla_cache_bytes_accepts_correct():
+    for fn in [ch09.reference_mla_cache_bytes, mla_by_formula, mla_by_allocation]:
+        assert ch09.check_mla_cache_bytes(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(("wrong", "hint"), MLA_SLIPS)
+def test_mla_cache_bytes_rejects_the_classic_slips(wrong, hint):
+    result = ch09.check_mla_cache_bytes(wrong, verbose=False)
+    assert not result, wrong.__name__
+    assert "case 1 is wrong" in result.message, result.message  # the first case catches each
+    if hint is not None:
+        assert hint in result.message, result.message
+
+
+def test_mla_cache_bytes_first_case_separates_the_slips():
+    case = ch09._mla_cache_cases()[0]
+    answers = {mla_by_formula(**case)} | {wrong(**case) for wrong, _ in MLA_SLIPS}
+    assert len(answers) == len(MLA_SLIPS) + 1, answers
+
+
+def test_mla_cache_bytes_matches_the_solution():
+    # the solution's numbers: DeepSeek-V2 caches 576 numbers per token and layer, 67.5 KiB per
+    # token over 60 layers in bfloat16; 16 sequences of 8,192 tokens take 8.4375 GiB
+    per_token = ch09.reference_mla_cache_bytes(60, 128, 512, 64, torch.bfloat16, 1, 1)
+    assert per_token == 67.5 * 2**10
+    batch = ch09.reference_mla_cache_bytes(60, 128, 512, 64, torch.bfloat16, 16, 8192)
+    assert batch / 2**30 == 8.4375
+    # as GQA with heads of 128 numbers: 576 numbers = 2 · g · 128 gives g = 2.25
+    assert 576 / (2 * 128) == 2.25
+
+
+def test_mla_cache_bytes_stub_and_wrong_type_are_reported():
+    def stub(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+        raise NotImplementedError
+
+    def as_text(num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len):
+        return "23520"
+
+    assert not ch09.check_mla_cache_bytes(stub, verbose=False)
+    assert "number of bytes" in ch09.check_mla_cache_bytes(as_text, verbose=False).message
+
+
+# --------------------------------------------------------------------------------------------
 # mean_pool_kv_heads
 # --------------------------------------------------------------------------------------------
 

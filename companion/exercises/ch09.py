@@ -10,6 +10,7 @@ so keep the parameter names of the stub in the notebook.
 exercise                                        check
 ==============================================  ===================================
 the key/value cache of a batch, in bytes        :func:`check_kv_cache_bytes`
+the cache of MLA (latent + RoPE key), in bytes  :func:`check_mla_cache_bytes`
 MHA → GQA: mean-pool the key/value heads        :func:`check_mean_pool_kv_heads`
 merge two partial attentions by their lse       :func:`check_merge_partial_attention`
 a test: does a score depend only on ``i − j``?  :func:`check_is_relative`
@@ -37,6 +38,7 @@ from companion.positional import RotaryEmbedding, sinusoidal_frequencies, sinuso
 
 __all__ = [
     "check_kv_cache_bytes",
+    "check_mla_cache_bytes",
     "check_mean_pool_kv_heads",
     "check_merge_partial_attention",
     "check_is_relative",
@@ -172,6 +174,120 @@ def check_kv_cache_bytes(kv_cache_bytes: Callable[..., int], verbose: bool = Tru
         rtol=0.0,
         verbose=verbose,
         hint=_cache_hint,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1b: the cache of multi-head latent attention (MLA), in bytes
+# --------------------------------------------------------------------------------------------
+
+
+def reference_mla_cache_bytes(
+    num_layers: int,
+    num_heads: int,
+    latent_dim: int,
+    rope_dim: int,
+    dtype: torch.dtype,
+    batch: int,
+    seq_len: int,
+) -> int:
+    """Bytes of the cache of MLA with decoupled RoPE (DeepSeek-V2) holding ``batch`` sequences of
+    ``seq_len`` tokens: every layer stores one latent of ``latent_dim`` numbers per token, from
+    which every head rebuilds its key AND its value (so no factor 2), and one RoPE key of
+    ``rope_dim`` numbers shared by all heads (so no factor ``num_heads``):
+    ``N · (d_c + d_rope) · p`` bytes per token and sequence.
+
+    Args:
+        num_layers: number of decoder layers ``N``.
+        num_heads: number of query heads ``h`` (the right count does not depend on it).
+        latent_dim: numbers per latent ``d_c``.
+        rope_dim: numbers of the shared RoPE key.
+        dtype: the cache's dtype (``torch.bfloat16``: 2 bytes a number).
+        batch: number of sequences.
+        seq_len: tokens cached per sequence.
+
+    Returns:
+        The cache's size in bytes, an ``int``.
+    """
+    del num_heads  # the latent and the RoPE key are shared by all heads
+    per_token = num_layers * (latent_dim + rope_dim) * dtype.itemsize
+    return per_token * batch * seq_len
+
+
+def _mla_cache_cases() -> list[Case]:
+    configs = [
+        # (num_layers, num_heads, latent_dim, rope_dim, dtype, batch, seq_len); in the first every
+        # classic slip below gives a different wrong number (float64, so that counting numbers
+        # is not the same as halving)
+        (5, 6, 24, 4, torch.float64, 3, 7),
+        (3, 8, 32, 8, torch.bfloat16, 2, 11),
+        (2, 4, 16, 0, torch.float32, 5, 3),  # no RoPE key: the latent alone
+        (60, 128, 512, 64, torch.bfloat16, 16, 8192),  # DeepSeek-V2's sizes, 16 × 8k tokens
+    ]
+    keys = ("num_layers", "num_heads", "latent_dim", "rope_dim", "dtype", "batch", "seq_len")
+    return [dict(zip(keys, config)) for config in configs]
+
+
+def _mla_cache_hint(case: Case, got: object) -> str:
+    """Name the classic slip whose answer ``got`` equals, if any."""
+    expected = reference_mla_cache_bytes(**case)
+    tokens = case["batch"] * case["seq_len"]
+    itemsize, layers, heads = case["dtype"].itemsize, case["num_layers"], case["num_heads"]
+    latent, rope = case["latent_dim"], case["rope_dim"]
+
+    def bytes_for(numbers_per_layer: int) -> int:
+        return layers * numbers_per_layer * itemsize * tokens
+
+    slips = [
+        (bytes_for(2 * latent + rope), "this caches the latent twice, once for keys and once for "
+         "values: one latent serves both, every head rebuilds its key AND its value from it"),
+        (2 * expected, "this doubles everything, as for a key and a value: MLA caches one latent "
+         "and one RoPE key per token and layer, no value"),
+        (bytes_for(latent + heads * rope), f"this caches a RoPE key per head: the one RoPE key is "
+         f"shared by all {heads} heads"),
+        (bytes_for(latent), "this leaves out the RoPE key of rope_dim numbers, cached beside the latent"),
+        (bytes_for(latent + 2 * rope), "this caches the RoPE part twice: it is a key only, the "
+         "values come from the latent"),
+        (expected / itemsize, f"this counts numbers, not bytes: each {case['dtype']} number takes {itemsize} bytes"),
+        (expected * 8, "this counts bits, not bytes"),
+        (expected / layers, f"this is one layer's cache: the model has {layers} layers"),
+        (expected / case["batch"], f"this is one sequence's cache: the batch holds {case['batch']}"),
+        (expected * 2 / itemsize, f"this assumes 2 bytes per number: each {case['dtype']} number "
+         f"takes {itemsize}"),
+    ]  # fmt: skip
+    hints = [why for value, why in slips if value != expected and got == value]
+    return f"\n   hint: {' or '.join(hints)}." if hints else ""
+
+
+def check_mla_cache_bytes(mla_cache_bytes: Callable[..., int], verbose: bool = True) -> CheckResult:
+    """Check ``mla_cache_bytes(num_layers, num_heads, latent_dim, rope_dim, dtype, batch,
+    seq_len)``: the bytes of MLA's cache (one latent and one shared RoPE key per token and layer)
+    for ``batch`` sequences of ``seq_len`` tokens, exactly. The first case is chosen so that
+    caching the latent twice (for keys and for values), doubling everything, a RoPE key per head,
+    no RoPE key, a RoPE value too, numbers or bits instead of bytes, one layer, one sequence and
+    2 bytes per number each give a different wrong number, and a wrong answer that equals one of
+    them is named."""
+
+    @functools.wraps(mla_cache_bytes)
+    def as_number(**kwargs: object) -> float:
+        result = mla_cache_bytes(**kwargs)
+        if isinstance(result, Tensor) and result.numel() == 1:
+            result = result.item()
+        if isinstance(result, numbers.Real) and not isinstance(result, (bool, int, float)):
+            result = float(result)  # a NumPy integer or float is a number too
+        if isinstance(result, bool) or not isinstance(result, (int, float)):
+            raise TypeError(f"mla_cache_bytes must return a number of bytes, got {result!r}")
+        return result
+
+    return run_check(
+        "mla_cache_bytes",
+        as_number,
+        reference_mla_cache_bytes,
+        _mla_cache_cases(),
+        atol=0.0,
+        rtol=0.0,
+        verbose=verbose,
+        hint=_mla_cache_hint,
     )
 
 
