@@ -175,8 +175,8 @@ def test_leak_reach_accepts_numpy_and_tensor_integers():
 # --------------------------------------------------------------------------------------------
 
 RIGHT_PREDICTIONS = {
-    "padding mask inverted": {"causal leak", "padding invariance"},
-    "loss over every position": {"loss ignores padding"},
+    "padding mask inverted": {"3 causal leak", "6b padding invariance"},
+    "loss over every position": {"5b loss ignores padding"},
     "embedding not scaled": set(),
 }
 
@@ -189,21 +189,25 @@ def test_predictions_truth_is_what_examine_finds():
 def test_predictions_accept_the_right_sets_in_any_case(capsys):
     assert ch11.check_predictions(RIGHT_PREDICTIONS)
     assert ch11.check_predictions(
-        {**RIGHT_PREDICTIONS, "padding mask inverted": ["Causal Leak", "padding  invariance"]}
-    )
+        {**RIGHT_PREDICTIONS, "padding mask inverted": ["Causal Leak", "6B padding  invariance"]}
+    )  # the test number may be left out
     assert capsys.readouterr().out.count("✅") == 2
+    assert not ch11.check_predictions(
+        {**RIGHT_PREDICTIONS, "padding mask inverted": {"causal", "padding invariance"}},
+        verbose=False,
+    )  # a name cut short is not a test
 
 
 @pytest.mark.parametrize(
     "name,wrong",
     [
-        ("padding mask inverted", {"padding invariance"}),  # the mask's own test only
-        ("padding mask inverted", {"causal leak"}),
-        ("padding mask inverted", {"padding invariance", "batch independence"}),
+        ("padding mask inverted", {"6b padding invariance"}),  # the mask's own test only
+        ("padding mask inverted", {"3 causal leak"}),
+        ("padding mask inverted", {"6b padding invariance", "6a batch independence"}),
         ("loss over every position", set()),  # "the pads' losses are zeroed"
-        ("loss over every position", {"loss at initialisation"}),
-        ("embedding not scaled", {"loss at initialisation"}),  # "a different first loss"
-        ("embedding not scaled", {"padding invariance"}),
+        ("loss over every position", {"5a loss at initialisation"}),
+        ("embedding not scaled", {"5a loss at initialisation"}),  # "a different first loss"
+        ("embedding not scaled", {"6b padding invariance"}),
     ],
 )
 def test_predictions_reject_the_classic_wrong_sets(name, wrong, capsys):
@@ -216,9 +220,9 @@ def test_predictions_stub_and_bad_input(capsys):
     assert not ch11.check_predictions({})
     assert "not attempted yet" in capsys.readouterr().out
     assert not ch11.check_predictions({**RIGHT_PREDICTIONS, "embedding not scaled": "none"})
-    assert "set of finding names" in capsys.readouterr().out
+    assert "set of test names" in capsys.readouterr().out
     assert not ch11.check_predictions({**RIGHT_PREDICTIONS, "embedding not scaled": {"the loss"}})
-    assert "is not a finding" in capsys.readouterr().out
+    assert "is not a test of examine" in capsys.readouterr().out
     with pytest.raises(TypeError, match="must be a dict"):
         ch11.check_predictions([set()])
     with pytest.raises(ValueError, match="must be one of"):

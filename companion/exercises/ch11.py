@@ -258,17 +258,27 @@ def check_leak_reach(answers: Mapping[tuple[int, int], int], verbose: bool = Tru
 # Exercise 4: predict which findings fail
 # --------------------------------------------------------------------------------------------
 
-#: the names of ``clinic.examine``'s eight findings, in its order
+#: the names of ``clinic.examine``'s eight results, in its order: each is named after the
+#: chapter's numbered test it runs (``"6a batch independence"``: test 6, first part)
 FINDINGS = (
-    "deterministic evaluation",
-    "registration",
-    "causal leak",
-    "batch independence",
-    "padding invariance",
-    "loss at initialisation",
-    "loss ignores padding",
-    "labels shifted",
+    "7 deterministic evaluation",
+    "2 registration",
+    "3 causal leak",
+    "6a batch independence",
+    "6b padding invariance",
+    "5a loss at initialisation",
+    "5b loss ignores padding",
+    "5c labels shifted",
 )
+
+
+def _finding_of(name: str) -> str | None:
+    """The name of :data:`FINDINGS` that ``name`` means, with or without its test number
+    (``"6b padding invariance"`` or ``"padding invariance"``, any case), else None."""
+    for finding in FINDINGS:
+        if _normal(name) in (_normal(finding), _normal(finding.split(" ", 1)[1])):
+            return finding
+    return None
 
 
 class _InvertedPaddingMask(patient.ReaderTransformer):
@@ -343,7 +353,7 @@ _PREDICT_HINTS = {
         "number does when pads are appended"
     ),
     "embedding not scaled": (
-        "most findings compare two runs of the same model, which a change of the input scale "
+        "most of these tests compare two runs of the same model, which a change of the input scale "
         "keeps equal; the first loss is absolute, but a LayerNorm sits between the embedding "
         "and the output"
     ),
@@ -351,9 +361,10 @@ _PREDICT_HINTS = {
 
 
 def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> CheckResult:
-    """Check ``answers``, ``{patient name: the set of findings it fails}`` for the patients of
-    :data:`PREDICT_PATIENTS` (an empty set: it passes all eight). Each finding is one name of
-    :data:`FINDINGS`; the truth is ``clinic.examine`` run on the patient (:func:`failed_findings`).
+    """Check ``answers``, ``{patient name: the set of examine's tests it fails}`` for the patients
+    of :data:`PREDICT_PATIENTS` (an empty set: it passes all eight). Each is one name of
+    :data:`FINDINGS`, with or without its test number; the truth is ``clinic.examine`` run
+    on the patient (:func:`failed_findings`).
 
     Raises:
         TypeError: ``answers`` is not a dict.
@@ -361,14 +372,12 @@ def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> Ch
 
     def problem_of(patient_name: str, answer: object) -> str | None:
         if isinstance(answer, str) or not isinstance(answer, (set, frozenset, list, tuple)):
-            return f"answer with a set of finding names (set() for none), got {answer!r}"
-        unknown = [
-            f for f in answer if not isinstance(f, str) or _normal(f) not in map(_normal, FINDINGS)
-        ]
+            return f"answer with a set of test names (set() for none), got {answer!r}"
+        unknown = [f for f in answer if not isinstance(f, str) or _finding_of(f) is None]
         if unknown:
-            return f"{unknown[0]!r} is not a finding; use the names of ch11.FINDINGS"
-        said = {_normal(f) for f in answer}
-        if said != {_normal(f) for f in failed_findings(patient_name)}:
+            return f"{unknown[0]!r} is not a test of examine; use the names of ch11.FINDINGS"
+        said = {_finding_of(f) for f in answer}
+        if said != failed_findings(patient_name):
             return f"not {sorted(said) or 'none'}. {_PREDICT_HINTS[patient_name]}"
         return None
 
