@@ -1351,3 +1351,62 @@ def test_blend_separable_reports_a_stub():
 
     result = ch03.check_blend_separable(stub, verbose=False)
     assert not result
+
+
+# --------------------------------------------------------------------------------------------
+# review s11rv03: the slips its wrong answers found
+# --------------------------------------------------------------------------------------------
+
+
+def separable_forgets_the_full_set(weights, tol):
+    # subsets of sizes 1 to k - 1 (range(1, k)): misses {0.995, 0.005} against {0.995}
+    values = weights.tolist()
+    totals = sorted(
+        sum(c) for r in range(1, len(values)) for c in itertools.combinations(values, r)
+    )
+    return all(b - a > tol for a, b in zip(totals, totals[1:]))
+
+
+def separable_non_empty_subsets(weights, tol):
+    # a right answer: the empty subset left out (the solution says it may be)
+    values = weights.tolist()
+    totals = sorted(
+        sum(c) for r in range(1, len(values) + 1) for c in itertools.combinations(values, r)
+    )
+    return all(b - a > tol for a, b in zip(totals, totals[1:]))
+
+
+def test_blend_separable_rejects_a_forgotten_full_set_and_accepts_non_empty_subsets():
+    result = ch03.check_blend_separable(separable_forgets_the_full_set, verbose=False)
+    assert not result and "expected False" in result.message, result.message
+    # the subsets named are two the slip compares, not the empty one it may leave out
+    assert "{0.995} and {0.995, 0.005}" in result.message, result.message
+    assert ch03.check_blend_separable(separable_non_empty_subsets, verbose=False)
+
+
+def permute_w_o_rows_in_blocks_of_d_k(w_q, w_k, w_v, w_o, num_heads, order):
+    # W_Q, W_K, W_V right, W_O's rows cut in blocks of d_k (W_Q's width) instead of d_v
+    q, k, v, _ = ch03.reference_permute_heads(w_q, w_k, w_v, w_o, num_heads, order)
+    d_k = w_q.shape[1] // num_heads
+    moved = torch.cat([w_o[r * d_k : (r + 1) * d_k] for r in order] + [w_o[num_heads * d_k :]])
+    return q, k, v, moved
+
+
+def test_permute_heads_names_w_o_rows_in_blocks_of_d_k():
+    result = ch03.check_permute_heads(permute_w_o_rows_in_blocks_of_d_k, verbose=False)
+    assert not result and result.cases_run == 3, result.message
+    assert "W_O's rows cut in blocks of d_k" in result.message, result.message
+    assert "not d_model // num_heads" not in result.message, result.message
+
+
+def mha_gates_w_o_in_place(query, key, value, w_q, w_k, w_v, w_o, num_heads, head_gates):
+    # the right output, but the caller's w_o is gated in place
+    w_o *= head_gates.repeat_interleave(w_o.shape[0] // num_heads)[:, None]
+    return ch03.reference_multi_head_attention(query, key, value, w_q, w_k, w_v, w_o, num_heads)
+
+
+def test_multi_head_attention_notes_an_input_changed_in_place():
+    result = ch03.check_multi_head_attention(mha_gates_w_o_in_place, verbose=False)
+    assert result and "changed its input w_o in place" in result.message, result.message
+    plain = ch03.check_multi_head_attention(ch03.reference_multi_head_attention, verbose=False)
+    assert plain and "in place" not in plain.message, plain.message

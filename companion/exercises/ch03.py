@@ -424,6 +424,24 @@ def check_multi_head_attention(
         verbose=False,
         hint=_mha_hint,
     )
+    if result.passed:  # the cases ran on copies: does the function change its inputs in place?
+        case = cases[0]
+        copies = {k: v.clone() if isinstance(v, Tensor) else v for k, v in case.items()}
+        try:
+            multi_head_attention(**copies)
+        except Exception:  # noqa: BLE001 (it passed on this case; a second call may not)
+            copies = case
+        changed = [
+            k
+            for k, v in case.items()
+            if isinstance(v, Tensor) and not torch.equal(v, copies[k])  # type: ignore[arg-type]
+        ]
+        if changed:
+            result.message += (
+                f"\n   note: your function changed its input {', '.join(changed)} in place "
+                "(e.g. w_o *= ...). The output is right, but a caller's weights would change: "
+                "compute a new tensor (w_o * ...) instead."
+            )
     return _width_hint_if_raised(result, cases, verbose)
 
 
@@ -669,6 +687,13 @@ def _permute_hint(case: Case, got: tuple) -> str:
         "W_V kept as it was: each moved map now averages the values of the head that used to "
         "sit there; move W_V's blocks of d_v columns with W_Q's and W_K's": (q, k, w_v, o),
     }
+    d_k, d_v = w_q.shape[1] // heads, w_v.shape[1] // heads
+    if d_k != d_v:  # W_O's rows cut in blocks of d_k (the width of W_Q's blocks), rest kept
+        moved = torch.cat([w_o[r * d_k : (r + 1) * d_k] for r in order] + [w_o[heads * d_k :]])
+        slips[
+            f"W_O's rows cut in blocks of d_k = {d_k}: head r owns d_v = {d_v} rows of W_O "
+            "(w_v.shape[1] // num_heads), the width of its value block"
+        ] = (q, k, v, moved)
     if w_o.shape[1] % heads == 0:
         cols = w_o.unflatten(1, (heads, -1))[:, torch.as_tensor(order)].flatten(1)
         slips[
@@ -753,7 +778,8 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
         case = cases[result.cases_run - 1]
         d_model, heads = case["w_q"].shape[0], case["num_heads"]
         q_width, v_width = case["w_q"].shape[1], case["w_v"].shape[1]
-        if q_width != d_model or v_width != d_model:
+        # unless a slip was already named (W_O cut in blocks of d_k is not d_model // num_heads)
+        if (q_width != d_model or v_width != d_model) and "this looks like" not in result.message:
             result.message += (
                 f"\n   the cases before this one have heads d_model // num_heads wide; here "
                 f"d_model = {d_model} but w_q has {q_width} columns and w_v {v_width} for {heads} "
@@ -950,6 +976,10 @@ def _separable_cases() -> list[Case]:
         ([0.6, 0.4, 0.0], 0.01),  # a lookup with no weight: a symbol there adds nothing
         ([0.5, 0.25], 0.25),  # totals 0, 0.25, 0.5, 0.75 exactly tol apart: not MORE than tol
         ([1.0], 0.01),
+        # the full set {0.995, 0.005} and {0.995} lie 0.005 apart: catches subsets of sizes
+        # 1 to k - 1 only (range(1, k)); with three or more lookups a weight this small also
+        # collides with smaller subsets, so only two lookups catch that slip
+        ([0.995, 0.005], 0.01),
     ]
     return [{"weights": torch.tensor(w, dtype=torch.float64), "tol": tol} for w, tol in cases]
 
@@ -974,7 +1004,11 @@ def _separable_problem(got: object, case: Case) -> str | None:
             f"the closest two by {gap:.3g} > tol (a weight need not outweigh all lighter ones "
             "together)"
         )
-    (low, a), (high, b) = min(zip(totals, totals[1:]), key=lambda pair: pair[1][0] - pair[0][0])
+    # the closest two totals, preferring two non-empty subsets (the empty one may be left out)
+    (low, a), (high, b) = min(
+        zip(totals, totals[1:]),
+        key=lambda pair: (pair[1][0] - pair[0][0] > tol, not pair[0][1], pair[1][0] - pair[0][0]),
+    )
 
     def name(subset: tuple[int, ...]) -> str:
         return "{" + ", ".join(f"{weights[j].item():g}" for j in subset) + "}"
