@@ -1475,3 +1475,27 @@ def test_equivariance_check_inputs_are_the_checks_cases():
     for (layer, x), case in zip(pairs, cases, strict=True):
         assert layer.name == case["layer"].name and torch.equal(x, case["x"])
         assert x.ndim == 2 and x.shape[1] == 4
+
+
+def equivariance_test_swap_ends_and_draws(count):  # the solution's form with `count` draws
+    def test(layer, x):
+        swap = torch.arange(x.shape[0])
+        swap[[0, -1]] = swap[[-1, 0]]
+        perms = [swap] + [torch.randperm(x.shape[0]) for _ in range(count)]
+        return all(torch.allclose(layer(x[p]), layer(x)[p], atol=1e-5, rtol=1e-4) for p in perms)
+
+    return test
+
+
+def test_equivariance_swap_and_ten_draws_is_rejected_and_twenty_pass():
+    """Chapter 1's solution: with the swap of the ends, 10 draws still fail (on the 4-token layer
+    that reacts when token 0 is the largest, caught by one reordering in 4), 20 pass."""
+    result = ch01.check_is_permutation_equivariant(
+        equivariance_test_swap_ends_and_draws(10), verbose=False
+    )
+    assert not result, "swap + 10 draws should be rejected"
+    assert "token 0 is the largest" in result.message, result.message
+    assert "already swaps two tokens" in result.message, result.message
+    assert ch01.check_is_permutation_equivariant(
+        equivariance_test_swap_ends_and_draws(20), verbose=False
+    ), "swap + 20 draws should pass"

@@ -982,7 +982,7 @@ def _reorderings_hint(layer: Callable[[Tensor], Tensor], x: Tensor, perms: list[
     if any(_is_transposition(perm) for perm in perms):
         return (
             f" {tried}, and {none} this layer's outputs{kinds}. Your test already "
-            "swaps two tokens: try more reorderings, such as random permutations (fixed "
+            "swaps two tokens: draw more random permutations (fixed "
             "reorderings that generate all the others are checked at this one input only, "
             "where they do not compose)"
         )
