@@ -670,6 +670,27 @@ def first_leak_l2_norm_per_sequence(attend, x):  # the L2 norm over one sequence
     return _pairs_compared(attend, x, lambda a, b: (a - b).norm(dim=-1).max() > 1e-5)
 
 
+def first_leak_shared_vector(attend, x):  # one random vector for every sequence of the batch
+    return _pairs(attend, x, lambda v: torch.randn(v.shape[-1]).expand_as(v))
+
+
+def test_leak_case_alike_in_every_sequence_fails_a_shared_vector():
+    """Input 3 alike in every sequence, leaking through batch statistics: one random vector
+    shared by the batch keeps it alike and misses the leak whatever the seed."""
+    alike = {case["attend"].name: case for case in ch05._future_leak_cases()}[
+        "batch-centred x[3] into 1, x[3] alike"
+    ]
+    assert ch05.reference_first_leak(**alike) == (1, 3)
+    for seed in range(200):
+        torch.manual_seed(seed)
+        assert first_leak_shared_vector(**alike) is None, seed
+        for solution in (first_leak_correct, first_leak_max_abs):
+            assert solution(**alike) == (1, 3), (solution.__name__, seed)
+    torch.manual_seed(0)
+    result = ch05.check_first_leak(first_leak_shared_vector, verbose=False)
+    assert not result and "anew for each sequence" in result.message, result.message
+
+
 def test_leak_case_below_the_tolerance_in_every_entry_fails_an_l2_norm():
     """About 8e-6 in every entry of output 0: no entry moves by 1e-5, so no leak; the L2 norm
     of the change, over the whole output or one sequence, is above 1e-5 whatever the seed."""
@@ -778,6 +799,7 @@ def test_first_leak_accepts_correct():
         first_leak_loose,
         first_leak_exact,
         first_leak_default_allclose,
+        first_leak_shared_vector,
         first_leak_feature_zero_only,
         first_leak_mean_change,
         first_leak_batch_summed,

@@ -650,6 +650,14 @@ def _zero_at(x: Tensor, j: int) -> Tensor:
     return x
 
 
+def _same_at(x: Tensor, j: int) -> Tensor:
+    """``x`` with input ``j`` of sequence 0 copied into every sequence: where
+    :func:`_batch_centred` is 0, as it stays for one random vector shared by the batch."""
+    x = x.clone()  # (batch, seq_len, d)
+    x[:, j] = x[:1, j]
+    return x
+
+
 def _small_at(x: Tensor, j: int) -> Tensor:
     """``x`` with input ``j`` rescaled to norm 0.2: inside the closed gate of :func:`_gated`."""
     x = x.clone()  # (batch, seq_len, d)
@@ -800,6 +808,13 @@ def _future_leak_cases() -> list[Case]:
             ),
             "x": _zero_at(x(5), 3),
         },  # None
+        # a leak through batch statistics at an input alike in every sequence: one random
+        # vector shared by the batch keeps it alike and misses the leak; torch.randn_like,
+        # independent per sequence, finds it
+        {
+            "attend": _Elementwise(_SHARED_VECTOR_CASE, _add_at(causal, 1, 3, _batch_centred)),
+            "x": _same_at(x(5), 3),
+        },  # (1, 3)
     ]
 
 
@@ -817,9 +832,19 @@ _TOLERANCE_SPEC_CASES = {
 }
 
 
+# the case that a random vector shared by every sequence of the batch misses
+_SHARED_VECTOR_CASE = "batch-centred x[3] into 1, x[3] alike"
+
+
 def _leak_hint(case: Case, got: Any) -> str:
     """Say so when the failed case tests the tolerance rule of the specification."""
-    what = _TOLERANCE_SPEC_CASES.get(getattr(case["attend"], "name", ""))
+    name = getattr(case["attend"], "name", "")
+    if name == _SHARED_VECTOR_CASE:
+        return (
+            "\n   Input 3 is alike in every sequence here, and the leak reads batch statistics: draw"
+            " the new input anew for each sequence (torch.randn_like), not one vector for the batch."
+        )
+    what = _TOLERANCE_SPEC_CASES.get(name)
     if what is None:
         return ""
     return (
@@ -843,7 +868,9 @@ def check_first_leak(
     ``1.5e-5`` on entries of size 1.5 or more (missed by ``allclose`` with its default
     ``rtol``), a leak through negative entries only (missed by uniform noise,
     ``torch.rand_like``), a change of about ``8e-6`` in every entry (no leak by the
-    specification, reported by a test on the L2 norm of the change), and leaks that a positive rescale, an added constant, a negation or
+    specification, reported by a test on the L2 norm of the change), a leak through batch
+    statistics at an input alike in every sequence (missed by one random vector shared by the
+    batch), and leaks that a positive rescale, an added constant, a negation or
     a replacement by zeros cannot reveal. A failure on one of the three cases that test the
     tolerance rule (1e-6, the 1.5e-5 step, 8e-6 in every entry) says that it is such a case."""
     return _run(
