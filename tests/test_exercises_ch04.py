@@ -791,6 +791,49 @@ def test_my_mha_reports_wrong_parameter_names():
     assert not result and "raised" in result.message
 
 
+class MHACachedTables(MHACorrect):
+    """The common design: a cos/sin table built once in __init__ and stored as buffers."""
+
+    def __init__(self, d_model, num_heads, rope=False, persistent=True, max_len=64):
+        super().__init__(d_model, num_heads, rope)
+        omega = 10000 ** (-torch.arange(0, self.d_k, 2, dtype=torch.float64) / self.d_k)
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * omega  # (max_len, d_k/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=persistent)
+        self.register_buffer("sin", angles.sin().float(), persistent=persistent)
+
+    def rotate_qk(self, q, k):
+        n = q.shape[-2]
+        cos, sin = self.cos[:n], self.sin[:n]
+
+        def turn(x):
+            a, b = x[..., 0::2], x[..., 1::2]
+            return torch.stack([a * cos - b * sin, a * sin + b * cos], -1).flatten(-2)
+
+        return turn(q), turn(k)
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_my_mha_accepts_a_cos_sin_cache_in_buffers(persistent):
+    """A right answer with a cos/sin cache: persistent buffers are missing from the check's
+    state dict, and must not make the load fail (review s11rv04)."""
+
+    def build(d_model, num_heads, rope=False):
+        return MHACachedTables(d_model, num_heads, rope, persistent=persistent)
+
+    result = ch04.check_my_mha(build, verbose=False)
+    assert result, result.message
+
+
+def test_my_mha_rejects_an_extra_parameter_by_name():
+    class ExtraScale(MHACorrect):
+        def __init__(self, d_model, num_heads, rope=False):
+            super().__init__(d_model, num_heads, rope)
+            self.scale = nn.Parameter(torch.ones(1))
+
+    result = ch04.check_my_mha(ExtraScale, verbose=False)
+    assert not result and "scale" in result.message
+
+
 def test_reference_my_mha_matches_companion_with_and_without_rope():
     torch.manual_seed(0)
     module = MultiHeadAttention(16, 2)

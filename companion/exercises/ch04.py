@@ -829,8 +829,9 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
     """Check a class ``MyMHA(d_model, num_heads, rope=False)`` whose ``forward(x)`` maps
     ``(batch, seq_len, d_model)`` to ``(batch, seq_len, d_model)``.
 
-    Its parameters must be named as in :data:`MHA_PARAMETERS` (four ``nn.Linear`` with
-    biases), so that the check can copy random weights in. Without RoPE the result is
+    Its parameters must be exactly those named in :data:`MHA_PARAMETERS` (four ``nn.Linear``
+    with biases), so that the check can copy random weights in; buffers (a cos/sin cache,
+    persistent or not) are allowed and keep their own values. Without RoPE the result is
     compared with ``torch.nn.MultiheadAttention`` holding the same weights; with RoPE with
     :func:`reference_mha_forward`. The class is built and run with :mod:`companion.attention`
     and :mod:`companion.positional` switched off: a subclass of ``MultiHeadAttention``, or a
@@ -840,7 +841,17 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
 
     def build_and_run(d_model: int, num_heads: int, rope: bool, state: dict, x: Tensor) -> Tensor:
         module = my_mha_class(d_model, num_heads, rope=rope)
-        module.load_state_dict(state)
+        # the eight parameters by name; buffers (a cos/sin cache, persistent or not) keep their own
+        # values, so load non-strictly after checking the parameter names
+        names = [name for name, _ in module.named_parameters()]
+        absent = [name for name in MHA_PARAMETERS if name not in names]
+        extra = [name for name in names if name not in MHA_PARAMETERS]
+        if absent or extra:
+            raise ValueError(
+                f"MyMHA's parameters should be exactly {', '.join(MHA_PARAMETERS)}; "
+                f"missing: {absent or 'none'}, other parameters: {extra or 'none'}"
+            )
+        module.load_state_dict(state, strict=False)
         with torch.no_grad():
             return module(x)  # (batch, seq_len, d_model)
 
