@@ -1335,3 +1335,15 @@ def test_score_moments_hint_never_names_a_slip_that_equals_the_answer():
     right answer in a shape the check refuses) must not be told it matches one of them."""
     case = {"d_k": 64, "sigma_q": 1.0, "sigma_k": 1.0, "rho": 0.0}
     assert ch02._score_moments_hint(case, moments_formula(64, 1.0, 1.0, 0.0)) == ""
+
+
+def backward_grad_v_unshaped(q, k, v, grad_output):  # weights @ grad_output, no slicing: raises
+    grad_q, grad_k, _ = backward_correct(q, k, v, grad_output)
+    _, weights = _forward(q, k, v)
+    return grad_q, grad_k, weights @ grad_output
+
+
+def test_attention_backward_hints_a_shape_error():
+    result = ch02.check_attention_backward(backward_grad_v_unshaped, verbose=False)
+    assert not result
+    assert "hint: check each product's shape" in result.message, result.message

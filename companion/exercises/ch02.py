@@ -1001,8 +1001,10 @@ def check_gradient_crossover(
                 count,
                 f"❌ {name}: {setting}: got None, no crossover found among the widths"
                 f" {CROSSOVER_D_KS[0]} to {CROSSOVER_D_KS[-1]}; yet at every sigma the check"
-                " uses the crossover lies inside that range. Check the statistic:"
-                " the median over the queries, not the mean, which a few near ties carry;"
+                " uses the crossover lies inside that range. Check how sigma enters the"
+                " softmax input of both layers (q and k each carry sigma, so the scores carry"
+                " sigma squared, not a higher power); the statistic: the median over the"
+                " queries, not the mean, which a few near ties carry;"
                 " and the protocol: 16 keys per query (more keys move the crossover to larger"
                 " widths).",
             )
@@ -1176,6 +1178,14 @@ def autograd_forbidden() -> Iterator[None]:
             setattr(owner, attr, original)
 
 
+#: phrases of torch's errors for a matrix product of mismatched shapes
+_SHAPE_ERRORS = (
+    "cannot be multiplied",
+    "Expected size for first two dimensions",
+    "must match the size",
+)
+
+
 def check_attention_backward(
     attention_backward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
     verbose: bool = True,
@@ -1196,7 +1206,15 @@ def check_attention_backward(
 
     def without_autograd(q: Tensor, k: Tensor, v: Tensor, grad_output: Tensor) -> Any:
         with torch.no_grad(), autograd_forbidden():
-            return by_hand(q, k, v, grad_output)
+            try:
+                return by_hand(q, k, v, grad_output)
+            except RuntimeError as error:  # a product of mismatched shapes: name the usual slip
+                if not any(phrase in str(error) for phrase in _SHAPE_ERRORS):
+                    raise
+                raise RuntimeError(
+                    f"{error} (hint: check each product's shape; grad_v = weightsᵀ @ grad_output"
+                    " is (..., k_len, d_v) and grad_k = (∂L/∂s̃)ᵀ @ q is (..., k_len, d_k))"
+                ) from None
 
     return run_check(
         name,
