@@ -691,6 +691,34 @@ def test_leak_case_alike_in_every_sequence_fails_a_shared_vector():
     assert not result and "anew for each sequence" in result.message, result.message
 
 
+def first_leak_in_place(attend, x):  # no clone: x itself changes, so input j - 1 stays changed
+    leaks = []
+    with torch.no_grad():
+        before = attend(x)
+        for j in range(1, x.shape[1]):
+            changed = x
+            changed[:, j] = torch.randn_like(changed[:, j])
+            after = attend(changed)
+            leaks += [(i, j) for i in range(j) if (after[:, i] - before[:, i]).abs().max() > 1e-5]
+    return min(leaks) if leaks else None
+
+
+def test_first_leak_hints_name_the_pair_order_and_the_missing_clone():
+    """The two slips the messages used to leave bare: the first leak met in a loop over j
+    (case 16 answers (1, 2)), and a test that changes x in place (the causal case answers (1, 2))."""
+    torch.manual_seed(0)
+    result = ch05.check_first_leak(first_leak_smallest_j_first, verbose=False)
+    assert not result and "smallest i first" in result.message, result.message
+    torch.manual_seed(0)
+    result = ch05.check_first_leak(first_leak_in_place, verbose=False)
+    assert not result and "x.clone()" in result.message, result.message
+    torch.manual_seed(0)
+    # a real mistake gets neither hint
+    result = ch05.check_first_leak(first_leak_whole_future, verbose=False)
+    assert not result, result.message
+    assert "x.clone()" not in result.message and "smallest i first" not in result.message
+
+
 def test_leak_case_below_the_tolerance_in_every_entry_fails_an_l2_norm():
     """About 8e-6 in every entry of output 0: no entry moves by 1e-5, so no leak; the L2 norm
     of the change, over the whole output or one sequence, is above 1e-5 whatever the seed."""

@@ -736,7 +736,7 @@ def _future_leak_cases() -> list[Case]:
         # answers (1, 2), the smallest j, not the smallest i
         {
             "attend": _MaskedAttention(
-                "1 peeks at 2, 0 peeks at 3", _with_extra(_tril(0), (1, 2), (0, 3)), d, 8
+                _TWO_LEAKS_CASE, _with_extra(_tril(0), (1, 2), (0, 3)), d, 8
             ),
             "x": x(5),
         },  # (0, 3)
@@ -832,13 +832,40 @@ _TOLERANCE_SPEC_CASES = {
 }
 
 
+# the case with two leaks, (1, 2) and (0, 3), that a loop over j stopping at its first hit misses
+_TWO_LEAKS_CASE = "1 peeks at 2, 0 peeks at 3"
+
 # the case that a random vector shared by every sequence of the batch misses
 _SHARED_VECTOR_CASE = "batch-centred x[3] into 1, x[3] alike"
 
 
+# the cases whose model reads no later input: the answer is None
+_NO_LEAK_CASES = {"causal", "causal, then layer norm", "layer norm, no mixing", "cumulative sum"}
+
+
+def _as_pair(got: Any) -> tuple[int, int] | None:
+    """``got`` as a pair of ints, or ``None`` when it is not a pair of numbers."""
+    try:
+        i, j = got
+        return int(i), int(j)
+    except (TypeError, ValueError):
+        return None
+
+
 def _leak_hint(case: Case, got: Any) -> str:
-    """Say so when the failed case tests the tolerance rule of the specification."""
+    """Name the likely slip: the pair order, a changed ``x``, a shared vector, the tolerance."""
     name = getattr(case["attend"], "name", "")
+    pair = _as_pair(got)
+    if name == _TWO_LEAKS_CASE and pair == (1, 2):
+        return (
+            "\n   This model leaks twice, (1, 2) and (0, 3). Return the smallest i first, and for"
+            " it the smallest j: a loop over j that stops at its first leak finds (1, 2)."
+        )
+    if name in _NO_LEAK_CASES and pair is not None and pair[1] == pair[0] + 1:
+        return (
+            "\n   This model reads no later input. Did your test change x in place (no x.clone())?"
+            " Then input j - 1 is still changed when you test input j."
+        )
     if name == _SHARED_VECTOR_CASE:
         return (
             "\n   Input 3 is alike in every sequence here, and the leak reads batch statistics: draw"
