@@ -1,4 +1,4 @@
-"""Section 1.6 step 5 (gradient descent finds the turn), repeated over seeds.
+"""Section 1.6 stage E (gradient descent finds the turn), repeated over seeds.
 
 The chapter trains $W_Q$ and $W_K$ of its previous-token head for one seed live (seed 0), and
 runs two controls once: the loss without query 2, and $W_V$ learned too. This script repeats
@@ -35,7 +35,7 @@ STEP_ANGLE = math.pi / 6  # θ = 30°, as in the chapter
 
 
 def chapter_setup() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The chapter's position code (7, 2), its sentence with positions (7, 6) and step 3's W_V."""
+    """The chapter's position code (7, 2), its sentence with positions (7, 6) and stage C's W_V."""
     gen = torch.Generator().manual_seed(0)  # the chapter's generator: the embedding comes first
     token_embedding = torch.randn(VOCAB_SIZE, D_MODEL, generator=gen)  # (vocab_size, d_model)
     vocab = ["I", "like", "machine", "learning", "and", "deep", "is", "fun"]

@@ -707,7 +707,9 @@ def test_equivariance_fixed_generating_reorderings_are_not_enough():
         perms = [swap, torch.roll(torch.arange(n), 1)]
         return all(torch.allclose(layer(x[p]), output[p], atol=1e-5, rtol=1e-4) for p in perms)
 
-    layer, x = ch01.equivariance_check_inputs()[-2]  # the largest-first layer, 4 tokens
+    ((layer, x),) = [  # the largest-first layer, 4 tokens
+        case for case in ch01.equivariance_check_inputs() if case[0].name.endswith("is the largest")
+    ]
     assert swap_and_shift(layer, x), "the trap: both fixed reorderings commute at this input"
     assert not ch01.reference_is_permutation_equivariant(layer, x)
     result = ch01.check_is_permutation_equivariant(swap_and_shift, verbose=False)
@@ -721,7 +723,9 @@ def test_equivariance_all_swaps_of_two_tokens_are_rejected():
     swaps = _equivariant_under(
         lambda n: [_swap(n, i, j) for i in range(n) for j in range(i + 1, n)]
     )
-    layer, x = ch01.equivariance_check_inputs()[-1]
+    ((layer, x),) = [  # the layer that reacts only to rotations of its sorted tokens, 3 tokens
+        case for case in ch01.equivariance_check_inputs() if case[0].name.endswith("are rotated")
+    ]
     assert swaps(layer, x), "the trap: every swap commutes at this input"
     assert not ch01.reference_is_permutation_equivariant(layer, x)
     result = ch01.check_is_permutation_equivariant(swaps, verbose=False)
@@ -1339,8 +1343,63 @@ def equivariance_test_swap_ends(layer, x):  # one transposition: the first and l
 def test_equivariance_test_that_swaps_is_not_told_to_try_a_swap(swap_only):
     result = ch01.check_is_permutation_equivariant(swap_only, verbose=False)
     assert not result
-    assert "already swaps two tokens" in result.message, result.message
+    assert "just two tokens" in result.message, result.message
+    assert "torch.randperm" in result.message, result.message
     assert "the swap of two tokens" not in result.message, result.message
+
+
+def test_equivariance_random_swaps_only_are_told_to_draw_whole_permutations():
+    """A test that draws 20 random swaps of two tokens (never a bigger reordering) misses the
+    three-token layer that ignores every swap at its input: the message says its reorderings were
+    all swaps and that a reordering of three or more tokens changes the outputs, not to draw
+    'more' of the same kind."""
+
+    def random_swaps(layer, x):
+        n = x.shape[0]
+        out = layer(x)
+        perms = []
+        for _ in range(20):
+            i, j = torch.randperm(n)[:2].tolist()
+            perms.append(_swap(n, i, j))
+        return all(torch.allclose(layer(x[p]), out[p], atol=1e-5, rtol=1e-4) for p in perms)
+
+    result = ch01.check_is_permutation_equivariant(random_swaps, verbose=False)
+    assert not result
+    message = result.message
+    assert "each of them swaps just two tokens" in message, message
+    assert "no swap of two tokens changes the outputs" in message, message
+    assert "torch.randperm" in message and "already swaps" not in message, message
+
+
+def test_equivariance_test_that_reorders_only_the_first_rows_is_rejected():
+    """A test that shuffles only the first min(n, d) rows never moves a late token: the check's
+    seven-token layer that breaks only when the last token moves catches it, and the message
+    names the token it never moved."""
+
+    def prefix_only(layer, x):
+        n = x.shape[0]
+        out = layer(x)
+        m = min(n, x.shape[1])
+        perms = []
+        for _ in range(20):
+            p = torch.arange(n)
+            p[:m] = torch.randperm(m)
+            perms.append(p)
+        return all(torch.allclose(layer(x[p]), out[p], atol=1e-5, rtol=1e-4) for p in perms)
+
+    result = ch01.check_is_permutation_equivariant(prefix_only, verbose=False)
+    assert not result
+    message = result.message
+    assert "the last output row" in message and "(7 tokens)" in message, message
+    assert "None of them moves tokens 4, 5, 6 (counting from 0)" in message, message
+    assert "torch.randperm(x.shape[0])" in message, message
+    layer = ch01._one_token_layer(-1)
+    x = torch.randn(7, 4, generator=torch.Generator().manual_seed(0))
+    assert ch01.equivariance_gap(layer, x) > 0.1
+    moved_last = torch.tensor([6, 1, 2, 3, 4, 5, 0])
+    assert not torch.allclose(layer(x[moved_last]), layer(x)[moved_last], atol=1e-5)
+    kept_last = torch.tensor([1, 0, 3, 2, 5, 4, 6])
+    assert torch.allclose(layer(x[kept_last]), layer(x)[kept_last], atol=1e-5)
 
 
 def test_equivariance_test_without_a_swap_is_told_to_try_one():

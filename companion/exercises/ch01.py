@@ -710,7 +710,7 @@ def equivariance_test_layers(d: int = 4) -> dict[str, NamedLayer]:
 
 
 def _one_token_layer(position: int, d: int = 4) -> NamedLayer:
-    """Self-attention plus a fixed vector on output row ``position`` (from 0) only.
+    """Self-attention plus a fixed vector on output row ``position`` (from 0; -1 is the last).
 
     It commutes with exactly the reorderings that leave the token at ``position`` in place: on
     two tokens that is the identity only, so each random draw misses it with probability 1/2.
@@ -724,7 +724,10 @@ def _one_token_layer(position: int, d: int = 4) -> NamedLayer:
         bump[position] = marker
         return out + bump
 
-    name = f"attention plus a fixed vector on output row {position} only (counting from 0)"
+    row = "the last output row" if position == -1 else f"output row {position}"
+    name = f"attention plus a fixed vector on {row} only" + (
+        "" if position == -1 else " (counting from 0)"
+    )
     return NamedLayer(name, layer)
 
 
@@ -864,6 +867,10 @@ def _equivariance_cases() -> list[Case]:
     x3 = torch.randn(3, 4, generator=seeded_generator(121))  # (3, 4)
     x3 = x3[x3[:, 0].argsort()]
     cases.append({"layer": _cycled_order_layer(), "x": x3})
+    # seven tokens, the layer breaks only when the last token moves: a test that reorders only
+    # the first few tokens (a random permutation of x.shape[-1] = 4 rows, say) never moves it
+    x7_last = torch.randn(7, 4, generator=seeded_generator(122))  # (7, 4)
+    cases.append({"layer": _one_token_layer(-1), "x": x7_last})
     return cases
 
 
@@ -952,6 +959,13 @@ def _is_transposition(perm: Tensor) -> bool:
     return int((perm != torch.arange(perm.shape[0])).sum()) == 2
 
 
+def _swap_two(seq_len: int, i: int, j: int) -> Tensor:
+    """``(seq_len,)``: the reordering that exchanges tokens ``i`` and ``j``."""
+    perm = torch.arange(seq_len)
+    perm[[i, j]] = perm[[j, i]]
+    return perm
+
+
 def _is_even(perm: Tensor) -> bool:
     """Is ``perm (seq_len,)`` an even permutation (an even number of swaps)?"""
     return bool(_order_parity_sign(perm.float()) > 0)
@@ -978,6 +992,37 @@ def _reorderings_hint(layer: Callable[[Tensor], Tensor], x: Tensor, perms: list[
     if all(_is_even(perm) for perm in perms):
         kinds = (
             " (all of them even: an even number of swaps)" if len(perms) > 1 else " (an even one)"
+        )
+    seq_len = x.shape[0]
+    if all(_is_transposition(perm) for perm in perms):
+        each = "each of them swaps" if len(perms) > 1 else "it swaps"
+        swaps = [_swap_two(seq_len, i, j) for i in range(seq_len) for j in range(i + 1, seq_len)]
+        if all(
+            torch.allclose(layer(x[perm]), output[perm], atol=1e-5, rtol=1e-4) for perm in swaps
+        ):
+            found = (
+                "At this input no swap of two tokens changes the outputs, but a reordering that "
+                "moves three or more tokens does (swaps generate every reordering, but checked "
+                "at one input only they do not compose)"
+            )
+        else:
+            found = (
+                "Other reorderings do change them (swaps, even a set that generates every "
+                "reordering, are checked at this one input only, where they do not compose)"
+            )
+        return (
+            f" {tried}, and {none} this layer's outputs{kinds}: {each} just two tokens. "
+            f"{found}: draw random permutations of all the tokens (torch.randperm), not only "
+            "swaps"
+        )
+    never_moved = [t for t in range(seq_len) if all(int(perm[t]) == t for perm in perms)]
+    if never_moved and seq_len > 3 and not kinds:
+        which = ", ".join(str(t) for t in never_moved)
+        plural = "s" if len(never_moved) > 1 else ""
+        return (
+            f" {tried}, and {none} this layer's outputs. None of them moves token{plural} "
+            f"{which} (counting from 0): draw random permutations of all the tokens, "
+            "torch.randperm(x.shape[0])"
         )
     if any(_is_transposition(perm) for perm in perms):
         return (
