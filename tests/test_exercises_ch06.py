@@ -634,6 +634,7 @@ CHECKS = [
     ch06.check_relative_updates,
     ch06.check_stream_size_slope,
     ch06.check_adam_second_step,
+    ch06.check_input_change_by_layer,
 ]
 
 
@@ -1058,3 +1059,169 @@ def test_per_token_sizes_give_nearly_the_same_slope():
             assert abs(other_slope - slope) < 0.005, (case, other_slope, slope)
             if case["norm_first"]:  # Post-LN's sizes are all 1 either way
                 assert all(o < s for o, s in zip(other_sizes, sizes)), (case, other_sizes, sizes)
+
+
+# --------------------------------------------------------------------------------------------
+# answers that edit their inputs in place, or return NumPy values
+# --------------------------------------------------------------------------------------------
+
+
+def ln_backward_in_place(x, gain, grad_out, eps):  # overwrites x and grad_out as it goes
+    x.sub_(x.mean(dim=-1, keepdim=True))
+    scale = torch.sqrt((x**2).mean(dim=-1, keepdim=True) + eps)
+    x.div_(scale)  # x is now x̂
+    grad_out.mul_(gain)  # grad_out is now δ
+    return (
+        grad_out - grad_out.mean(-1, keepdim=True) - x * (grad_out * x).mean(-1, keepdim=True)
+    ) / scale
+
+
+def test_layer_norm_backward_accepts_an_answer_that_edits_its_inputs_in_place():
+    assert ch06.check_layer_norm_backward(ln_backward_in_place, verbose=False)
+
+
+def test_relative_updates_accepts_a_numpy_answer():
+    def numpy_answer(stream):
+        s = stream.numpy()
+        ratio = np.linalg.norm(s[1:] - s[:-1], axis=-1) / np.linalg.norm(s[:-1], axis=-1)
+        return ratio.reshape(ratio.shape[0], -1).mean(1)
+
+    assert ch06.check_relative_updates(numpy_answer, verbose=False)
+
+
+def test_relative_updates_hint_also_names_a_numpy_slip():
+    result = ch06.check_relative_updates(
+        lambda stream: relative_updates_ratio_of_means(stream).numpy(), verbose=False
+    )
+    assert not result and "ratio of means" in result.message, result.message
+
+
+# --------------------------------------------------------------------------------------------
+# input_change_by_layer (exercise 6)
+# --------------------------------------------------------------------------------------------
+
+
+def _layer_pairs(model, src, tgt_input, shuffled):
+    outputs = []
+    for tokens in (tgt_input, shuffled):
+        seen = []
+        hooks = [
+            layer.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o))
+            for layer in model.decoder.layers
+        ]
+        with torch.no_grad():
+            model(src, tokens)
+        for hook in hooks:
+            hook.remove()
+        outputs.append(seen)
+    return list(zip(*outputs))
+
+
+def input_change_correct(model, src, tgt_input, shuffled, real):
+    return torch.stack(
+        [
+            (h - s)[real].norm() / h[real].norm()
+            for h, s in _layer_pairs(model, src, tgt_input, shuffled)
+        ]
+    )
+
+
+def input_change_absolute(model, src, tgt_input, shuffled, real):
+    return torch.stack(
+        [(h - s)[real].norm() for h, s in _layer_pairs(model, src, tgt_input, shuffled)]
+    )
+
+
+def input_change_with_padding(model, src, tgt_input, shuffled, real):
+    return torch.stack(
+        [(h - s).norm() / h.norm() for h, s in _layer_pairs(model, src, tgt_input, shuffled)]
+    )
+
+
+def input_change_by_shuffled(model, src, tgt_input, shuffled, real):
+    return torch.stack(
+        [
+            (h - s)[real].norm() / s[real].norm()
+            for h, s in _layer_pairs(model, src, tgt_input, shuffled)
+        ]
+    )
+
+
+def input_change_per_token(model, src, tgt_input, shuffled, real):
+    pairs = _layer_pairs(model, src, tgt_input, shuffled)
+    return torch.stack(
+        [((h - s)[real].norm(dim=-1) / h[real].norm(dim=-1)).mean() for h, s in pairs]
+    )
+
+
+def input_change_with_embeddings(model, src, tgt_input, shuffled, real):
+    first = (tgt_input != shuffled)[real].float().mean()  # any extra leading entry
+    return torch.cat([first[None], input_change_correct(model, src, tgt_input, shuffled, real)])
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        input_change_correct,
+        lambda model, src, tgt_input, shuffled, real: input_change_correct(
+            model, src, tgt_input, shuffled, real
+        ).numpy(),
+        lambda model, src, tgt_input, shuffled, real: input_change_correct(
+            model, src, tgt_input, shuffled, real
+        ).tolist(),
+        lambda model, src, tgt_input, shuffled, real: list(
+            input_change_correct(model, src, tgt_input, shuffled, real)
+        ),
+        ch06.reference_input_change_by_layer,
+    ],
+)
+def test_input_change_by_layer_accepts_correct(answer):
+    assert ch06.check_input_change_by_layer(answer, verbose=False)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "says"),
+    [
+        (input_change_absolute, "divide the change"),
+        (input_change_with_padding, "padding"),
+        (input_change_by_shuffled, "not the shuffled"),
+        (input_change_per_token, "per-token ratios"),
+        (input_change_with_embeddings, "leave out the embeddings"),
+    ],
+)
+def test_input_change_by_layer_rejects_and_names_the_classic_slips(wrong, says):
+    result = ch06.check_input_change_by_layer(wrong, verbose=False)
+    assert not result
+    assert says in result.message, result.message
+
+
+def test_input_change_cases_leave_the_global_seed_alone():
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    ch06.check_input_change_by_layer(ch06.reference_input_change_by_layer, verbose=False)
+    assert torch.equal(torch.rand(3), before)
+
+
+def test_input_change_post_ln_falls_with_depth_and_pre_ln_keeps_it():
+    """The chapter's point: at initialisation a Post-LN decoder dilutes its input layer by layer."""
+    from companion import norm_study
+
+    src, tgt_input, _, real = norm_study.probe_batch()
+    shuffled = ch06.shuffled_digits(tgt_input, real)
+    changes = {}
+    for norm_first in (False, True):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model = norm_study.build_model(6, norm_first)
+        changes[norm_first] = ch06.reference_input_change_by_layer(
+            model, src, tgt_input, shuffled, real
+        )
+    assert torch.all(changes[False][1:] < changes[False][:-1]), changes
+    assert changes[False][-1] < 0.1 < 0.3 < changes[True][-1], changes
+
+
+def test_input_change_message_names_the_model_in_one_line():
+    result = ch06.check_input_change_by_layer(input_change_absolute, verbose=False)
+    assert "model: Transformer module with" in result.message, result.message
+    assert "(src_embedding)" not in result.message, result.message

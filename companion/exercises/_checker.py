@@ -72,6 +72,9 @@ def _describe(value: Any) -> str:
         return f"tensor of shape {tuple(value.shape)}, dtype {value.dtype}"
     if isinstance(value, np.ndarray):
         return f"array of shape {value.shape}, dtype {value.dtype}"
+    if isinstance(value, torch.nn.Module) and "\n" in repr(value):  # every sub-module, one a line
+        count = sum(p.numel() for p in value.parameters())
+        return f"{type(value).__name__} module with {count:,} parameters"
     return f"{type(value).__name__} {value!r}"[:200]
 
 

@@ -18,6 +18,8 @@ the stream's size (Pre-LN)       :func:`check_stream_size_prediction`,
                                  :func:`check_stream_size_slope`
 Adam's second step (6.4)         :func:`check_adam_step_prediction`,
                                  :func:`check_adam_second_step`
+where the decoder loses its      :func:`check_input_change_by_layer`
+input (6.4)
 ===============================  ==================================================
 """
 
@@ -51,6 +53,7 @@ __all__ = [
     "check_stream_size_prediction",
     "check_adam_second_step",
     "check_adam_step_prediction",
+    "check_input_change_by_layer",
 ]
 
 
@@ -567,6 +570,8 @@ def _relative_updates_cases() -> list[Case]:
 def _relative_updates_hint(case: dict, got: object) -> str:
     """Name the classic slip when the answer is one of them."""
     stream = case["stream"]
+    if isinstance(got, np.ndarray):  # a NumPy answer gets the same hints
+        got = torch.from_numpy(got)
     if not isinstance(got, Tensor) or got.shape != (stream.shape[0] - 1,):
         return ""
     update_norm = (stream[1:] - stream[:-1]).norm(dim=-1).flatten(1)  # (S, tokens)
@@ -1163,3 +1168,148 @@ def check_adam_step_prediction(predicted_ratio: object, verbose: bool = True) ->
     if verbose:
         report(result)
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 6: where the Post-LN decoder loses its input
+# --------------------------------------------------------------------------------------------
+
+
+def reference_input_change_by_layer(
+    model: nn.Module, src: Tensor, tgt_input: Tensor, shuffled: Tensor, real: Tensor
+) -> Tensor:
+    r"""How much shuffling the decoder's input digits changes the output of each decoder layer.
+
+    Args:
+        model: a ``companion.model.Transformer``.
+        src: source tokens ``(batch, src_len)``.
+        tgt_input: the decoder's input tokens ``(batch, tgt_len)``.
+        shuffled: ``tgt_input`` with its digits shuffled, same shape.
+        real: the scored positions, boolean ``(batch, tgt_len)``.
+
+    Returns:
+        Tensor of shape ``(decoder layers,)``: entry ``k`` is
+        :math:`\lVert h_k - h'_k \rVert / \lVert h_k \rVert` over the scored positions, where
+        :math:`h_k` is the output of decoder layer ``k`` (bottom first) fed ``tgt_input`` and
+        :math:`h'_k` the same fed ``shuffled`` (one norm over all those positions' features).
+    """
+    pairs = _decoder_layer_outputs(model, src, tgt_input, shuffled)
+    return torch.stack([(h - h_shuffled)[real].norm() / h[real].norm() for h, h_shuffled in pairs])
+
+
+def _decoder_layer_outputs(
+    model: nn.Module, src: Tensor, tgt_input: Tensor, shuffled: Tensor
+) -> list[tuple[Tensor, Tensor]]:
+    """Each decoder layer's output, bottom first, fed ``tgt_input`` and fed ``shuffled``."""
+    outputs: list[list[Tensor]] = [[] for _ in model.decoder.layers]
+    hooks = [
+        layer.register_forward_hook(lambda _m, _i, out, k=k: outputs[k].append(out))
+        for k, layer in enumerate(model.decoder.layers)
+    ]
+    try:
+        with torch.no_grad():
+            model(src, tgt_input)
+            model(src, shuffled)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [(h, h_shuffled) for h, h_shuffled in outputs]
+
+
+def shuffled_digits(tgt_input: Tensor, real: Tensor, seed: int = 0) -> Tensor:
+    """``tgt_input`` with the digits after the start token shuffled across the batch (chapter
+    6's input test): every position and length stays, only which digit sits where changes."""
+    shuffled = tgt_input.clone()
+    body, digits = shuffled[:, 1:], real[:, 1:]  # views: after the start token
+    order = torch.randperm(int(digits.sum()), generator=seeded_generator(seed))
+    body[digits] = body[digits][order]
+    return shuffled
+
+
+def _input_change_cases() -> list[Case]:
+    """Fresh models of chapter 6's kind (other sizes and seeds than the chapter's), on its
+    probe batch or a part of it."""
+    from companion import norm_study  # the model and its data, only when measured
+
+    src, tgt_input, _, real = norm_study.probe_batch()
+    cases: list[Case] = []
+    for layers, norm_first, alpha, seed, rows in [
+        (3, False, 1.0, 11, 64),
+        (2, True, 1.0, 12, 64),
+        (4, False, 2.0, 13, 64),  # a DeepNorm-style residual scale
+        (1, False, 1.0, 14, 16),
+    ]:
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            model = norm_study.build_model(layers, norm_first)
+        for layer in model.decoder.layers:
+            layer.residual_scale = alpha
+        model.eval()
+        batch = (src[:rows], tgt_input[:rows], real[:rows])
+        cases.append({
+            "model": model, "src": batch[0], "tgt_input": batch[1],
+            "shuffled": shuffled_digits(batch[1], batch[2], seed), "real": batch[2],
+        })  # fmt: skip
+    return cases
+
+
+def _input_change_hint(case: dict, got: object) -> str:
+    """Name the classic slip when the answer is one of them."""
+    layers = len(case["model"].decoder.layers)
+    if isinstance(got, (Tensor, np.ndarray)) and tuple(got.shape) == (layers + 1,):
+        return (
+            "\n   hint: one entry per decoder layer (the output of model.decoder.layers[k]);"
+            " leave out the embeddings."
+        )
+    if not isinstance(got, Tensor) or tuple(got.shape) != (layers,):
+        return ""
+    real = case["real"]
+    pairs = _decoder_layer_outputs(case["model"], case["src"], case["tgt_input"], case["shuffled"])
+
+    def like(values: list[Tensor]) -> bool:
+        return bool(
+            torch.allclose(got.double(), torch.stack(values).double(), rtol=1e-3, atol=1e-7)
+        )
+
+    if like([(h - s)[real].norm() for h, s in pairs]):
+        return "\n   hint: divide the change by the size of the layer's output, ‖h_k‖."
+    if like([(h - s).norm() / h.norm() for h, s in pairs]):
+        return "\n   hint: measure over the scored positions only (h[real]), not over the padding."
+    if like([(h - s)[real].norm() / s[real].norm() for h, s in pairs]):
+        return "\n   hint: divide by the output fed the real input, ‖h_k‖, not the shuffled one's."
+    if like([((h - s)[real].norm(dim=-1) / h[real].norm(dim=-1)).mean() for h, s in pairs]):
+        return (
+            "\n   hint: that is a mean of per-token ratios; take one norm over all the scored"
+            " positions, then divide."
+        )
+    return ""
+
+
+def check_input_change_by_layer(
+    input_change_by_layer: Callable[..., Tensor], verbose: bool = True
+) -> CheckResult:
+    """Check ``input_change_by_layer(model, src, tgt_input, shuffled, real)`` → ``(layers,)``
+    on fresh models of chapter 6's kind (Post-LN, Pre-LN, a scaled residual); a NumPy array
+    or a list of numbers is fine, and the classic slips get a hint."""
+    _check_callable("input_change_by_layer", input_change_by_layer)
+
+    def user(**kwargs: object) -> object:
+        value = input_change_by_layer(**kwargs)
+        if isinstance(value, (list, tuple)) and all(_is_number(v) for v in value):
+            return torch.tensor([float(v) for v in value])
+        if isinstance(value, (list, tuple)) and all(
+            isinstance(v, Tensor) and v.numel() == 1 for v in value
+        ):
+            return torch.stack([v.reshape(()) for v in value])
+        if isinstance(value, np.ndarray):
+            return torch.from_numpy(value)
+        return value
+
+    return run_check(
+        "input_change_by_layer",
+        functools.wraps(input_change_by_layer)(user),
+        reference_input_change_by_layer,
+        _input_change_cases(),
+        verbose=verbose,
+        hint=_input_change_hint,
+    )
