@@ -18,7 +18,7 @@ a ``.logits`` attribute is unwrapped). Each diagnostic takes the adapter, the ``
 id tensor or a tuple of them, in the adapter's order) and the vocabulary size and padding id
 where it needs them; none reads a parameter name or a constant of the clinic. Each returns a
 :class:`Finding`: ``passed``, a one-line ``summary`` with the numbers, ``details``; ``str()``
-reads ``PASS  3 causal leak: ...``, and ``bool(finding)`` is ``finding.passed``.
+reads ``PASS  causal leak: ...``, and ``bool(finding)`` is ``finding.passed``.
 
 ====================================  =====================================================
 diagnostic                            catches
@@ -450,8 +450,8 @@ class Finding:
     """What one diagnostic found.
 
     Attributes:
-        test: the diagnostic's name, numbered as chapter 11's eight tests, e.g. ``"3 causal leak"``,
-            ``"6a batch independence"``.
+        test: the diagnostic's name, as chapter 11 names its tests, e.g. ``"causal leak"``,
+            ``"batch independence"``.
         passed: whether the model passed.
         summary: one line with the numbers.
         details: the measurements behind it (tensors, floats), for a closer look.
@@ -660,14 +660,14 @@ def causal_leak_check(
             f"{int(future.sum())} of {pairs} (output, later token) pairs leak, e.g. output {i} "
             f"moves when token {j} changes; largest change {worst:.2g}"
         )
-        return Finding("3 causal leak", False, summary, details)
+        return Finding("causal leak", False, summary, details)
     own = int(dependence.diagonal().sum())
     summary = (
         f"no output moved when a later token changed ({pairs} pairs, largest change "
         f"{change.triu(1).max().item() if seq_len > 1 else 0.0:.1g}); {own} of {seq_len} outputs "
         f"read their own token"
     )
-    return Finding("3 causal leak", True, summary, details)
+    return Finding("causal leak", True, summary, details)
 
 
 def causal_leak_gradient(
@@ -761,10 +761,10 @@ def causal_leak_gradient(
             f"{int(future.sum())} of {pairs} (output, later token) pairs have a gradient, e.g. "
             f"output {t} on token {later}; largest {gradient.triu(1).max().item():.2g}"
         )
-        return Finding("3 causal leak (gradient)", False, summary, details)
+        return Finding("causal leak (gradient)", False, summary, details)
     largest = gradient.triu(1).max().item() if seq_len > 1 else 0.0
     summary = f"no output has a gradient on a later token ({pairs} pairs, largest {largest:.2g})"
-    return Finding("3 causal leak (gradient)", True, summary, details)
+    return Finding("causal leak (gradient)", True, summary, details)
 
 
 def permutation_equivariance(
@@ -800,7 +800,7 @@ def permutation_equivariance(
     passed = gap <= atol
     verdict = "permutes with its input" if passed else "does not permute with its input"
     summary = f"the output {verdict} ({seq_len} tokens, largest difference {gap:.2g})"
-    return Finding("4 permutation equivariance", passed, summary, {"gap": gap, "order": order})
+    return Finding("permutation equivariance", passed, summary, {"gap": gap, "order": order})
 
 
 def batch_independence(fn: LogitsFn, inputs: Inputs, *, atol: float = 1e-4) -> Finding:
@@ -843,7 +843,7 @@ def batch_independence(fn: LogitsFn, inputs: Inputs, *, atol: float = 1e-4) -> F
             f"each of the {batch} sentences' logits depends on that sentence only "
             f"(largest gap {largest:.2g})"
         )
-    return Finding("6a batch independence", not failed, summary, {"gaps": gaps, "largest": largest})
+    return Finding("batch independence", not failed, summary, {"gaps": gaps, "largest": largest})
 
 
 def padding_invariance(
@@ -908,7 +908,7 @@ def padding_invariance(
     verdict = "unchanged" if passed else "changed"
     where = "more pads on" if side == "right" else "pads before"
     summary = f"{extra} {where} inputs[{vary}]: logits {verdict}, largest change {gap:.2g}"
-    return Finding("6b padding invariance", passed, summary, {"gap": gap})
+    return Finding("padding invariance", passed, summary, {"gap": gap})
 
 
 def initial_loss_check(
@@ -955,7 +955,7 @@ def initial_loss_check(
         f"loss {loss:.3f} at initialisation, ln(vocabulary size {vocab}) = {expected:.3f}: "
         f"{'within' if passed else 'outside'} ±{tolerance:g}"
     )
-    return Finding("5a loss at initialisation", passed, summary, {"loss": loss, "ln_v": expected})
+    return Finding("loss at initialisation", passed, summary, {"loss": loss, "ln_v": expected})
 
 
 def overfit_check(
@@ -1019,7 +1019,7 @@ def overfit_check(
         f"one batch, {steps} steps: loss {losses[0]:.3f} → {losses[-1]:.4f} "
         f"({'below' if passed else 'not below'} {threshold:g})"
     )
-    return Finding("5d overfit one batch", passed, summary, {"losses": losses})
+    return Finding("overfit one batch", passed, summary, {"losses": losses})
 
 
 def registration_check(model: nn.Module) -> Finding:
@@ -1056,11 +1056,11 @@ def registration_check(model: nn.Module) -> Finding:
             f"{len(hidden)} module(s) or weight(s) in plain containers, e.g. {hidden[0]}: "
             f"{hidden_parameters:,} weights missing from parameters() and state_dict()"
         )
-        return Finding("2 registration", False, summary, {"hidden": hidden,
+        return Finding("registration", False, summary, {"hidden": hidden,
                                                           "hidden_parameters": hidden_parameters})  # fmt: skip
     count = sum(p.numel() for p in model.parameters())
     summary = f"every sub-module is registered ({count:,} parameters)"
-    return Finding("2 registration", True, summary, {"hidden": [], "hidden_parameters": 0})
+    return Finding("registration", True, summary, {"hidden": [], "hidden_parameters": 0})
 
 
 def deterministic_check(fn: LogitsFn, inputs: Inputs, *, atol: float = 0.0) -> Finding:
@@ -1085,7 +1085,7 @@ def deterministic_check(fn: LogitsFn, inputs: Inputs, *, atol: float = 0.0) -> F
         else ": dropout still on at evaluation? (model.eval() missing, or dropout that eval() cannot reach)"
     )
     summary = f"two calls on the same ids differ by {gap:.2g}{hint}"
-    return Finding("7 deterministic evaluation", passed, summary, {"gap": gap})
+    return Finding("deterministic evaluation", passed, summary, {"gap": gap})
 
 
 def loss_padding_check(
@@ -1137,10 +1137,12 @@ def loss_padding_check(
     }
     failed = [name for name, gap in gaps.items() if not gap <= rtol]
     pads = int(at_pads.sum())
-    numbers = ", ".join(f"{name}: {gap:.2%}" for name, gap in gaps.items())
     verdict = "the loss counts the padding" if failed else "the loss ignores the padding"
-    summary = f"{verdict} ({pads} pad labels; relative change {numbers})"
-    return Finding("5b loss ignores padding", not failed, summary, {"loss": base, "gaps": gaps})
+    summary = (
+        f"{verdict} ({pads} pad labels; the loss changes by {gaps['pad logits changed']:.2%} "
+        f"when the pad logits change, by {gaps['3 pads appended']:.2%} when 3 pads are appended)"
+    )
+    return Finding("loss ignores padding", not failed, summary, {"loss": base, "gaps": gaps})
 
 
 def label_shift_check(inputs: Tensor, labels: Tensor, *, pad_id: int | None = None) -> Finding:
@@ -1180,7 +1182,7 @@ def label_shift_check(inputs: Tensor, labels: Tensor, *, pad_id: int | None = No
         f"the next input for {next_share:.0%}"
         + ("" if passed else ": the labels are not shifted, copying the input wins")
     )
-    return Finding("5c labels shifted", passed, summary, {"same": same, "next": next_share})
+    return Finding("labels shifted", passed, summary, {"same": same, "next": next_share})
 
 
 # --------------------------------------------------------------------------------------------
@@ -1498,7 +1500,7 @@ def parity_with_torch(
         f"({_layer_count(mapped, 'encoder')}+{_layer_count(mapped, 'decoder')} layers, d_model "
         f"{d_model}, {len(expected)} tensors mapped)"
     )
-    return Finding("1 parity with torch.nn.Transformer", passed, summary,
+    return Finding("parity with torch.nn.Transformer", passed, summary,
                    {"gap": gap, "reference": reference})  # fmt: skip
 
 
@@ -1509,12 +1511,12 @@ def parity_with_torch(
 
 def examine(patient: Patient, *, batch_size: int = 8, seed: int = 0) -> list[Finding]:
     """Run the diagnostics that need no training on ``patient``
-    (:class:`~companion.clinic.patient.Patient`), in this order: 7 deterministic evaluation,
-    2 registration, 3 causal leak, 6a batch independence, 6b padding invariance (of the source),
-    5a loss at initialisation, 5b loss ignores padding, 5c labels shifted (numbered as chapter 11's
-    eight tests; test 7 first, since dropout noise fails every comparison), on a padded batch of
+    (:class:`~companion.clinic.patient.Patient`), in this order: deterministic evaluation,
+    registration, causal leak, batch independence, padding invariance (of the source),
+    loss at initialisation, loss ignores padding, labels shifted (named as in
+    chapter 11; deterministic evaluation first, since dropout noise fails every comparison), on a padded batch of
     ``batch_size`` sentences; about half a second on a laptop. The patient's adapter feeds
-    every check that calls the model, its loss function only "5b loss ignores padding" (the loss
+    every check that calls the model, its loss function only "loss ignores padding" (the loss
     at initialisation is plain cross-entropy with the pads ignored, whatever the patient's
     loss), its label shift only the last. Read them in order: when two evaluations differ (dropout on), the
     comparisons after it differ too, so the first failure is the one to explain.

@@ -29,6 +29,7 @@ are not exported.
 from __future__ import annotations
 
 import numbers
+import re
 import sys
 from collections.abc import Callable, Mapping
 
@@ -241,6 +242,8 @@ def check_leak_reach(answers: Mapping[tuple[int, int], int], verbose: bool = Tru
     def problem_of(case: tuple[int, int], answer: object) -> str | None:
         if isinstance(answer, Tensor) and answer.dim() == 0 and not answer.is_floating_point():
             answer = answer.item()  # a 0-dim integer tensor counts as its int
+        if isinstance(answer, float) and answer.is_integer():
+            answer = int(answer)  # 4.0 counts as 4
         if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
             return f"the reach must be an int (a number of positions), got {answer!r}"
         if int(answer) != measured_reach(*case):
@@ -259,26 +262,24 @@ def check_leak_reach(answers: Mapping[tuple[int, int], int], verbose: bool = Tru
 # --------------------------------------------------------------------------------------------
 
 #: the names of ``clinic.examine``'s eight results, in its order: each is named after the
-#: chapter's numbered test it runs (``"6a batch independence"``: test 6, first part)
+#: chapter's test it runs
 FINDINGS = (
-    "7 deterministic evaluation",
-    "2 registration",
-    "3 causal leak",
-    "6a batch independence",
-    "6b padding invariance",
-    "5a loss at initialisation",
-    "5b loss ignores padding",
-    "5c labels shifted",
+    "deterministic evaluation",
+    "registration",
+    "causal leak",
+    "batch independence",
+    "padding invariance",
+    "loss at initialisation",
+    "loss ignores padding",
+    "labels shifted",
 )
 
 
 def _finding_of(name: str) -> str | None:
-    """The name of :data:`FINDINGS` that ``name`` means, with or without its test number
-    (``"6b padding invariance"`` or ``"padding invariance"``, any case), else None."""
-    for finding in FINDINGS:
-        if _normal(name) in (_normal(finding), _normal(finding.split(" ", 1)[1])):
-            return finding
-    return None
+    """The name of :data:`FINDINGS` that ``name`` means, in any case and spacing, also with an
+    earlier edition's test number in front (``"6b padding invariance"``), else None."""
+    said = _normal(re.sub(r"^\s*[1-8][a-d]?\.?\s+", "", name, flags=re.IGNORECASE))
+    return next((finding for finding in FINDINGS if said == _normal(finding)), None)
 
 
 class _InvertedPaddingMask(patient.ReaderTransformer):
@@ -363,7 +364,7 @@ _PREDICT_HINTS = {
 def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> CheckResult:
     """Check ``answers``, ``{patient name: the set of examine's tests it fails}`` for the patients
     of :data:`PREDICT_PATIENTS` (an empty set: it passes all eight). Each is one name of
-    :data:`FINDINGS`, with or without its test number; the truth is ``clinic.examine`` run
+    :data:`FINDINGS` (``set()`` or ``{}`` for none); the truth is ``clinic.examine`` run
     on the patient (:func:`failed_findings`).
 
     Raises:
@@ -371,6 +372,8 @@ def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> Ch
     """
 
     def problem_of(patient_name: str, answer: object) -> str | None:
+        if isinstance(answer, dict) and not answer:  # {}: Python's empty dict, meant as set()
+            answer = set()
         if isinstance(answer, str) or not isinstance(answer, (set, frozenset, list, tuple)):
             return f"answer with a set of test names (set() for none), got {answer!r}"
         unknown = [f for f in answer if not isinstance(f, str) or _finding_of(f) is None]
