@@ -1502,3 +1502,25 @@ def test_half_to_interleaved_hints_at_num_kv_heads_when_keys_use_num_heads(capsy
     assert not ch04.check_half_to_interleaved(port_kv_with_num_heads)
     out = capsys.readouterr().out
     assert "IndexError" in out and "num_kv_heads" in out and "not num_heads" in out, out
+
+
+def relative_rtol_only(layer, x):
+    """Wrong: a purely relative elementwise tolerance, rtol=1e-3 and atol=0."""
+    out = layer(x, 0)
+    return all(torch.allclose(layer(x, s), out, rtol=1e-3, atol=0) for s in STARTS)
+
+
+def test_relative_test_rejects_a_purely_relative_tolerance():
+    """A faint multiplicative code moves every output by 4e-4 of its size: rtol=1e-3 misses it."""
+    result = ch04.check_shift_invariant(relative_rtol_only, verbose=False)
+    assert not result and "faint multiplicative code" in result.message, result.message
+    assert "relative tolerance alone" in result.message
+    cases = {repr(case["layer"]): case for case in ch04._relative_cases()}
+    scaled = next(case for name, case in cases.items() if "multiplicative" in name)
+    with torch.no_grad():
+        out = scaled["layer"](scaled["x"], 0)
+        at_1 = scaled["layer"](scaled["x"], 1)
+        ratio = ((at_1 - out).abs() / out.abs()).max().item()
+        assert 3.9e-4 < ratio < 4.1e-4, ratio  # under rtol=1e-3 everywhere
+        assert (at_1 - out).abs().max() > 1e-4  # caught by atol=1e-5 (and rtol=1e-4)
+        assert torch.equal(scaled["layer"](scaled["x"], 2), out)  # even starts: the same

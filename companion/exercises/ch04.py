@@ -1065,6 +1065,11 @@ def _codes_at(start: int, seq_len: int, d: int) -> Tensor:
 #: "about 1e-5" (even read as rtol 1e-4 or a relative norm of 1e-4), below a tolerance of 1e-3.
 FAINT_PARITY = 5.3e-5
 
+#: The size of the faint multiplicative code of :func:`_relative_cases`: odd starts scale every
+#: output by (1 - 2e-4) / (1 + 2e-4), a relative change of 4e-4: below a purely relative
+#: tolerance of 1e-3 (``rtol=1e-3, atol=0``), far above float32 rounding.
+FAINT_SCALE = 2e-4
+
 
 def _relative_cases() -> list[Case]:
     g = seeded_generator(406)
@@ -1203,6 +1208,19 @@ def _relative_cases() -> list[Case]:
             ),
             False,
         ),
+        # a faint multiplicative code: every output scaled by 1 ± FAINT_SCALE by the parity of
+        # its position, a relative change of 4e-4 at every odd start: a purely relative
+        # tolerance (rtol=1e-3, atol=0) misses it, a tolerance near 1e-5 does not (last, so
+        # that the random inputs of the cases above stay as they were)
+        (
+            f"attention with no positions, each output scaled by 1 ± {FAINT_SCALE} by the parity "
+            "of its position (a faint multiplicative code)",
+            lambda x, s: (
+                attention(x, rope=False)
+                * (1.0 + FAINT_SCALE * (1.0 - 2.0 * ((torch.arange(x.shape[1]) + s) % 2)))[:, None]
+            ),
+            False,
+        ),
     ]
     return [
         {
@@ -1268,6 +1286,12 @@ def _relative_verdict_problem(got: object, case: Case) -> str | None:
             " Include start 0 among your starts: a code can mark one position only (a "
             "beginning-of-text marker on position 0), and starts that all skip it see nothing"
         )
+    elif "multiplicative" in repr(layer):
+        hint = (
+            " Do not rely on a relative tolerance alone: this code changes every output by "
+            "4e-4 of its size, under rtol=1e-3, yet far above float32 rounding (about 1e-6 "
+            "here). An absolute tolerance of about 1e-5, or rtol about 1e-4, catches it"
+        )
     elif gap < 1e-2 or "faint" in repr(layer):
         hint = (
             " Your test needs a stricter tolerance: a difference this size is not float32 "
@@ -1311,7 +1335,9 @@ def check_shift_invariant(
     3, 5 and 7 (a test with one far start such as 1001 or 12345 misses one of them) and a code
     of wavelength ``2π·10^8`` (starts up to 10 move it by float32 rounding only, so a test that
     tries only near starts misses it at any tolerance; start 10 000 moves it by ``1.5e-3``), a
-    marker on position 0 only (a test that never uses start 0 misses it); and four
+    marker on position 0 only (a test that never uses start 0 misses it), outputs scaled by
+    ``1 ± 2e-4`` by the parity of their position (a purely relative tolerance ``rtol=1e-3``
+    misses it); and four
     whose dependence cancels in a summary: outputs rolled by ``start % seq_len`` (a test of
     the sum or of the mean over the sequence misses it), a code on the last token's output
     only (a test of the first token misses it), on the first token's only (a test of the last
