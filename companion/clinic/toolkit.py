@@ -870,7 +870,7 @@ def padding_invariance(
     token, where the causal mask already hides them, so the right-side test cannot fail there,
     even without any padding mask. Left pads also test the positions and the fill value: a
     model that numbers its positions from the first pad fails, as left-padded batched
-    generation would (chapter 5, section 5.6), and so does a mask filled with ``-inf``, which
+    generation would (chapter 5, section 5.7), and so does a mask filled with ``-inf``, which
     leaves a leading pad query no key (its NaN spreads); a model only ever padded on the right
     may accept these.
 
