@@ -2,11 +2,12 @@
 
 ``benchmarks/ch03_long_runs.py`` trains one head for 8,000 steps at the chapter's constant
 learning rate (1e-2) and finds it still below four heads. Does a decaying learning rate close
-the gap? This script runs the **chapter's own code** (cell id ``ch03-neighbours``) for seeds 0,
-1 and 2: one head for 8,000 steps, Adam with the learning rate decaying from 1e-2 to 0 along a
-cosine (``CosineAnnealingLR``, one scheduler step per training step). It records the share of
-test tokens whose four neighbours are all named right (the chapter's 2,000 test sequences,
-generator seed 9) at every 1,000 steps. The chapter reads ``companion/results/ch03_cosine_runs.json``.
+the gap? This script runs the **chapter's own code** (cell ids ``ch03-neighbours-example`` and
+``ch03-neighbours``, through ``ch03_long_runs.chapter_code``) for seeds 0, 1 and 2: one head for
+8,000 steps, Adam with the learning rate decaying from 1e-2 to 0 along a cosine
+(``CosineAnnealingLR``, one scheduler step per training step). It records the share of test
+tokens whose four neighbours are all named right (the chapter's 2,000 test sequences, generator
+seed 9) at every 1,000 steps. The chapter reads ``companion/results/ch03_cosine_runs.json``.
 
 Usage: ``python benchmarks/ch03_cosine_runs.py`` (about 1 CPU-minute).
 """
