@@ -1493,7 +1493,7 @@ def _equivariance_test_with_atol(atol):
 def test_equivariance_loose_tolerance_is_rejected_by_the_tiny_position_codes(atol):
     """atol=1e-2, 1e-3 or 2e-4 is far above float32 rounding (about 1e-6 here): the layer with
     position codes 10,000 times smaller than the tokens, changed by about 2e-4 on the check's
-    case (the size chapter 1's hint glues), catches it."""
+    case (the size chapter 1's exercise 4 solution glues), catches it."""
     result = ch01.check_is_permutation_equivariant(
         _equivariance_test_with_atol(atol), verbose=False
     )
@@ -1558,3 +1558,36 @@ def test_equivariance_swap_and_ten_draws_is_rejected_and_twenty_pass():
     assert ch01.check_is_permutation_equivariant(
         equivariance_test_swap_ends_and_draws(20), verbose=False
     ), "swap + 20 draws should pass"
+
+
+def test_equivariance_any_that_stops_at_the_first_passing_comparison_is_told_so():
+    """review s11rv01c: a test written with any() that tries the swap of the ends first stops
+    there when the swap does not change the outputs, so the failing case alone shows one swap
+    tried. The check probes the test and names the slip (all, not any), not the swap."""
+
+    def any_test(layer, x):
+        n = x.shape[0]
+        out = layer(x)
+        perms = [_swap(n, 0, n - 1)] + [torch.randperm(n) for _ in range(20)]
+        return any(torch.allclose(layer(x[p]), out[p], atol=1e-5, rtol=1e-4) for p in perms)
+
+    result = ch01.check_is_permutation_equivariant(any_test, verbose=False)
+    assert not result
+    assert "all, not any" in result.message, result.message
+    assert "not only swaps" not in result.message, result.message
+
+
+def test_equivariance_loose_tolerance_gets_one_piece_of_advice():
+    """review s11rv01c: a loose tolerance whose verdict depends on the draws (right at seed 0,
+    wrong at a later seed) is told to tighten the tolerance, not to try more reorderings."""
+
+    def loose(layer, x):
+        n = x.shape[0]
+        out = layer(x)
+        perms = [_swap(n, 0, n - 1)] + [torch.randperm(n) for _ in range(20)]
+        return all(torch.allclose(layer(x[p]), out[p], atol=1e-4, rtol=1e-4) for p in perms)
+
+    result = ch01.check_is_permutation_equivariant(loose, verbose=False)
+    assert not result
+    assert "stricter tolerance" in result.message, result.message
+    assert "try more reorderings" not in result.message, result.message
