@@ -352,6 +352,15 @@ def test_prefix_lm_mask_names_the_padded_query():
     assert not result and "is padding" not in result.message, result.message
 
 
+def test_prefix_lm_mask_names_the_prefix_tested_on_the_query():
+    result = ch05.check_prefix_lm_mask(prefix_on_queries, verbose=False)
+    assert not result and "Test the key against the prefix" in result.message, result.message
+    # other mistakes get no such hint
+    for wrong in (prefix_off_by_one, prefix_causal_only, prefix_or_padding):
+        result = ch05.check_prefix_lm_mask(wrong, verbose=False)
+        assert not result and "Test the key" not in result.message, (wrong.__name__, result.message)
+
+
 def test_prefix_lm_mask_reports_the_missing_head_axis():
     result = ch05.check_prefix_lm_mask(prefix_no_head_axis, verbose=False)
     assert "wrong shape" in result.message

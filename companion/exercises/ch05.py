@@ -322,7 +322,8 @@ def _blank_padded_queries_allowed(
 
 
 def _prefix_hint(case: Case, got: Any) -> str:
-    """Say so when only padded queries' rows differ: they must keep their row or see nothing."""
+    """Name two slips: a prefix query reading a later answer token (the prefix tested on the
+    query), and rows that differ only at padded queries (they must keep their row or see nothing)."""
     if not isinstance(got, Tensor) or got.dtype != torch.bool:
         return ""
     expected = reference_prefix_lm_mask(**case)  # (batch, 1, n, n)
@@ -330,6 +331,24 @@ def _prefix_hint(case: Case, got: Any) -> str:
         return ""
     padded_query = (case["tokens"] == case["pad_id"])[:, None, :, None]  # (batch, 1, n, 1)
     differs = got != expected  # (batch, 1, n, n)
+    n = expected.shape[-1]
+    positions = torch.arange(n)
+    in_prefix = positions[None, :] < case["prefix_lens"][:, None]  # (batch, n)
+    # keys past the prefix's first answer token (so that j <= prefix, one token too many, is not named)
+    past_first_answer = positions[None, :] > case["prefix_lens"][:, None]  # (batch, n)
+    after = positions[None, :] > positions[:, None]  # (n, n): key j after query i
+    # a prefix query that reads a later answer token: the query was tested, not the key
+    reads_answer = (
+        got & ~expected & in_prefix[:, None, :, None] & past_first_answer[:, None, None, :] & after
+    )
+    prefix_query = in_prefix[:, None, :, None]  # (batch, 1, n, 1)
+    # named only when the other real queries' rows are right, so a broader mistake is not
+    if (reads_answer & ~padded_query).any() and not (differs & ~prefix_query & ~padded_query).any():
+        b, _, i, j = (reads_answer & ~padded_query).nonzero()[0].tolist()
+        return (
+            f"\n   Prefix query {i} of sequence {b} reads key {j}, an answer token after it. Test"
+            " the key against the prefix (j < prefix_lens[b]), not the query."
+        )
     if not differs.any() or (differs & ~padded_query).any():
         return ""
     b, _, i, _ = differs.nonzero()[0].tolist()
