@@ -533,3 +533,39 @@ def test_diagnostics_reject_bad_input(padded):
         clinic.clinic_key_map(2, encoder_prefix=None)
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         clinic.logits_in_eval("model")
+
+
+def _fairseq_patient(model, ignore_index=1):
+    """A patient in fairseq's/BART's special ids: <s> = 0, <pad> = 1, </s> = 2."""
+
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), labels.flatten(), ignore_index=ignore_index
+        )
+
+    return clinic.Patient(model, clinic.as_logits_fn(model), loss, clinic.teacher_forcing,
+                          vocab_size=16, pad_id=1, bos_id=0, eos_id=2)  # fmt: skip
+
+
+def test_patient_batch_uses_the_patients_special_ids():
+    patient = _fairseq_patient(reader(pad_id=1))
+    src, tgt_in, labels = patient.batch(8)
+    assert (tgt_in[:, 0] == 0).all()  # <bos> = 0
+    assert (src == 1).any() and (labels == 1).any()  # pads on both sides, id 1
+    assert not (src == 0).any() and (src == 2).sum() == 8  # no <s> in a source, one </s> each
+    default_src, _ = clinic.padded_batch(8, torch.Generator().manual_seed(0))
+    assert torch.equal(src == 1, default_src == PAD)  # the same lengths as the default ids
+    with pytest.raises(ValueError, match="must differ"):
+        clinic.padded_batch(2, torch.Generator(), pad_id=1, bos_id=1)
+
+
+def test_examine_passes_a_healthy_model_with_pad_id_1_and_catches_a_bug():
+    healthy = clinic.examine(_fairseq_patient(reader(pad_id=1)))
+    assert all(healthy), [str(f) for f in healthy if not f]
+    pads = next(f for f in healthy if f.test == "loss ignores padding")
+    assert "(0 pad labels" not in str(pads) and "(13 pad labels" in str(pads)  # not vacuous
+    wrong_loss = clinic.examine(_fairseq_patient(reader(pad_id=1), ignore_index=0))
+    assert [f.test for f in wrong_loss if not f] == ["loss ignores padding"]
+    unmasked = reader(pad_id=0)  # masks id 0, not the patient's pad id 1
+    failed = [f.test for f in clinic.examine(_fairseq_patient(unmasked)) if not f]
+    assert "padding invariance" in failed

@@ -420,6 +420,9 @@ def padded_batch(
     vocab_size: int = READER_VOCAB_SIZE,
     min_len: int = 4,
     max_len: int = 9,
+    pad_id: int = PAD_ID,
+    bos_id: int = BOS_ID,
+    eos_id: int = EOS_ID,
 ) -> tuple[Tensor, Tensor]:
     """A padded batch of the *every other symbol, reversed* task: ``(src, tgt)``.
 
@@ -430,21 +433,34 @@ def padded_batch(
     lengths differ (``tgt`` holds about half the symbols), and every batch has padding on
     both sides unless all lengths agree: the case where padding and loss bugs show symptoms.
     :func:`teacher_forcing` splits ``tgt`` into the decoder input and the labels.
+    ``pad_id``, ``bos_id`` and ``eos_id`` are the special ids (default ``0, 1, 2``, the
+    course's; fairseq and BART use ``<s>`` = 0, ``<pad>`` = 1, ``</s>`` = 2). The symbols are
+    drawn from the ids ``4 … vocab_size - 1`` that are none of the three; with the defaults,
+    ``4 … vocab_size - 1``.
     """
     check_positive_int("batch_size", batch_size)
     check_instance("generator", generator, torch.Generator, "a torch.Generator")
     check_positive_int("vocab_size", vocab_size, minimum=5)
     check_positive_int("min_len", min_len)
     check_positive_int("max_len", max_len, minimum=min_len)
+    special = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
+    for name, value in special.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+            raise ValueError(f"{name} must be an int in 0 … {vocab_size - 1}, got {value!r}")
+    if len(set(special.values())) < 3:
+        raise ValueError(f"pad_id, bos_id and eos_id must differ, got {special}")
+    allowed = torch.tensor([i for i in range(4, vocab_size) if i not in special.values()])
+    if len(allowed) < 2:
+        raise ValueError(f"vocab_size {vocab_size} leaves fewer than 2 symbol ids")
     lengths = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator)  # (batch,)
     src_rows, tgt_rows = [], []
     for n in lengths.tolist():
-        symbols = torch.randint(4, vocab_size, (n,), generator=generator)  # (n,)
-        src_rows.append(torch.cat([symbols, torch.tensor([EOS_ID])]))  # (n + 1,)
+        symbols = allowed[torch.randint(0, len(allowed), (n,), generator=generator)]  # (n,)
+        src_rows.append(torch.cat([symbols, torch.tensor([eos_id])]))  # (n + 1,)
         kept = symbols[0::2].flip(0)  # (ceil(n / 2),): even positions, reversed
-        tgt_rows.append(torch.cat([torch.tensor([BOS_ID]), kept, torch.tensor([EOS_ID])]))
-    src = nn.utils.rnn.pad_sequence(src_rows, batch_first=True, padding_value=PAD_ID)
-    tgt = nn.utils.rnn.pad_sequence(tgt_rows, batch_first=True, padding_value=PAD_ID)
+        tgt_rows.append(torch.cat([torch.tensor([bos_id]), kept, torch.tensor([eos_id])]))
+    src = nn.utils.rnn.pad_sequence(src_rows, batch_first=True, padding_value=pad_id)
+    tgt = nn.utils.rnn.pad_sequence(tgt_rows, batch_first=True, padding_value=pad_id)
     return src, tgt  # (batch, src_len), (batch, tgt_len)
 
 
@@ -600,6 +616,8 @@ class Patient:
         loss: ``(logits (batch, len, vocab), labels (batch, len))`` → a scalar.
         shift: ``tgt (batch, tgt_len)`` → ``(tgt_in, labels)`` (:func:`teacher_forcing`).
         vocab_size, pad_id: the vocabulary size and the padding id.
+        bos_id, eos_id: the ids of ``<bos>`` and ``<eos>``; with ``pad_id``, the special ids
+            of :meth:`batch`, the batch that :func:`~companion.clinic.toolkit.examine` tests on.
         label: what the patient's repr shows (a mystery patient hides its bug).
     """
 
@@ -610,6 +628,8 @@ class Patient:
     vocab_size: int
     pad_id: int = PAD_ID
     label: str = "patient"
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
 
     def __post_init__(self) -> None:
         check_instance("model", self.model, nn.Module, "a torch.nn.Module")
@@ -621,10 +641,16 @@ class Patient:
         return f"Patient({self.label}, vocab_size={self.vocab_size})"
 
     def batch(self, batch_size: int = 8, seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
-        """``(src, tgt_in, labels)`` of :func:`padded_batch`, split by the patient's own
-        ``shift``: shapes ``(batch, src_len)``, ``(batch, tgt_len - 1)`` twice."""
+        """``(src, tgt_in, labels)`` of :func:`padded_batch` in the patient's special ids
+        (``pad_id``, ``bos_id``, ``eos_id``), split by the patient's own ``shift``: shapes
+        ``(batch, src_len)``, ``(batch, tgt_len - 1)`` twice."""
         src, tgt = padded_batch(
-            batch_size, torch.Generator().manual_seed(seed), vocab_size=self.vocab_size
+            batch_size,
+            torch.Generator().manual_seed(seed),
+            vocab_size=self.vocab_size,
+            pad_id=self.pad_id,
+            bos_id=self.bos_id,
+            eos_id=self.eos_id,
         )
         tgt_in, labels = self.shift(tgt)  # (batch, tgt_len - 1) each
         return src, tgt_in, labels

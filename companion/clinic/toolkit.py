@@ -1518,7 +1518,9 @@ def examine(patient: Patient, *, batch_size: int = 8, seed: int = 0) -> list[Fin
     ``batch_size`` sentences; about half a second on a laptop. The patient's adapter feeds
     every check that calls the model, its loss function only "loss ignores padding" (the loss
     at initialisation is plain cross-entropy with the pads ignored, whatever the patient's
-    loss), its label shift only the last. Read them in order: when two evaluations differ (dropout on), the
+    loss), its label shift only the last. The batch is the patient's own
+    (:meth:`~companion.clinic.patient.Patient.batch`: the clinic's padded task, written in the
+    patient's ``pad_id``, ``bos_id`` and ``eos_id``), not the reader's data. Read them in order: when two evaluations differ (dropout on), the
     comparisons after it differ too, so the first failure is the one to explain.
     :func:`overfit_check` and :func:`parity_with_torch` are left to the reader (one trains,
     the other needs a key map)."""
