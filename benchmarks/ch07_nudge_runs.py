@@ -10,9 +10,9 @@ share of test sequences entirely right with greedy decoding, with the beam of 3 
 stopping rule (the package's default: stop at 3 finished hypotheses) and with the beam of 3 under
 tensor2tensor's (``stop="bound"``: stop once no open hypothesis can still win). It writes
 ``companion/results/ch07_nudge_runs.json``, which the chapter reads, shows and asserts on
-(section 7.7, beam search). Each run also trains the same toy without the factor sqrt(d_model)
+(section 7.7.2 and the appendix, A.2). Each run also trains the same toy without the factor sqrt(d_model)
 (both embeddings' ``scale`` set to 1, everything else unchanged, the same nudge) and records its greedy
-share and both models' mean loss over the last 20 steps (section 7.4 reads these).
+share and both models' mean loss over the last 20 steps (the appendix, A.1, reads these).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ch07_nudge_runs.py 0 1 2 3 4 5 6 7 8
 """

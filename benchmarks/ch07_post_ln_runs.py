@@ -1,6 +1,6 @@
-"""Section 7.4's guess, tested: does the factor sqrt(d_model) hurt only where the model starts by copying?
+"""The guess of chapter 7's appendix (A.1), tested: does the factor sqrt(d_model) hurt only where the model starts by copying?
 
-Section 7.4 finds that the tied toy of section 7.7 (Pre-LN, 2 + 2 layers) trains to more right answers
+The appendix (A.1) finds that the tied toy of section 7.7 (Pre-LN, 2 + 2 layers) trains to more right answers
 without the factor (``benchmarks/ch07_seed_runs.py``), and that with the factor it starts by copying
 the token the decoder was just fed. Its guess: the model must first unlearn that copying. Post-LN
 copies less with depth (section 7.4's step 3). This script trains the same toy in the paper's Post-LN

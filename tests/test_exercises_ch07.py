@@ -877,6 +877,29 @@ def test_beam_step_rejects_float_tokens():
     assert not result and "tokens must be a torch.long tensor" in result.message
 
 
+def test_beam_step_int32_indices_get_advice_for_an_integer_dtype():
+    """``(index // vocab).int()`` uses // already: the message must not tell the reader to."""
+
+    def int32_indices(scores, log_probs, beam_size):
+        top, beams, tokens = ch07.reference_beam_step(scores, log_probs, beam_size)
+        return top, beams.int(), tokens
+
+    result = ch07.check_beam_step(int32_indices, verbose=False)
+    assert not result and "int32" in result.message and "already long" in result.message, (
+        result.message
+    )
+    assert "not / and floor" not in result.message, result.message
+
+
+def test_decode_step_without_the_cache_gets_a_hint_to_pass_it():
+    """Layers called without ``cache=``: the cache never grows, and the hint says so."""
+    result = ch07.check_decode_step(step_without_the_cache, verbose=False)
+    assert not result and "the cache holds 0 token(s)" in result.message, result.message
+    assert (
+        "cache=cache.layers[i]" in result.message and "The first wrong step" not in result.message
+    )
+
+
 @pytest.mark.parametrize(
     ("wrong", "first_step"),
     [(step_at_position_zero, 1), (step_one_position_late, 0), (step_no_final_norm, 0)],

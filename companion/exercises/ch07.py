@@ -532,9 +532,14 @@ def _long_indices(beam_step: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(result, tuple) and len(result) == 3:
             for name, value in zip(("beams", "tokens"), result[1:]):
                 if isinstance(value, Tensor) and value.dtype != torch.long:
+                    advice = (
+                        "use // on the long index of topk, not / and floor"
+                        if value.is_floating_point()
+                        else "topk's index is already long: keep its dtype, without .int() or .to()"
+                    )
                     raise TypeError(
                         f"{name} must be a torch.long tensor of indices, got dtype {value.dtype} "
-                        f"(use // on the long index of topk, not / and floor)"
+                        f"({advice})"
                     )
         return result
 
@@ -681,10 +686,13 @@ def _full_decode(model: Transformer, src: Tensor, tgt_in: Tensor) -> Tensor:
         return Transformer.decode(model, tgt_in, memory, src_mask)  # (batch, tgt_len, vocab)
 
 
-def _step_by_step(decode_step: Callable[..., Tensor]) -> Callable[..., Any]:
+def _step_by_step(
+    decode_step: Callable[..., Tensor], seen: dict[str, int] | None = None
+) -> Callable[..., Any]:
     """``(model, src, tgt_in)`` → the logits of ``decode_step`` called once per target token
     with one cache, stacked ``(batch, tgt_len, tgt_vocab)``. While it runs, the model's own
-    ``forward``, ``decode`` and ``decoder`` refuse: the step must be built from the parts."""
+    ``forward``, ``decode`` and ``decoder`` refuse: the step must be built from the parts.
+    ``seen``, when given, receives the number of steps run and the cache's final length."""
 
     def run(model: Transformer, src: Tensor, tgt_in: Tensor) -> Any:
         src_mask = padding_mask(src, PAD_ID)  # (batch, 1, 1, src_len)
@@ -717,6 +725,8 @@ def _step_by_step(decode_step: Callable[..., Tensor]) -> Callable[..., Any]:
                 if not isinstance(out, Tensor) or tuple(out.shape) != expected:
                     return out  # the check reports the wrong type or shape
                 rows.append(out)
+                if seen is not None:
+                    seen.update(steps=t + 1, cache_length=cache.length)
         finally:
             for owner, attribute in refused:
                 delattr(owner, attribute)
@@ -733,21 +743,29 @@ def check_decode_step(decode_step: Callable[..., Tensor], verbose: bool = True) 
     at once, without a cache; ``model(...)``, ``model.decode`` and ``model.decoder(...)``
     raise while it runs."""
     _check_callable("the function to check", decode_step)
+    seen: dict[str, int] = {}  # the last case's steps and final cache length, for the hint
     return run_check(
         "decode_step (every step of tgt_in, one cache)",
-        _step_by_step(decode_step),
+        _step_by_step(decode_step, seen),
         _full_decode,
         _decode_cases(),
         verbose=verbose,
-        hint=_first_wrong_step,
+        hint=lambda case, got: _first_wrong_step(case, got, seen),
     )
 
 
-def _first_wrong_step(case: Case, got: Any) -> str:
+def _first_wrong_step(case: Case, got: Any, seen: dict[str, int] | None = None) -> str:
     """Name the first decoding step whose logits differ: the stacked rows are steps, so a
-    wrong row ``t`` is a wrong step ``t`` (row 0 is the step fed ``<bos>``)."""
+    wrong row ``t`` is a wrong step ``t`` (row 0 is the step fed ``<bos>``). When the cache
+    did not grow by one token per step, say that instead: the layers were not given it."""
     if not isinstance(got, Tensor):
         return ""
+    if seen and seen.get("cache_length") != seen.get("steps"):
+        return (
+            f"\n   After {seen['steps']} steps the cache holds {seen['cache_length']} token(s), not "
+            f"{seen['steps']}: pass each layer its own cache (cache=cache.layers[i]), which it "
+            f"extends by one token per step."
+        )
     expected = _full_decode(**case)  # (batch, tgt_len, tgt_vocab)
     if got.shape != expected.shape:
         return ""
