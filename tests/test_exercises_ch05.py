@@ -700,6 +700,22 @@ def test_leak_case_alike_in_every_sequence_fails_a_shared_vector():
     assert not result and "anew for each sequence" in result.message, result.message
 
 
+def first_leak_affine(attend, x):  # a fixed change, -3x + 1: input 3 stays alike in every sequence
+    return _pairs(attend, x, lambda v: -3 * v + 1)
+
+
+def test_leak_case_alike_in_every_sequence_names_a_fixed_change():
+    """A deterministic change keeps an input alike across the batch, as a shared vector does:
+    the hint names both."""
+    torch.manual_seed(0)
+    result = ch05.check_first_leak(first_leak_affine, verbose=False)
+    assert (
+        not result
+        and "fixed change" in result.message
+        and "anew for each sequence" in result.message
+    ), result.message
+
+
 def first_leak_in_place(attend, x):  # no clone: x itself changes, so input j - 1 stays changed
     leaks = []
     with torch.no_grad():

@@ -887,8 +887,9 @@ def _leak_hint(case: Case, got: Any) -> str:
         )
     if name == _SHARED_VECTOR_CASE:
         return (
-            "\n   Input 3 is alike in every sequence here, and the leak reads batch statistics: draw"
-            " the new input anew for each sequence (torch.randn_like), not one vector for the batch."
+            "\n   Input 3 is alike in every sequence here, and the leak reads batch statistics: a fixed"
+            " change (such as -3 * x + 1) or one random vector for the batch keeps it alike. Draw the"
+            " new input anew for each sequence (torch.randn_like)."
         )
     what = _TOLERANCE_SPEC_CASES.get(name)
     if what is None:
