@@ -423,6 +423,26 @@ def test_rope_rotate_accepts_correct():
     assert ch04.check_rope_rotate(rope_correct, verbose=False)
 
 
+def rope_float64_angles(x, positions):
+    """Correct, with the angles in float64 (the solution's way)."""
+    head_dim = x.shape[-1]
+    omega = 10000 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions[:, None].double() * omega  # (seq_len, head_dim/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], -1).flatten(-2)
+
+
+def test_rope_rotate_notes_float32_angles_without_failing():
+    """Float32 angles pass (the cases reach position 45) but get a note: exercise (d)'s far
+    starts, near 10 000, need float64 angles. Float64 angles get no note."""
+    float32_result = ch04.check_rope_rotate(rope_correct, verbose=False)
+    assert float32_result and "Note: at positions near 10 000" in float32_result.message
+    assert "float64" in float32_result.message
+    float64_result = ch04.check_rope_rotate(rope_float64_angles, verbose=False)
+    assert float64_result and "Note" not in float64_result.message
+
+
 def test_rope_rotate_rejects_the_complex_form_the_chapter_shows():
     """Exercise 4(a) asks for real pairs; the complex form is shown in section 4.5."""
     result = ch04.check_rope_rotate(rope_complex, verbose=False)
