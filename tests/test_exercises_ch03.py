@@ -1317,7 +1317,7 @@ def test_blend_separable_accepts_correct():
         (separable_same_size_only, "no more than tol apart"),
         (separable_unsorted_neighbours, "once sorted, neighbours are enough"),
         (separable_buckets, "different buckets of width tol"),
-        (separable_at_least_tol, "no more than tol apart"),
+        (separable_at_least_tol, "use >, not >="),
         (lambda weights, tol: True, "expected False"),
         (lambda weights, tol: False, "expected True"),
         (lambda weights, tol: 0.5, "return True or False"),
@@ -1335,6 +1335,8 @@ def test_blend_separable_at_least_tol_is_not_blamed_on_buckets():
     result = ch03.check_blend_separable(separable_at_least_tol, verbose=False)
     assert not result
     assert "buckets" not in result.message, result.message
+    # ... and is told the slip itself, not the advice for comparing weights one by one
+    assert "one by one" not in result.message, result.message
 
 
 def test_blend_separable_cases_have_both_verdicts_and_a_tol_that_matters():
@@ -1381,6 +1383,9 @@ def test_blend_separable_rejects_a_forgotten_full_set_and_accepts_non_empty_subs
     assert not result and "expected False" in result.message, result.message
     # the subsets named are two the slip compares, not the empty one it may leave out
     assert "{0.995} and {0.995, 0.005}" in result.message, result.message
+    # ... and the message names the slip (review s11rv03c)
+    assert "the full set of lookups is a subset too" in result.message, result.message
+    assert "one by one" not in result.message, result.message
     assert ch03.check_blend_separable(separable_non_empty_subsets, verbose=False)
 
 

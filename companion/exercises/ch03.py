@@ -1013,14 +1013,20 @@ def _separable_problem(got: object, case: Case) -> str | None:
     def name(subset: tuple[int, ...]) -> str:
         return "{" + ", ".join(f"{weights[j].item():g}" for j in subset) + "}"
 
-    buckets = ""
+    advice = (
+        "compare every subset's total with every other's (once sorted, neighbours are enough), "
+        "not the weights one by one"
+    )
+    if math.isclose(high - low, tol, rel_tol=1e-9):  # the slip of testing >= tol
+        advice = "totals exactly tol apart are not more than tol apart: use >, not >="
+    elif len(b) == len(weights) or len(a) == len(weights):  # the slip of subset sizes 1 to k - 1
+        advice = "the full set of lookups is a subset too: a symbol can sit at every lookup"
     # the slip of rounding each total to a multiple of tol
-    if high - low < tol and round(low / tol) != round(high / tol):
-        buckets = "; two totals within tol can fall into different buckets of width tol"
+    elif high - low < tol and round(low / tol) != round(high / tol):
+        advice += "; two totals within tol can fall into different buckets of width tol"
     return (
         f"weights {shown}: expected False, got True. The subsets {name(a)} and {name(b)} total "
-        f"{low:.4g} and {high:.4g}, no more than tol apart: compare every subset's total with "
-        f"every other's (once sorted, neighbours are enough), not the weights one by one{buckets}"
+        f"{low:.4g} and {high:.4g}, no more than tol apart: {advice}"
     )
 
 
