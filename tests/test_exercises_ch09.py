@@ -109,7 +109,7 @@ def test_kv_cache_bytes_accepts_correct():
         (cache_in_bits, "bits, not bytes"),
         (cache_of_one_layer, "one layer's cache"),
         (cache_of_every_query_head, "per query head"),
-        (cache_head_dim_from_kv_heads, "per query head"),
+        (cache_head_dim_from_kv_heads, "head_dim = d_model / num_kv_heads"),
         (cache_of_one_sequence, "one sequence's cache"),
         (cache_in_gib, None),
         (cache_p_always_2, "2 bytes per number"),
@@ -1345,3 +1345,15 @@ def test_merge_rejects_float32_inside_for_float64_parts():
     result = ch09.check_merge_partial_attention(merge_in_float32, verbose=False)
     assert not result
     assert "float64 parts" in result.message, result.message
+
+
+def test_ntk_rope_rejects_changing_x_in_place():
+    """Rotating the caller's queries in place would corrupt them, as in exercises 2 and 3."""
+
+    def in_place(x, window_len, train_len):
+        x.copy_(ch09.reference_ntk_rope(x, window_len, train_len))  # writes into the caller's x
+        return x
+
+    result = ch09.check_ntk_rope(in_place, verbose=False)
+    assert not result
+    assert "in place" in result.message, result.message

@@ -133,8 +133,9 @@ def _cache_hint(case: Case, got: object) -> str:
         (expected / itemsize, f"this counts numbers, not bytes: each {case['dtype']} number takes {itemsize} bytes"),
         (expected * 8, "this counts bits, not bytes"),
         (expected / layers, f"this is one layer's cache: the model has {layers} layers"),
-        (expected * heads_ratio, "this caches a key and a value per query head: only the "
-         f"{case['num_kv_heads']} key/value heads are stored, and head_dim = d_model / num_heads"),
+        (expected * heads_ratio, "this caches a key and a value per query head (or takes "
+         f"head_dim = d_model / num_kv_heads): only the {case['num_kv_heads']} key/value heads "
+         "are stored, and head_dim = d_model / num_heads"),
         (expected * heads_ratio / case["num_kv_heads"], "this caches h/g heads (the query heads per "
          f"group): the cache stores g = {case['num_kv_heads']} key/value heads"),
         (expected / case["batch"], "this is one sequence's cache: the batch holds "
@@ -1075,7 +1076,8 @@ def _ntk_hint(case: Case, got: object) -> str:
 def check_ntk_rope(
     ntk_rope: Callable[[Tensor, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
-    """Check ``ntk_rope(x, window_len, train_len)`` → rotated ``x``, float64.
+    """Check ``ntk_rope(x, window_len, train_len)`` → rotated ``x``, float64. Changing ``x`` in
+    place is refused.
 
     Compared with the reference to ``3e-5``, on cases that separate the classic slips: position
     interpolation instead (positions divided by ``ρ``), the base multiplied by ``ρ`` or by
@@ -1086,9 +1088,21 @@ def check_ntk_rope(
     128`` and ``ρ = 4`` the base is ``10000 · 4^(128/126) ≈ 40,890``.
     """
     why = "float32 rounds the angles at positions near 12,000 by the order of 1e-3"
+
+    @functools.wraps(ntk_rope)
+    def leaves_x_alone(x: Tensor, window_len: int, train_len: int) -> Tensor:
+        before = x.clone()
+        rotated = ntk_rope(x=x, window_len=window_len, train_len=train_len)
+        if not torch.equal(x, before):
+            raise ValueError(
+                "ntk_rope changed `x` in place: the caller may still need the unrotated "
+                "queries or keys (build a new tensor instead)"
+            )
+        return rotated
+
     return run_check(
         "ntk_rope",
-        _returning(torch.float64, "ntk_rope", why, ntk_rope),
+        _returning(torch.float64, "ntk_rope", why, leaves_x_alone),
         reference_ntk_rope,
         _ntk_cases(),
         atol=3e-5,
