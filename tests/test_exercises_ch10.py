@@ -1342,3 +1342,95 @@ def test_induction_cases_score_the_ideal_heads_and_uniform_attention():
 def test_sampling_check_names_the_classic_slips(wrong, hint):
     result = ch10.check_sample_next_token(wrong, verbose=False)
     assert not result and hint in result.message, result.message
+
+
+# Exercise 7: the mask at test time, the objective in training ---------------------------------
+
+
+def fill_by_loop(model, rows, blank, mask_id, is_causal):
+    hits = 0
+    for b in range(len(rows)):
+        row = rows[b : b + 1].clone()
+        row[0, blank[b]] = mask_id
+        logits = model(row, is_causal=is_causal)
+        hits += int(logits[0, blank[b]].argmax() == rows[b, blank[b]])
+    return hits / len(rows)
+
+
+def fill_by_scatter(model, rows, blank, mask_id, is_causal):  # a 0-dim tensor is accepted
+    inputs = rows.scatter(1, blank[:, None], mask_id)
+    guess = model(inputs, is_causal=is_causal).argmax(dim=-1).gather(1, blank[:, None])
+    return (guess == rows.gather(1, blank[:, None])).float().mean()
+
+
+def fill_slip(slip):
+    def wrong(model, rows, blank, mask_id, is_causal):
+        case = {"model": model, "rows": rows, "blank": blank, "mask_id": mask_id}
+        return ch10._fill_variant({**case, "is_causal": is_causal}, slip)
+
+    wrong.__name__ = f"fill_{slip.replace(' ', '_')}"
+    return wrong
+
+
+def fill_always_bidirectional(model, rows, blank, mask_id, is_causal):
+    return ch10.reference_fill_rate(model, rows, blank, mask_id, is_causal=False)
+
+
+def fill_mask_positional(model, rows, blank, mask_id, is_causal):
+    every = torch.arange(len(rows))
+    inputs = rows.clone()
+    inputs[every, blank] = mask_id
+    guess = model(inputs, is_causal).argmax(dim=-1)  # is_causal lands on the mask parameter
+    return (guess[every, blank] == rows[every, blank]).float().mean().item()
+
+
+def fill_in_place(model, rows, blank, mask_id, is_causal):
+    hidden = rows[torch.arange(len(rows)), blank].clone()
+    rows[torch.arange(len(rows)), blank] = mask_id
+    guess = model(rows, is_causal=is_causal).argmax(dim=-1)[torch.arange(len(rows)), blank]
+    return (guess == hidden).float().mean().item()
+
+
+def test_fill_rate_accepts_correct():
+    assert ch10.check_fill_rate(ch10.reference_fill_rate, verbose=False)
+    assert ch10.check_fill_rate(fill_by_loop, verbose=False)
+    assert ch10.check_fill_rate(fill_by_scatter, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (fill_slip("visible"), "never hidden"),
+        (fill_slip("columns"), "EVERY row"),
+        (fill_slip("before"), "blank - 1"),
+        (fill_slip("default mask"), "is_causal=is_causal"),
+        (fill_slip("inputs"), "after hiding"),
+        (fill_slip("count"), "count of rows"),
+        (fill_always_bidirectional, None),
+        (fill_mask_positional, "by name"),
+        (fill_in_place, "in place"),
+    ],
+    ids=lambda x: getattr(x, "__name__", str(x)),
+)
+def test_fill_rate_rejects_the_classic_slips(wrong, hint):
+    result = ch10.check_fill_rate(wrong, verbose=False)
+    assert not result
+    if hint:
+        assert hint in result.message, result.message
+
+
+def test_fill_rate_rule_model_fills_as_the_rows_allow():
+    """On many rows the check's model fills about 1 in 2 from the left, 3 in 4 from both sides."""
+    rows, blank = ch10._fill_rows(4000, torch.Generator().manual_seed(0))
+    model = ch10._RuleModel()
+    left = ch10.reference_fill_rate(model, rows, blank, ch10._FILL_MASK, is_causal=True)
+    both = ch10.reference_fill_rate(model, rows, blank, ch10._FILL_MASK, is_causal=False)
+    assert abs(left - 0.5) < 0.04 and abs(both - 0.75) < 0.04, (left, both)
+
+
+def test_fill_rate_stub_is_reported_not_raised():
+    def stub(model, rows, blank, mask_id, is_causal):
+        raise NotImplementedError
+
+    result = ch10.check_fill_rate(stub, verbose=False)
+    assert not result and "not attempted" in result.message

@@ -2,7 +2,7 @@
 
 Each ``check_*`` function runs *your* function on cases drawn from a seeded generator and
 returns a :class:`~companion.exercises._checker.CheckResult` that is truthy when every case
-passes. Five compare your result with the reference solution kept in this module; the
+passes. Six compare your result with the reference solution kept in this module; the
 masking check cannot (any correct answer draws its own random numbers), so it checks what
 every correct answer must do, on every draw and in proportion over many draws. The checks call
 your function with keyword arguments, so keep the parameter names of the stub in the notebook.
@@ -16,6 +16,7 @@ one sampling step: temperature and top-k        :func:`check_sample_next_token`
 a ViT's patches: the patch-embedding reshape    :func:`check_patchify`
 three standard errors of one comparison         :func:`check_standard_errors`
 an induction score from attention weights       :func:`check_induction_score`
+filling a blank with and without the mask       :func:`check_fill_rate`
 ==============================================  ===================================
 
 The reference solutions (``reference_prefix_lm_mask``, ...) are module-level functions too,
@@ -54,6 +55,7 @@ __all__ = [
     "check_patchify",
     "check_standard_errors",
     "check_induction_score",
+    "check_fill_rate",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -1173,4 +1175,193 @@ def check_induction_score(
         rtol=1e-5,
         verbose=verbose,
         hint=_induction_hint,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 7: the mask at test time, the objective in training
+# --------------------------------------------------------------------------------------------
+
+
+def reference_fill_rate(
+    model: Callable[..., Tensor], rows: Tensor, blank: Tensor, mask_id: int, is_causal: bool
+) -> float:
+    """The share of rows whose hidden symbol ``model`` fills, run with or without the causal mask.
+
+    In row ``b`` the symbol at position ``blank[b]`` is replaced by ``mask_id`` (in a copy:
+    ``rows`` is left as it is); the model reads the rows with ``is_causal``, and its guess
+    is the largest logit at the blank's own position.
+
+    Args:
+        model: called as ``model(inputs, is_causal=is_causal)``, returns ``(batch, seq_len, vocab)``.
+        rows: ``(batch, seq_len)`` token ids.
+        blank: ``(batch,)`` the position hidden in each row.
+        mask_id: the id that hides a symbol.
+        is_causal: run the model with the causal mask (``True``) or with none (``False``).
+
+    Returns:
+        the share of rows, a float in ``[0, 1]``.
+    """
+    every = torch.arange(len(rows))
+    inputs = rows.clone()
+    inputs[every, blank] = mask_id
+    with torch.no_grad():
+        logits = model(inputs, is_causal=is_causal)  # (batch, seq_len, vocab)
+    return (logits[every, blank].argmax(dim=-1) == rows[every, blank]).float().mean().item()
+
+
+_FILL_SYMBOLS, _FILL_FIRST, _FILL_MASK, _FILL_LEN = 10, 4, 3, 12  # section 10.2's toy rows
+
+
+class _RuleModel:
+    """A model of section 10.2's toy rows that needs no training, so the check runs in milliseconds.
+
+    Where the input is a symbol it predicts that symbol (so a row whose blank was left visible
+    is filled every time). At a mask it guesses from the left neighbour alone under the causal
+    mask, and from both neighbours without it; a neighbour that is itself hidden gives no help.
+    It takes ``is_causal`` by keyword only, as ``DecoderOnlyTransformer`` does after ``mask``.
+    """
+
+    def __call__(
+        self, tokens: Tensor, mask: Tensor | None = None, *, is_causal: bool = True
+    ) -> Tensor:
+        if mask is not None:
+            raise TypeError(
+                "this check's model takes no attention mask: pass is_causal by name, "
+                "model(inputs, is_causal=is_causal) (a second positional argument is the mask)"
+            )
+        batch, length = tokens.shape
+        vocab = _FILL_FIRST + _FILL_SYMBOLS
+        guess = tokens.clone()  # (batch, length): a visible symbol predicts itself
+        symbol = tokens >= _FILL_FIRST
+        left = torch.cat([torch.full((batch, 1), _FILL_MASK), tokens[:, :-1]], dim=1)
+        right = torch.cat([tokens[:, 1:], torch.full((batch, 1), _FILL_MASK)], dim=1)
+        left_ok, right_ok = left >= _FILL_FIRST, right >= _FILL_FIRST
+
+        def shifted(by: int) -> Tensor:
+            return (left - _FILL_FIRST + by) % _FILL_SYMBOLS + _FILL_FIRST
+
+        apart = (right - left) % _FILL_SYMBOLS  # 2, 3 or 4 between two symbols
+        both = torch.where(apart == 4, shifted(2), torch.where(apart == 3, shifted(2), shifted(1)))
+        from_left = torch.where(left_ok, shifted(1), torch.full_like(tokens, _FILL_MASK))
+        at_mask = from_left if is_causal else torch.where(left_ok & right_ok, both, from_left)
+        guess = torch.where(symbol, guess, at_mask)
+        return torch.nn.functional.one_hot(guess, vocab).float()  # (batch, length, vocab)
+
+
+def _fill_rows(count: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``count`` toy rows ``<bos>, x1 … x12`` (steps +1 or +2) and a blank among x2 … x11 of each."""
+    first = torch.randint(0, _FILL_SYMBOLS, (count, 1), generator=generator)
+    steps = torch.randint(1, 3, (count, _FILL_LEN - 1), generator=generator)
+    walk = torch.cat([first, first + steps.cumsum(dim=1)], dim=1) % _FILL_SYMBOLS + _FILL_FIRST
+    rows = torch.cat([torch.ones(count, 1, dtype=torch.long), walk], dim=1)  # <bos> is id 1
+    blank = torch.randint(2, _FILL_LEN, (count,), generator=generator)
+    return rows, blank
+
+
+def _fill_cases() -> list[Case]:
+    g = seeded_generator(1007)
+    cases: list[Case] = []
+    for count, is_causal in (
+        (14, True),  # first: every slip of the tests gives another share here
+        (50, False),
+        (13, False),
+        (200, True),
+        (200, False),
+        (7, True),
+    ):
+        rows, blank = _fill_rows(count, g)
+        cases.append(
+            {
+                "model": _RuleModel(),
+                "rows": rows,
+                "blank": blank,
+                "mask_id": _FILL_MASK,
+                "is_causal": is_causal,
+            }
+        )
+    return cases
+
+
+def _fill_variant(case: Case, slip: str) -> float:
+    """A classic wrong fill rate (the reference for an unknown ``slip``)."""
+    model, rows, blank = case["model"], case["rows"], case["blank"]
+    mask_id, is_causal = case["mask_id"], case["is_causal"]
+    every = torch.arange(len(rows))
+    inputs = rows.clone()
+    if slip == "columns":
+        inputs[:, blank] = mask_id
+    elif slip != "visible":
+        inputs[every, blank] = mask_id
+    logits = model(inputs) if slip == "default mask" else model(inputs, is_causal=is_causal)
+    read = blank - 1 if slip == "before" else blank
+    truth = inputs if slip == "inputs" else rows
+    hits = logits[every, read].argmax(dim=-1) == truth[every, blank]
+    return float(hits.sum()) if slip == "count" else hits.float().mean().item()
+
+
+_FILL_SLIPS = {
+    "visible": "the symbol was never hidden, so the model reads the answer: put mask_id at each "
+    "row's blank, in a copy of the rows",
+    "columns": "rows[:, blank] = mask_id hides every blank position in EVERY row (a column per "
+    "row); hide one position per row: inputs[torch.arange(len(rows)), blank] = mask_id",
+    "before": "the guess was read at blank - 1, the causal LM's convention; a masked-LM model "
+    "fills the mask at the blank's own position",
+    "default mask": "is_causal was not passed on, so the model ran with its default (the causal "
+    "mask) every time: call model(inputs, is_causal=is_causal)",
+    "inputs": "the guesses were compared with the rows after hiding (always mask_id): compare "
+    "with the symbols that were hidden",
+    "count": "that is a count of rows: return the share (divide by the number of rows)",
+}
+
+
+def _fill_hint(case: Case, got: object) -> str:
+    """Name the classic slips the answer matches, if any (two slips can give the same share)."""
+    try:
+        value = float(got)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return ""
+    right = reference_fill_rate(**case)
+    matches = []
+    for slip, message in _FILL_SLIPS.items():
+        wrong = _fill_variant(case, slip)
+        if math.isclose(value, wrong, abs_tol=1e-6) and not math.isclose(
+            wrong, right, abs_tol=1e-6
+        ):
+            matches.append(message)
+    return "".join(f"\n   {'hint' if k == 0 else 'or'}: {m}" for k, m in enumerate(matches))
+
+
+def check_fill_rate(fill_rate: Callable[..., float], verbose: bool = True) -> CheckResult:
+    """Check ``fill_rate(model, rows, blank, mask_id, is_causal)`` → a share, as
+    :func:`reference_fill_rate` describes, on toy rows with a rule-based model that copies a
+    visible symbol and guesses a hidden one from one side or both. It also rejects a function
+    that hides the blank in the caller's ``rows`` (in place). A wrong answer is told which
+    classic slip it matches, if any."""
+    _check_callable("fill_rate", fill_rate)
+    probe = _fill_cases()[0]
+    rows = probe["rows"].clone()
+    _, failed = call_reader("fill_rate", 1, fill_rate, {**probe, "rows": rows})
+    if failed is None and not torch.equal(rows, probe["rows"]):
+        failed = CheckResult(
+            "fill_rate",
+            False,
+            1,
+            "❌ fill_rate: your function changed `rows` in place (the blank is now mask_id in "
+            "the caller's tensor, so every later call reads rows that are already hidden): "
+            "hide the blank in a copy, rows.clone()",
+        )
+    if failed is not None:
+        if verbose:
+            report(failed)
+        return failed
+    return run_check(
+        "fill_rate",
+        fill_rate,
+        reference_fill_rate,
+        _fill_cases(),
+        atol=1e-6,  # float32 means; two answers differ by 1/200 or more
+        rtol=0,
+        verbose=verbose,
+        hint=_fill_hint,
     )
