@@ -700,6 +700,46 @@ def test_leak_case_alike_in_every_sequence_fails_a_shared_vector():
     assert not result and "anew for each sequence" in result.message, result.message
 
 
+def _pairs_replaced(attend, x, replace):
+    """As ``_pairs``, but input j becomes ``replace(x, j)``, computed from the whole input."""
+    before = attend(x)
+    found = []
+    for j in range(1, x.shape[1]):
+        changed = x.clone()
+        changed[:, j] = replace(x, j)
+        after = attend(changed)
+        found += [(i, j) for i in range(j) if (after[:, i] - before[:, i]).abs().max() > 1e-5]
+    return min(found) if found else None
+
+
+def first_leak_copied_neighbour(attend, x):  # input j := input j - 1: a copy, not a new vector
+    return _pairs_replaced(attend, x, lambda x, j: x[:, j - 1])
+
+
+def first_leak_positions_mean(attend, x):  # input j := the mean over positions
+    return _pairs_replaced(attend, x, lambda x, j: x.mean(1))
+
+
+def test_leak_case_with_one_repeated_vector_fails_a_copied_input():
+    """One vector at every position and one leak, (0, 3): copying another position's input into
+    j, or the mean over positions, changes nothing there, so such a test answers None; a new
+    random vector finds the leak whatever the seed, and the check's message says why."""
+    repeated = {case["attend"].name: case for case in ch05._future_leak_cases()}[
+        "0 peeks at 3, one vector at every position"
+    ]
+    assert ch05.reference_first_leak(**repeated) == (0, 3)
+    assert first_leak_copied_neighbour(**repeated) is None
+    assert first_leak_positions_mean(**repeated) is None
+    for seed in range(100):
+        torch.manual_seed(seed)
+        for solution in (first_leak_correct, first_leak_max_abs):
+            assert solution(**repeated) == (0, 3), (solution.__name__, seed)
+    for wrong in (first_leak_copied_neighbour, first_leak_positions_mean):
+        torch.manual_seed(0)
+        result = ch05.check_first_leak(wrong, verbose=False)
+        assert not result and "repeated token" in result.message, (wrong.__name__, result.message)
+
+
 def first_leak_affine(attend, x):  # a fixed change, -3x + 1: input 3 stays alike in every sequence
     return _pairs(attend, x, lambda v: -3 * v + 1)
 

@@ -677,6 +677,13 @@ def _same_at(x: Tensor, j: int) -> Tensor:
     return x
 
 
+def _repeated(x: Tensor) -> Tensor:
+    """``x`` with position 0's vector at every position, one vector per sequence (a repeated
+    token): there, copying another position's input into position ``j``, or the mean over the
+    positions, changes nothing, so a test built on either finds no leak at all."""
+    return x[:, :1].expand_as(x).clone()  # (batch, seq_len, d)
+
+
 def _small_at(x: Tensor, j: int) -> Tensor:
     """``x`` with input ``j`` rescaled to norm 0.2: inside the closed gate of :func:`_gated`."""
     x = x.clone()  # (batch, seq_len, d)
@@ -834,6 +841,13 @@ def _future_leak_cases() -> list[Case]:
             "attend": _Elementwise(_SHARED_VECTOR_CASE, _add_at(causal, 1, 3, _batch_centred)),
             "x": _same_at(x(5), 3),
         },  # (1, 3)
+        # one vector repeated at every position (a repeated token), and one leak, (0, 3):
+        # copying another position's input into j, or the mean over positions, changes nothing
+        # there; a new random vector does
+        {
+            "attend": _MaskedAttention(_REPEATED_CASE, _with_extra(_tril(0), (0, 3)), d, 10),
+            "x": _repeated(x(5)),
+        },  # (0, 3)
     ]
 
 
@@ -856,6 +870,10 @@ _TWO_LEAKS_CASE = "1 peeks at 2, 0 peeks at 3"
 
 # the case that a random vector shared by every sequence of the batch misses
 _SHARED_VECTOR_CASE = "batch-centred x[3] into 1, x[3] alike"
+
+
+# the case whose input repeats one vector at every position, which a copied input misses
+_REPEATED_CASE = "0 peeks at 3, one vector at every position"
 
 
 # the cases whose model reads no later input: the answer is None
@@ -891,6 +909,12 @@ def _leak_hint(case: Case, got: Any) -> str:
             " change (such as -3 * x + 1) or one random vector for the batch keeps it alike. Draw the"
             " new input anew for each sequence (torch.randn_like)."
         )
+    if name == _REPEATED_CASE and got is None:
+        return (
+            "\n   Every position holds the same vector here (a repeated token). Copying another"
+            " position's input into j, or the mean over positions, then changes nothing: replace"
+            " input j by a new random vector (torch.randn_like)."
+        )
     what = _TOLERANCE_SPEC_CASES.get(name)
     if what is None:
         return ""
@@ -917,7 +941,8 @@ def check_first_leak(
     ``torch.rand_like``), a change of about ``8e-6`` in every entry (no leak by the
     specification, reported by a test on the L2 norm of the change), a leak through batch
     statistics at an input alike in every sequence (missed by one random vector shared by the
-    batch), and leaks that a positive rescale, an added constant, a negation or
+    batch), a leak (0, 3) where one vector repeats at every position (missed by copying
+    another position's input, or the mean over positions, into ``j``), and leaks that a positive rescale, an added constant, a negation or
     a replacement by zeros cannot reveal. A failure on one of the three cases that test the
     tolerance rule (1e-6, the 1.5e-5 step, 8e-6 in every entry) says that it is such a case."""
     return _run(
