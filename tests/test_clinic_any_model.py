@@ -408,7 +408,7 @@ BUG_NAMES = {
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 6, 7, 9, 17])  # one of each condition
 def test_no_attribute_of_a_mystery_patient_reveals_its_bug(seed):
-    """Exercise 2's answer is not in the patient: no attribute holds the condition, and no
+    """Exercise 6's answer is not in the patient: no attribute holds the condition, and no
     class in its model's modules' __mro__, no method and no function of the patient carries a
     bug's name or source."""
     patient = clinic.mystery(seed)

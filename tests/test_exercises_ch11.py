@@ -108,7 +108,7 @@ def test_split_heads_reference_is_the_clinic_split():
 
 
 # --------------------------------------------------------------------------------------------
-# leak reach (exercise 3): a prediction, checked against clinic.causal_leak
+# leak reach (exercise 2): a prediction, checked against clinic.causal_leak
 # --------------------------------------------------------------------------------------------
 
 RIGHT_REACH = {(3, 1): 3, (2, 2): 4, (1, 3): 3}  # N layers times the diagonal k
@@ -557,7 +557,7 @@ def test_only_the_checks_are_exported():
 
 
 # --------------------------------------------------------------------------------------------
-# batch_independent (exercise 6): each classic shortcut misses one of the cases
+# batch_independent (exercise 5): each classic shortcut misses one of the cases
 # --------------------------------------------------------------------------------------------
 
 
@@ -782,7 +782,7 @@ def test_batch_cases_hold_each_kind_of_mixing():
 
 
 # --------------------------------------------------------------------------------------------
-# the chapter's own toolkit: clinic.batch_independence answers exercise 6
+# the chapter's own toolkit: clinic.batch_independence answers exercise 5
 # --------------------------------------------------------------------------------------------
 
 
@@ -840,7 +840,7 @@ def test_batch_independent_failure_names_what_the_model_does(wrong, hint):
 
 # --------------------------------------------------------------------------------------------
 # the chapter's exercise section: each exercise keeps its heading, statement, stub, check and
-# hidden solution (exercise 5's heading and statement were once lost in an edit)
+# hidden solution (exercise 3's heading and statement were once lost in an edit)
 # --------------------------------------------------------------------------------------------
 
 

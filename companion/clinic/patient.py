@@ -559,7 +559,7 @@ class ReaderTransformer(nn.Module):
 
     def init_embedding(self) -> None:
         """Rows of std ``1/√d_model``: ``× √d_model`` at the input gives unit-size vectors, and
-        the tied output gives logits of size about 1."""
+        the tied output logits of size about 1 before its ``1/√d_model`` rescaling."""
         nn.init.normal_(self.embed.weight, std=self.d_model**-0.5)
 
     def make_stack(self, make_layer: Callable[[], nn.Module], num_layers: int) -> nn.Module:

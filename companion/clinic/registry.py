@@ -324,7 +324,7 @@ def mystery(seed: int) -> Patient:
     """A patient with an unnamed bug: one of :data:`CONDITIONS`, chosen by ``seed`` (the same
     seed, the same bug and the same weights). Examine it with the toolkit
     (:func:`companion.clinic.toolkit.examine` runs the diagnostics), name the bug, and check
-    the name with :func:`check_diagnosis` (exercise 2's seeds:
+    the name with :func:`check_diagnosis` (exercise 6's seeds:
     :func:`companion.exercises.ch11.check_mystery`)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed must be an int, got {type(seed).__name__}")

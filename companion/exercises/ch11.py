@@ -1,11 +1,11 @@
 """Exercises of chapter 11, "Bug clinic": fix a bug, name a bug, predict what a bug does.
 
-Exercises 1 and 5 hand the reader a buggy piece of the clinic's Transformer
+Exercises 1 and 3 hand the reader a buggy piece of the clinic's Transformer
 (:mod:`companion.clinic`); the reader writes the fixed one. Their ``check_*`` functions run it on
 cases drawn from a seeded generator next to the reference solution kept in this module; the
 report of a wrong split into heads says whether an attention module with it is still
-permutation-equivariant (the chapter's test for bug 4). Exercise 2 is a diagnosis: four mystery patients of
-:mod:`companion.clinic`, examined and named from a menu (:data:`MYSTERY_MENU`). Exercises 3 and
+permutation-equivariant (the chapter's test for bug 4). Exercise 6 is a diagnosis: four mystery patients of
+:mod:`companion.clinic`, examined and named from a menu (:data:`MYSTERY_MENU`). Exercises 2 and
 4 are predictions, checked against a measurement: how far a shifted causal mask leaks with
 ``N`` layers, and which findings of ``clinic.examine`` three new patients fail. The checks
 call your function with keyword arguments, so keep the parameter names of the stub in the
@@ -173,7 +173,7 @@ def check_split_heads(split_heads: Callable[..., Tensor], verbose: bool = True) 
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: predict how far a shifted causal mask leaks
+# Exercise 2: predict how far a shifted causal mask leaks
 # --------------------------------------------------------------------------------------------
 
 #: the decoders of the exercise: (layers per stack N, the mask's diagonal k), for a causal mask
@@ -392,7 +392,7 @@ def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> Ch
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: the greedy loop (bug 9)
+# Exercise 3: the greedy loop (bug 9)
 # --------------------------------------------------------------------------------------------
 
 
@@ -461,7 +461,7 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: mystery patients (the common bugs, companion.clinic.CONDITIONS)
+# Exercise 6: mystery patients (the common bugs, companion.clinic.CONDITIONS)
 # --------------------------------------------------------------------------------------------
 
 #: The patients of the exercise: ``clinic.mystery(seed)`` for each seed. Two of them (0, 9) fail
@@ -568,7 +568,7 @@ def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResu
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 6: a batch-independence test of your own
+# Exercise 5: a batch-independence test of your own
 # --------------------------------------------------------------------------------------------
 
 #: how far a sentence's logits may move (batched vs alone) and still count as independent: a
@@ -678,7 +678,7 @@ def batch_independence_cases() -> list[Case]:
     """The cases :func:`check_batch_independent` runs a reader's test on, in its order: each a
     dict with ``logits_fn`` (ids ``(batch, seq_len)`` → logits ``(batch, seq_len, vocab)``, its
     ``how`` naming what it does to the batch) and ``ids`` ``(batch, seq_len)``; the same on
-    every call (seeded). Chapter 11 measures on them the moves its exercise 6 solution quotes."""
+    every call (seeded). Chapter 11 measures on them the moves its exercise 5 solution quotes."""
     return _batch_cases()
 
 
