@@ -472,3 +472,47 @@ def test_no_glue_key_is_written_twice(path):
     keys = re.findall(r"""glue\(\s*["']([A-Za-z0-9_]+)["']""", code)
     twice = sorted({k for k in keys if keys.count(k) > 1})
     assert twice == [], f"{path.name}: glued more than once: {twice}"
+
+
+def _ends_with_bare_glue(source: str) -> bool:
+    """True when a cell's last statement is a ``glue(...)`` call without a trailing ``;``:
+    Jupyter would then print the glued value's repr under the cell (a stray output)."""
+    lines = [
+        "pass" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
+    ]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return False
+    if not tree.body:
+        return False
+    last = tree.body[-1]
+    if not (
+        isinstance(last, ast.Expr)
+        and isinstance(last.value, ast.Call)
+        and getattr(last.value.func, "id", None) == "glue"
+    ):
+        return False
+    tail = lines[last.end_lineno - 1].encode()[last.end_col_offset :].decode()  # a byte offset
+    return not tail.lstrip().startswith(";")
+
+
+def test_bare_glue_detector():
+    assert _ends_with_bare_glue('x = 1\nglue("a", x)')
+    assert _ends_with_bare_glue('glue(\n    "a",\n    2,\n)  # comment')
+    assert not _ends_with_bare_glue('glue("a", 1);')
+    assert not _ends_with_bare_glue('glue("a", 1)  ;  # quiet')
+    assert not _ends_with_bare_glue('glue("a", 1)\nprint("done")')
+    assert not _ends_with_bare_glue('%matplotlib inline\nglue("a", 1);')
+    assert not _ends_with_bare_glue('glue("√ × τ", 1);')  # non-ASCII before the end
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_cell_ends_with_a_bare_glue(path):
+    """A glue(...) that ends a cell prints its value's repr on the page unless it ends with ';'."""
+    bare = [
+        i
+        for i, c in enumerate(_cells(path))
+        if c["cell_type"] == "code" and _ends_with_bare_glue(_source(c))
+    ]
+    assert bare == [], f"{path.name}: cells {bare} end with glue(...) and no ';' (a stray output)"
