@@ -1,4 +1,4 @@
-"""Section 5.4's copy-task experiment, repeated over seeds.
+"""Section 5.5's copy-task experiment, repeated over seeds.
 
 The chapter trains two small translators on the copy task, one with the causal mask and one
 without, for seed 0 live. This script repeats the same setup (4,000 training pairs, 3 epochs,
@@ -7,7 +7,7 @@ of the last 20 steps of each model and their ratio (unmasked / causal), the shar
 sequences right teacher-forced and generated, the share of the unmasked model's generations
 that begin with ``<eos>`` or stop before the copy is complete, and its first three generated
 rows. It writes the numbers to ``companion/results/ch05_copy_seeds.json``, which the chapter
-reads, shows and asserts on (section 5.4). It imports everything from the package; the
+reads, shows and asserts on (section 5.5). It imports everything from the package; the
 unmasked model is the chapter's ``LeakyTransformer``, redefined below.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ch05_copy_seeds.py 0 1 2 3 4 5
