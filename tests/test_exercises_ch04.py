@@ -1544,3 +1544,21 @@ def test_relative_test_rejects_a_purely_relative_tolerance():
         assert 3.9e-4 < ratio < 4.1e-4, ratio  # under rtol=1e-3 everywhere
         assert (at_1 - out).abs().max() > 1e-4  # caught by atol=1e-5 (and rtol=1e-4)
         assert torch.equal(scaled["layer"](scaled["x"], 2), out)  # even starts: the same
+
+
+def test_half_to_interleaved_names_the_wrong_direction():
+    """Section 4.6's order (interleaved → rotate-half) gets a targeted hint; other slips do not."""
+    result = ch04.check_half_to_interleaved(port_wrong_direction, verbose=False)
+    assert not result and "the other way" in result.message, result.message
+    for wrong in (port_as_stored, port_whole_width, port_values_too):
+        result = ch04.check_half_to_interleaved(wrong, verbose=False)
+        assert not result and "the other way" not in result.message, result.message
+
+
+def test_my_mha_names_rope_over_the_whole_width():
+    """RoPE over d_model before the head split gets a targeted hint; other slips do not."""
+    result = ch04.check_my_mha(MHARotateAcrossHeads, verbose=False)
+    assert not result and "split into heads first" in result.message, result.message
+    for wrong in (MHARotateValuesToo, MHAScaledByDModel, MHARotateOnlyQueries):
+        result = ch04.check_my_mha(wrong, verbose=False)
+        assert not result and "split into heads first" not in result.message, result.message

@@ -598,6 +598,31 @@ def check_half_to_interleaved(
         atol=1e-8,
         rtol=1e-8,
         verbose=verbose,
+        hint=_port_hint,
+    )
+
+
+def _port_hint(case: Mapping[str, object], got: object) -> str:
+    """The hint of the classic slip: the rows reordered the other way (section 4.6's order
+    ``0, 2, 4, ..., 1, 3, ...`` per head, which turns interleaved into rotate-half)."""
+    state, x = case["state"], case["x"]
+    num_heads, num_kv_heads = int(case["num_heads"]), int(case["num_kv_heads"])
+    if not isinstance(state, dict) or not isinstance(x, Tensor):
+        return ""
+    head_dim = state["o_proj.weight"].shape[1] // num_heads
+    within = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])  # (head_dim,)
+    wrong = dict(state)
+    for name, heads in (("q_proj", num_heads), ("k_proj", num_kv_heads)):
+        rows = (torch.arange(heads)[:, None] * head_dim + within).flatten()  # (heads · head_dim,)
+        for kind in ("weight", "bias"):
+            wrong[f"{name}.{kind}"] = state[f"{name}.{kind}"][rows]
+    expected = reference_rope_attention(wrong, x, num_heads, num_kv_heads, "interleaved")
+    if not _close_to(got, expected):
+        return ""
+    return (
+        "\n   Your rows go the other way: per head 0, 2, 4, ..., 1, 3, ... is section 4.6's "
+        "order, interleaved → rotate-half. Here new feature 2m must be rotate-half feature m, "
+        "and new feature 2m + 1 feature m + head_dim/2."
     )
 
 
@@ -896,7 +921,39 @@ def check_my_mha(my_mha_class: Callable[..., nn.Module], verbose: bool = True) -
         why=": scores q @ k.transpose(-2, -1) / √d_k, softmax over the keys, times v",
         functions=_FUSED_ATTENTION,
     )
-    return run_check("MyMHA", guarded, reference, _my_mha_cases(), verbose=verbose)
+    return run_check(
+        "MyMHA", guarded, reference, _my_mha_cases(), verbose=verbose, hint=_my_mha_hint
+    )
+
+
+def _my_mha_hint(case: Mapping[str, object], got: object) -> str:
+    """The hint of the classic slip: RoPE applied to the whole ``d_model`` query and key, with
+    frequencies over ``d_model``, before the split into heads."""
+    state, x = case["state"], case["x"]
+    if not case["rope"] or not isinstance(state, dict) or not isinstance(x, Tensor):
+        return ""
+    num_heads = int(case["num_heads"])
+    batch, seq_len, d_model = x.shape
+    head_dim = d_model // num_heads
+    positions = torch.arange(seq_len)  # (seq_len,)
+
+    def project(name: str) -> Tensor:  # rotated over d_model, then (batch, h, seq_len, d_k)
+        y = x.double() @ state[f"{name}.weight"].double().T + state[f"{name}.bias"].double()
+        if name != "value_proj":
+            y = reference_rope_rotate(y, positions)  # (batch, seq_len, d_model)
+        return y.view(batch, seq_len, num_heads, head_dim).transpose(1, 2)
+
+    q, k, v = project("query_proj"), project("key_proj"), project("value_proj")
+    heads = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(head_dim), dim=-1) @ v
+    merged = heads.transpose(1, 2).reshape(batch, seq_len, d_model)  # (batch, seq_len, d_model)
+    expected = merged @ state["out_proj.weight"].double().T + state["out_proj.bias"].double()
+    if not _close_to(got, expected):
+        return ""
+    return (
+        "\n   You rotate the whole d_model-wide query and key, with frequencies over d_model, "
+        "before the split. RoPE turns each head's d_k features, ω_m = 10000^(-2m/d_k): split "
+        "into heads first, then rotate q and k."
+    )
 
 
 def reference_encode(
