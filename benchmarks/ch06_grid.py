@@ -26,11 +26,12 @@ rate also ramps for 20 and 120 steps (``WARMUP_LENGTHS``; keys end in ``|w20`` a
 
 Longer runs (``--long``): Post-LN and Pre-LN at the chapter's constant rate, Post-LN with
 warm-up to it, and Post-LN at its best constant rate (3.75e-4) and with warm-up to its best
-peak rate (7.5e-4), seed 0, for
+peak rate (7.5e-4), and (added later) decay only at its best rate (3.75e-4), seed 0, for
 ``LONG_STEPS`` (1,000) steps on ``norm_study.train_data(LONG_STEPS)``, 1,000 new batches (not
 the grid's 200: its batches differ from the first step on); keys end in ``|s1000``. They ask
 whether the stalled run plateaus or escapes, and whether warm-up beats a lower constant rate
-once its ramp is a small part of training.
+once its ramp is a small part of training; the decay-only arm asks whether the warm-up
+schedule's decay, rather than its ramp, explains the difference.
 
 The chapter reads the JSON, plots it, asserts the conclusions it draws from it, and re-runs
 one arm to check that the file matches the code.
@@ -67,6 +68,10 @@ LONG_ARMS = (
     ("Post-LN", "warm-up", MAIN_LR),
     ("Post-LN", "constant", 3.75e-4),
     ("Post-LN", "warm-up", 7.5e-4),
+    # added later: decay only (the warm-up's 1/sqrt(step) decay without its ramp) at Post-LN's best
+    # decay-only rate of the grid, so that the 1,000-step comparison has a decaying schedule
+    # without a ramp
+    ("Post-LN", "decay", 3.75e-4),
 )
 PLACEMENTS = ("Post-LN", "Pre-LN")
 SCHEDULES = norm_study.SCHEDULES

@@ -71,6 +71,10 @@ def ln_backward_no_gain(x, gain, grad_out, eps):
     return ln_backward_correct(x, torch.ones_like(gain), grad_out, eps)
 
 
+def ln_backward_gain_after_projection(x, gain, grad_out, eps):  # γ applied to the result, not to δ
+    return gain * ln_backward_correct(x, torch.ones_like(gain), grad_out, eps)
+
+
 def ln_backward_unbiased(x, gain, grad_out, eps):  # ÷ (d - 1) in the variance
     x_hat, s = _ln_parts(x, eps, correction=1)
     g = gain * grad_out
@@ -168,6 +172,7 @@ def test_layer_norm_backward_rejects_wrong(wrong):
         (ln_backward_no_variance_term, "term from D"),
         (ln_backward_no_gain, "gain is missing"),
         (ln_backward_unbiased, "not d - 1"),
+        (ln_backward_gain_after_projection, "after the projection"),
     ],
 )
 def test_layer_norm_backward_names_the_classic_slips(wrong, says):
@@ -599,6 +604,12 @@ def test_stream_size_slope_hints_at_the_final_norm():
     assert "final_norm=False" in result.message
 
 
+def test_stream_size_slope_hints_at_an_ignored_norm_first():
+    result = ch06.check_stream_size_slope(stream_always_pre_ln, verbose=False)
+    assert not result
+    assert "norm_first the check passes" in result.message, result.message
+
+
 def stream_typed_constants(depths, norm_first):  # numbers typed in, not measured
     return (0.5 if norm_first else 0.0), [1.0] * len(depths)
 
@@ -925,6 +936,11 @@ def adam_eps_inside(grad1, grad2, lr, betas, eps):
     return -lr * (m2 / (1 - betas[0] ** 2)) / (v2 / (1 - betas[1] ** 2) + eps).sqrt()
 
 
+def adam_eps_left_out(grad1, grad2, lr, betas, eps):
+    m2, v2 = _moments(grad1, grad2, betas)
+    return -lr * (m2 / (1 - betas[0] ** 2)) / (v2 / (1 - betas[1] ** 2)).sqrt()
+
+
 def adam_by_torch_optim(grad1, grad2, lr, betas, eps, optimizer=torch.optim.Adam):
     weight = torch.nn.Parameter(torch.zeros_like(grad1))
     opt = optimizer([weight], lr=lr, betas=betas, eps=eps)
@@ -978,6 +994,7 @@ def test_adam_second_step_accepts_correct():
         (adam_wrong_sign, "wrong sign"),
         (adam_betas_swapped, "swapped"),
         (adam_eps_inside, "after the square root"),
+        (adam_eps_left_out, "ε_Adam is missing"),
         (adam_by_torch_optim, "switched off"),
         (adam_by_adamax, "switched off"),
         (adam_by_functional, "switched off"),

@@ -215,6 +215,11 @@ def _layer_norm_backward_hint(case: dict, got: object) -> str:
         return "\n   hint: the gain is missing: the gradient at x̂ is δ = γ ⊙ ∂L/∂y."
     if like(backward(correction=1)):
         return "\n   hint: LayerNorm's variance divides by d, not d - 1 (biased, as nn.LayerNorm)."
+    if like(gain * reference_layer_norm_backward(x, torch.ones_like(gain), grad_out, eps)):
+        return (
+            "\n   hint: the gain is applied after the projection; it comes first: project"
+            " δ = γ ⊙ ∂L/∂y, not ∂L/∂y (the gain acts on x̂, before the mean and D terms)."
+        )
     return ""
 
 
@@ -782,7 +787,17 @@ def _stream_size_hint(case: dict, got: object) -> str:
                 f" ({fitted:+.3f}): compute the slope from the measured sizes, do not type it in."
             )
     if case["norm_first"] and all(abs(g - 1) < 0.01 for g in got[1]):
-        return "\n   hint: every size is 1: the final norm is still on (final_norm=False)."
+        return (
+            "\n   hint: every size is 1: the final norm is still on (final_norm=False), or the"
+            " encoder is Post-LN: build it with the norm_first the check passes."
+        )
+    if not case["norm_first"]:
+        pre_ln_sizes = reference_stream_size_slope(case["depths"], True)[1]
+        if all(abs(g - e) < STREAM_SIZE_ATOL for g, e in zip(got[1], pre_ln_sizes)):
+            return (
+                "\n   hint: these are Pre-LN's sizes, but this case asks for Post-LN: build the"
+                " encoder with the norm_first the check passes."
+            )
     if all(abs(r - 1) < 0.1 for r in ratios):
         variants = _stream_variant_sizes(**case)
 
@@ -1071,6 +1086,12 @@ def _adam_second_step_hint(case: dict, got: object) -> str:
         return "\n   hint: β₁ and β₂ are swapped: β₁ averages g, β₂ averages g²."
     if like(-lr * (m2 / (1 - beta1**2)) / (v2 / (1 - beta2**2) + eps).sqrt()):
         return "\n   hint: ε is added after the square root: √v̂ + ε, not √(v̂ + ε)."
+    no_eps = -lr * (m2 / (1 - beta1**2)) / (v2 / (1 - beta2**2)).sqrt()
+    if bool(torch.allclose(got, no_eps, rtol=1e-5, atol=0)):  # off only where |g| is near ε
+        return (
+            "\n   hint: ε_Adam is missing: divide by √v̂ + ε. It matters only where the"
+            " gradient is tiny, as in some of the check's entries."
+        )
     return ""
 
 
