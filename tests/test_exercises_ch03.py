@@ -78,6 +78,19 @@ def test_split_fused_qkv_names_the_slip(wrong, hint):
     assert hint in result.message, result.message
 
 
+def fused_axes_swapped(qkv, num_heads):
+    # the heads axis and the q/k/v axis swapped: with 3 heads (case 1) the result has the
+    # right shapes and the same numbers as the stacked-layout split
+    return qkv.unflatten(-1, (num_heads, 3, -1)).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def test_split_fused_qkv_names_both_slips_when_they_coincide():
+    result = ch03.check_split_fused_qkv(fused_axes_swapped, verbose=False)
+    assert not result
+    assert "axis of size 3 is q/k/v" in result.message, result.message
+    assert "stacked layout" in result.message, result.message
+
+
 def test_split_fused_qkv_names_no_slip_for_another_wrong_answer():
     result = ch03.check_split_fused_qkv(fused_heads_interleaved, verbose=False)
     assert not result

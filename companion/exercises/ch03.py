@@ -142,12 +142,22 @@ def _fused_hint(case: Case, got: object) -> str:
         "but moves features between positions; view as (batch, len, heads, 3·d_k), then "
         "transpose(1, 2)": no_transpose,
     }
-    for slip, value in slips.items():
+    if heads == 3:  # only then does swapping the heads and q/k/v axes give three tensors
+        slips[
+            "the heads axis and the q/k/v axis swapped (with 3 heads the two slips give the same "
+            "numbers): in view(batch, len, heads, 3, d_k), the axis of size 3 is q/k/v; it goes "
+            "first, then batch, heads, len, d_k"
+        ] = qkv.view(batch, seq_len, heads, 3, -1).permute(2, 0, 3, 1, 4).unbind(0)
+    matches = [
+        slip
+        for slip, value in slips.items()
         if all(
             part.shape == right.shape and torch.allclose(part, right)
             for part, right in zip(got, value)
-        ):
-            return f"\n   this looks like {slip}."
+        )
+    ]
+    if matches:
+        return "\n   this looks like " + ";\n   or like ".join(matches) + "."
     right = dict(zip("qkv", reference_split_fused_qkv(qkv, heads)))  # name → (batch, h, len, d_k)
     names = []  # which of q, k, v each returned tensor is
     for part in got:
