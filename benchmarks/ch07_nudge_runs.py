@@ -8,7 +8,7 @@ size 1e-6 (times each tensor's mean absolute value) to every weight right after 
 optimiser step; s = 0 is the chapter's own run, unnudged. For each run it prints and records the
 share of test sequences entirely right with greedy decoding, with the beam of 3 under fairseq's
 stopping rule (the package's default: stop at 3 finished hypotheses) and with the beam of 3 under
-tensor2tensor's (``stop="bound"``: stop once no open hypothesis can still win). It writes
+the waiting rule (``stop="bound"``: stop once no open hypothesis can still win). It writes
 ``companion/results/ch07_nudge_runs.json``, which the chapter reads, shows and asserts on
 (section 7.7.2 and the appendix, A.2). Each run also trains the same toy without the factor sqrt(d_model)
 (both embeddings' ``scale`` set to 1, everything else unchanged, the same nudge) and records its greedy
@@ -107,7 +107,7 @@ def main(seeds: list[int]) -> None:
         "setup": "section 7.7's toy: reversal, 3-10 digits, 200 steps of batch 64, Pre-LN, tied, d_model 64, "
         "2 + 2 layers; nudge s > 0: every weight += N(0, 1) * 1e-6 * mean|weight| after step 1 "
         "(generator seed s); s = 0: the chapter's run; exact match on the 300 test sequences; "
-        "beam3: beam of 3, fairseq's stop (3 finished); beam3_bound: beam of 3, tensor2tensor's stop "
+        "beam3: beam of 3, fairseq's stop (3 finished); beam3_bound: beam of 3, the waiting stop "
         "(no open hypothesis can still win); loss: mean training loss of the last 20 steps; *_no_factor: "
         "the same run with both embeddings' scale 1 instead of sqrt(d_model)",
         "torch": torch.__version__,

@@ -278,7 +278,8 @@ def beam_search(
     ``log P(Y) / lp(|Y|)`` (:func:`length_penalty`); the best ``beam_size`` candidates that do
     not end in ``<eos>`` form the next beam. A sentence is done once it has ``beam_size``
     finished hypotheses (fairseq's rule, ``stop="fairseq"``) or, with ``stop="bound"``
-    (tensor2tensor's rule), once no open hypothesis can still beat its best finished one; at its
+    (a bound in the style of tensor2tensor's, which waits for the *worst* of its ``beam_size``
+    kept finished ones instead), once no open hypothesis can still beat its best finished one; at its
     ``max_len`` the hypotheses still open are finished as they are. The output is the finished
     hypothesis with the best score.
 
@@ -383,7 +384,7 @@ def beam_search(
             if history is not None:
                 parents = top_beam.gather(1, pick)  # (batch, k)
                 history.append(BeamStep(step, parents, new_tokens.view(batch, k), scores, ended))
-            if stop == "bound":  # tensor2tensor: done once no open hypothesis can still win
+            if stop == "bound":  # done once no open hypothesis can still beat the best finished one
                 best_open = scores.max(dim=1).values  # (batch,) the best open log P
                 alpha = length_penalty_alpha
                 for b in (~done).nonzero().flatten().tolist():
