@@ -144,6 +144,7 @@ _BUILTIN_SOFTMAXES = (
     (torch, "softmax"),
     (torch, "log_softmax"),
     (torch, "logsumexp"),
+    (torch, "logcumsumexp"),  # its last column is the log-sum-exp
     (torch, "_softmax"),
     (torch, "_log_softmax"),
     (torch.sparse, "softmax"),
@@ -153,6 +154,7 @@ _BUILTIN_SOFTMAXES = (
     (torch.ops.aten, "log_softmax"),
     (torch.ops.aten, "_log_softmax"),
     (torch.ops.aten, "logsumexp"),
+    (torch.ops.aten, "logcumsumexp"),
     (torch.ops.aten, "_sparse_softmax"),
     (torch.ops.aten, "_sparse_log_softmax"),
     (torch.nn.functional, "softmax"),
@@ -164,6 +166,7 @@ _BUILTIN_SOFTMAXES = (
     (torch.Tensor, "softmax"),
     (torch.Tensor, "log_softmax"),
     (torch.Tensor, "logsumexp"),
+    (torch.Tensor, "logcumsumexp"),
 )
 
 #: The same functions in ``torch._C._VariableFunctions``, the C namespace behind ``torch.*``
@@ -173,6 +176,7 @@ _VARIABLE_FUNCTIONS_SOFTMAXES = (
     "softmax",
     "log_softmax",
     "logsumexp",
+    "logcumsumexp",
     "_softmax",
     "_log_softmax",
 )
@@ -194,7 +198,7 @@ def _builtin_softmax_forbidden() -> Iterator[None]:
         def __call__(self, *args: object, **kwargs: object) -> Tensor:
             raise BuiltinSoftmaxCalled(
                 f"{self.name} was called: the exercise asks for the softmax written with exp, "
-                "a maximum and a sum, without PyTorch's softmax or logsumexp functions"
+                "a maximum and a sum, without PyTorch's softmax, logsumexp or logcumsumexp functions"
             )
 
     real_variable_functions = torch._C._VariableFunctions
@@ -514,9 +518,12 @@ def reference_is_permutation_equivariant(layer: Callable[[Tensor], Tensor], x: T
     """Whether ``layer(x[perm]) == layer(x)[perm]`` (to float tolerance) for every ``perm`` tried.
 
     Tries the reversal, a cyclic shift, the swap of the first and last tokens and 20 random
-    permutations (from a generator of its own), comparing with ``torch.allclose``
-    (``atol=1e-5``, ``rtol=1e-4``): a reordered sum differs in its last bits, so exact
-    equality would reject a truly equivariant layer.
+    permutations from a generator of its own (the same on every call: the check's cases are
+    built so that these see every change), then 20 fresh draws from PyTorch's global generator
+    (different on every call: no fixed list catches a layer built to change only under the
+    reorderings the list leaves out, as the check's last case is). It compares with
+    ``torch.allclose`` (``atol=1e-5``, ``rtol=1e-4``): a reordered sum differs in its last bits,
+    so exact equality would reject a truly equivariant layer.
 
     Args:
         layer: maps ``(seq_len, d_in)`` to ``(seq_len, d_out)``.
@@ -527,7 +534,7 @@ def reference_is_permutation_equivariant(layer: Callable[[Tensor], Tensor], x: T
     """
     seq_len = x.shape[-2]
     output = layer(x)  # (seq_len, d_out)
-    perms = _probe_permutations(seq_len)
+    perms = _probe_permutations(seq_len) + [torch.randperm(seq_len) for _ in range(20)]
     for perm in perms:  # each (seq_len,)
         if not torch.allclose(layer(x[perm]), output[perm], atol=1e-5, rtol=1e-4):
             return False
@@ -878,7 +885,7 @@ def equivariance_gap(layer: Callable[[Tensor], Tensor], x: Tensor) -> float:
     """The largest ``|layer(x[perm]) - layer(x)[perm]|`` over the reference's permutations.
 
     The reversal, a cyclic shift, the swap of the first and last tokens and 20 random
-    permutations (the ones :func:`reference_is_permutation_equivariant` tries). For an
+    permutations (the fixed ones :func:`reference_is_permutation_equivariant` tries first). For an
     equivariant layer in float32 it is rounding, about ``1e-7`` times the outputs' size.
 
     Args:
@@ -1173,6 +1180,125 @@ def _equivariance_verdict_problem(
     )
 
 
+#: The adaptive case: how many tokens its input has, and the two seeds of PyTorch's global
+#: generator for the reader's two calls (the second one different: fresh draws change with it).
+EQUIVARIANCE_ADAPTIVE_TOKENS = 6
+EQUIVARIANCE_ADAPTIVE_SEEDS = (1001, 1002)
+
+
+def adaptive_false_reject_probability(tried: int, draws: int, seq_len: int | None = None) -> float:
+    """How likely the adaptive case rejects a right test that draws ``draws`` fresh random
+    permutations: it does when every one of them lands among the ``tried`` reorderings of the
+    first call (the identity included), probability ``(tried / n!) ** draws`` for ``n`` tokens
+    (:data:`EQUIVARIANCE_ADAPTIVE_TOKENS` unless ``seq_len`` is given).
+
+    A fixed reordering such as the swap of the ends is tried on both calls and counts in
+    ``tried`` but not in ``draws``.
+    """
+    n = EQUIVARIANCE_ADAPTIVE_TOKENS if seq_len is None else seq_len
+    return min(1.0, tried / math.factorial(n)) ** draws
+
+
+def _adaptive_input() -> Tensor:
+    """``(EQUIVARIANCE_ADAPTIVE_TOKENS, 4)``: different tokens, so a reordering of them is known
+    from the rows alone."""
+    return torch.randn(EQUIVARIANCE_ADAPTIVE_TOKENS, 4, generator=seeded_generator(123))
+
+
+def _adaptive_layer(x: Tensor, allowed: list[Tensor]) -> NamedLayer:
+    """Self-attention, plus a fixed vector on output row 0 whenever its input is ``x`` reordered
+    by a permutation outside ``allowed`` (each ``(seq_len,)``, the identity among them).
+
+    At ``x`` it commutes with exactly the reorderings in ``allowed``: a reordering ``p`` outside
+    them changes row 0 of ``layer(x[p])`` but not of ``layer(x)[p]``, by the vector (size 1 or
+    more). On any other input it is self-attention.
+    """
+    attention = equivariance_test_layers()["self-attention"]
+    marker = torch.randn(x.shape[1], generator=seeded_generator(124))  # (d,)
+    marker = marker / marker.abs().max()  # largest entry 1: no tolerance hides it
+    allowed_keys = {tuple(p.tolist()) for p in allowed}
+
+    def layer(t: Tensor) -> Tensor:
+        out = attention(t)  # (seq_len, d)
+        perms = _tried_permutations([t], x)
+        if perms is not None and tuple(perms[0].tolist()) not in allowed_keys:
+            bump = torch.zeros_like(out)  # (seq_len, d)
+            bump[0] = marker
+            out = out + bump
+        return out
+
+    return NamedLayer("attention, changed only by the reorderings your first call left out", layer)
+
+
+def _adaptive_case_problem(
+    test: Callable[[Callable[[Tensor], Tensor], Tensor], object],
+) -> str | None:
+    """The adaptive case: why the reader's test is a fixed list, or ``None`` when it is not.
+
+    1. Call the test on self-attention and a 6-token ``x`` (global seed 1001); record the set S
+       of reorderings of ``x`` it hands the layer.
+    2. Build a layer that commutes with the reorderings in S at ``x``, and with no other one
+       (:func:`_adaptive_layer`).
+    3. Call the test on it (global seed 1002). Fresh random draws leave S and return False; a
+       fixed list (enumerated, or drawn from a generator seeded inside the test) tries S again
+       and returns True. Unless S is all 720 reorderings: then the layer is equivariant at
+       ``x`` and True is right.
+
+    A right test of ``k`` fresh draws is wrongly rejected here with probability
+    :func:`adaptive_false_reject_probability` (below 1e-30 for the solution's 20).
+    """
+    x = _adaptive_input()  # (6, 4)
+    attention = equivariance_test_layers()["self-attention"]
+    inputs: list[Tensor] = []
+
+    def recorded(layer: Callable[[Tensor], Tensor]) -> NamedLayer:
+        def fn(t: Tensor) -> Tensor:
+            inputs.append(t.detach().clone())
+            return layer(t)
+
+        return NamedLayer(getattr(layer, "name", "layer"), fn)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(EQUIVARIANCE_ADAPTIVE_SEEDS[0])
+        try:
+            first = as_verdict(test(recorded(attention), x.clone()))
+        except Exception:  # noqa: BLE001 - the reader's code: the other cases explain failures
+            return None
+    if first is not True:  # the other cases explain a wrong verdict on an equivariant layer
+        return None
+    tried = [t for t in inputs if t.shape == x.shape]
+    perms = [p[0] for p in (_tried_permutations([t], x) for t in tried) if p is not None]
+    allowed = {tuple(p.tolist()) for p in perms} | {tuple(range(x.shape[0]))}
+    everything = len(allowed) == math.factorial(x.shape[0])
+    layer = _adaptive_layer(x, [torch.tensor(p) for p in allowed])
+    inputs.clear()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(EQUIVARIANCE_ADAPTIVE_SEEDS[1])
+        try:
+            second = as_verdict(test(recorded(layer), x.clone()))
+        except Exception as error:  # noqa: BLE001 - the reader's code
+            return f"your test raised {type(error).__name__} on a second call: {error}"[:300]
+    if second is not True or everything:  # False is right; with all 720 tried, True is
+        return None
+    return (
+        f"your test accepted {layer!r} ({x.shape[0]} tokens), a layer that is NOT "
+        f"permutation-equivariant. On a first call your test tried {len(allowed) - 1} "
+        "reorderings of this x; this layer commutes with exactly those and changes (by 1) under "
+        "every other one. Called again, with PyTorch's global generator seeded differently, "
+        "your test tried only reorderings from that same list: a fixed list (or random draws "
+        "from a generator seeded inside your test, which repeat on every call). A layer can "
+        "change only under the reorderings a fixed list leaves out: draw fresh random "
+        "permutations on every call (torch.randperm without a seeded generator)"
+    )
+
+
+def _expected_equivariance(case: Case) -> bool:
+    """The reference's verdict on ``case``, with PyTorch's global generator given back after
+    its fresh draws, so that the reader's test sees the same draws as without it."""
+    with torch.random.fork_rng(devices=[]):
+        return reference_is_permutation_equivariant(case["layer"], case["x"].clone())
+
+
 def check_is_permutation_equivariant(
     is_permutation_equivariant: Callable[[Callable[[Tensor], Tensor], Tensor], bool],
     verbose: bool = True,
@@ -1222,7 +1348,7 @@ def check_is_permutation_equivariant(
                 arguments,
                 lambda got, case: _equivariance_verdict_problem(
                     got,
-                    reference_is_permutation_equivariant(case["layer"], case["x"].clone()),
+                    _expected_equivariance(case),
                     case,
                     is_permutation_equivariant,
                     list(inputs),
@@ -1249,10 +1375,20 @@ def check_is_permutation_equivariant(
                 )
             break
     assert result is not None  # EQUIVARIANCE_GLOBAL_SEEDS is not empty
+    if result:
+        adaptive = _adaptive_case_problem(is_permutation_equivariant)
+        if adaptive is not None:
+            result = CheckResult(
+                name,
+                False,
+                result.cases_run + 1,
+                f"❌ {name}: the last case is wrong.\n   {adaptive}",
+            )
     if result and len(EQUIVARIANCE_GLOBAL_SEEDS) > 1:
         result.message = (
             f"✅ {name}: the right verdict on all {len(cases)} cases, under each of "
-            f"{len(EQUIVARIANCE_GLOBAL_SEEDS)} seeds of PyTorch's global generator."
+            f"{len(EQUIVARIANCE_GLOBAL_SEEDS)} seeds of PyTorch's global generator, and on a "
+            "layer built from the reorderings your test tried."
         )
     if verbose:
         report(result)
