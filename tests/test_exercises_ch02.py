@@ -898,6 +898,8 @@ def test_gradient_crossover_rejects_a_rule_of_thumb(lucky):
     assert not result and "❌" in result.message, result.message
     if lucky is crossover_raw_spread_rule_up:
         assert right == 3  # wrong at σ = 1.25 and 1.5
+    if lucky is crossover_raw_spread_rule:  # the solution: "rounded to the nearest, at none"
+        assert right == 0
 
 
 @pytest.mark.parametrize(
@@ -1127,13 +1129,51 @@ def test_scale_test_accepts_atol_1e_5_whatever_the_seed(shapes):
         assert result, (seed, result.message)
 
 
+@pytest.mark.parametrize("rtol", [1e-3, 1e-2])
+@pytest.mark.parametrize("offset", [0.0, 5.0])
+def test_scale_test_rejects_a_relative_tolerance_alone_whatever_the_inputs(rtol, offset):
+    """rtol ≥ 1e-3 with atol=0 is refused on every seed, even on values shifted by 5, where no
+    output entry lies near 0 and the rounding candidate alone would let it pass: the guard
+    slip's relative error stays below 1e-3 on any inputs."""
+
+    def relative_only(attention, seed):
+        gen = torch.Generator().manual_seed(seed)
+        for lead, q_len, k_len, d_k, d_v in GOOD_SHAPES:
+            q = torch.randn(*lead, q_len, d_k, generator=gen)
+            k = torch.randn(*lead, k_len, d_k, generator=gen)
+            v = torch.randn(*lead, k_len, d_v, generator=gen) + offset
+            exact = _formula(q.double(), k.double(), v.double())
+            if not torch.allclose(attention(q, k, v).double(), exact, rtol=rtol, atol=0.0):
+                return False
+        return True
+
+    for seed in range(8):
+        result = ch02.check_scale_test(lambda a, seed=seed: relative_only(a, seed), verbose=False)
+        assert not result, (rtol, offset, seed)
+        if offset:  # no entry near 0: a small slip (float16 or the guard) is what refuses it
+            assert "your test accepted" in result.message, result.message
+        # the guard slip alone refuses it, on any inputs: the relative test accepts it
+        assert relative_only(ch02._softmax_with_a_guard, seed), (rtol, offset, seed)
+
+
+def test_the_guard_slip_stays_within_its_relative_bound():
+    gen = torch.Generator().manual_seed(5)
+    for size in (0.1, 1.0, 30.0):  # near-uniform, typical and one-hot scores
+        q, k = size * torch.randn(3, 4, 8, generator=gen), torch.randn(3, 6, 8, generator=gen)
+        v = torch.randn(3, 6, 5, generator=gen).double()
+        got = ch02._softmax_with_a_guard(q.double(), k.double(), v)
+        exact = _formula(q.double(), k.double(), v)
+        relative = ((got - exact).abs() / exact.abs()).max().item()
+        assert 0 < relative < ch02._GUARD_EPSILON, (size, relative)
+
+
 def test_scale_test_docstring_states_the_rejected_tolerances():
     doc = " ".join(ch02.check_scale_test.__doc__.split())
     assert "rtol=1e-4, atol=0`` rejects whenever an output entry lies within 0.04 of 0" in doc
     assert "``atol=1e-6`` whenever one lies within 0.3" in doc
-    assert "thirteen with a slip" in doc
+    assert "fourteen with a slip" in doc
     slips = sum(not correct for _, _, correct, _ in ch02.SCALE_TEST_CANDIDATES)
-    assert slips == 13, slips
+    assert slips == 14, slips
 
 
 def test_the_rounding_candidate_margins():

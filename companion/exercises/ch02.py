@@ -314,6 +314,20 @@ def _softmax_in_float16(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     return weights @ v  # (..., q_len, d_v)
 
 
+_GUARD_EPSILON = 1e-3
+
+
+def _softmax_with_a_guard(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    # a hand-rolled softmax with a guard against 0/0 in its denominator: after subtracting the
+    # row's maximum the denominator Z is at least 1, so every output row is Z/(Z + ε) times the
+    # right one, a relative error below ε = 1e-3 whatever the inputs. Any purely relative
+    # tolerance with rtol ≥ 1e-3 accepts it; an absolute one catches it (3e-4 on outputs near 1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., q_len, k_len)
+    exp_scores = torch.exp(scores - scores.amax(dim=-1, keepdim=True))  # (..., q_len, k_len)
+    weights = exp_scores / (exp_scores.sum(dim=-1, keepdim=True) + _GUARD_EPSILON)
+    return weights @ v  # (..., q_len, d_v)
+
+
 #: The attention functions :func:`check_scale_test` hands to the reader's test:
 #: (what it does, the function, whether it computes softmax(q kᵀ/√d_k) v, a hint when a test
 #: accepts it). Correct and wrong ones alternate, so a test that always answers the same
@@ -417,6 +431,15 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         False,
         "tighten the tolerance: float32 rounding moves these outputs by under 1e-6, so"
         " atol=1e-5 has room enough",
+    ),
+    (
+        "a softmax with a guard ε = 1e-3 in its denominator, exp(s − max)/(Σ exp(s − max) + ε),"
+        " which shrinks every output row by a relative amount below 1e-3",
+        _softmax_with_a_guard,
+        False,
+        "a relative tolerance alone (rtol ≥ 1e-3, atol=0) accepts this slip on any inputs,"
+        " since its relative error stays below 1e-3 everywhere; compare with an absolute"
+        " tolerance such as atol=1e-5",
     ),
 )
 
@@ -568,10 +591,12 @@ def check_scale_test(
     the same offset in float64's units, about 7e-15), which a purely relative tolerance such as
     ``rtol=1e-4, atol=0`` rejects whenever an output entry lies within 0.04 of 0 and
     ``atol=1e-6`` whenever one lies within 0.3: on random normal inputs with a few dozen
-    output entries, always) and thirteen with a slip (no scale,
+    output entries, always) and fourteen with a slip (no scale,
     ``d_k``, a fixed ``√64``, ``√d_v``, ``√k_len``, ``√q_len``, ``√q.size(1)``, the softmax
-    over axis 1 or axis 2, a multiplication, the scale after the softmax, and two small ones
-    that only a tight tolerance catches: ``√(d_k + 1)``, float16 weights). A
+    over axis 1 or axis 2, a multiplication, the scale after the softmax, and three small ones
+    that only a tight tolerance catches: ``√(d_k + 1)``, float16 weights, and a guard
+    ``ε = 1e-3`` in the softmax's denominator, whose relative error stays below 1e-3 on any
+    inputs, so that every purely relative tolerance with ``rtol ≥ 1e-3`` accepts it). A
     wrong verdict is explained with the inputs the test used: a rejected correct function
     with its float32 rounding (the trap of exact equality), an accepted wrong one with the
     largest difference the test's inputs produced and what to vary. An ``AssertionError``
