@@ -705,7 +705,7 @@ def test_equivariance_fixed_lists_are_rejected_by_the_adaptive_case(fixed):
     """Review s11rv01d: these passed every fixed case (the first for 9 of 10 seeds). The adaptive
     case builds a layer that commutes with exactly the reorderings of the test's first call, and
     a fixed list tries them again on the second."""
-    problem = ch01._adaptive_case_problem(fixed)
+    problem = ch01.adaptive_case_problem(fixed)
     assert problem is not None and "fixed list" in problem, problem
     result = ch01.check_is_permutation_equivariant(fixed, verbose=False)
     assert not result and "fixed list" in result.message, result.message
@@ -724,9 +724,9 @@ def equivariance_test_extra_draw_first(k):  # swap + k fresh draws, after one dr
 def test_equivariance_adaptive_case_accepts_fresh_draws(k):
     """Fresh draws leave the first call's reorderings, so the adaptive case never blames them
     (whether 10 draws pass the fixed cases is the 4-token case's luck, not this case's)."""
-    assert ch01._adaptive_case_problem(equivariance_test_extra_draw_first(k)) is None
-    assert ch01._adaptive_case_problem(equivariance_test_all_permutations) is None  # all 720
-    assert ch01._adaptive_case_problem(equivariance_test_random_draws(k)) is None
+    assert ch01.adaptive_case_problem(equivariance_test_extra_draw_first(k)) is None
+    assert ch01.adaptive_case_problem(equivariance_test_all_permutations) is None  # all 720
+    assert ch01.adaptive_case_problem(equivariance_test_random_draws(k)) is None
 
 
 def test_equivariance_adaptive_case_false_reject_rate_is_tiny():

@@ -51,6 +51,9 @@ __all__ = [
     "equivariance_test_layers",
     "equivariance_gap",
     "equivariance_check_inputs",
+    "probe_permutations",
+    "adaptive_case_problem",
+    "adaptive_false_reject_probability",
     "OFFSET_HEAD_MIN_WEIGHT",
     "angle_positions",
     "offset_head_weights",
@@ -504,7 +507,7 @@ class NamedLayer:
         return f"NamedLayer({self.name!r})"
 
 
-def _probe_permutations(seq_len: int) -> list[Tensor]:
+def probe_permutations(seq_len: int) -> list[Tensor]:
     """The permutations an equivariance test tries, each ``(seq_len,)``: the reversal, one
     cyclic shift, the swap of the ends, then 20 seeded random ones."""
     generator = seeded_generator(7)
@@ -534,7 +537,7 @@ def reference_is_permutation_equivariant(layer: Callable[[Tensor], Tensor], x: T
     """
     seq_len = x.shape[-2]
     output = layer(x)  # (seq_len, d_out)
-    perms = _probe_permutations(seq_len) + [torch.randperm(seq_len) for _ in range(20)]
+    perms = probe_permutations(seq_len) + [torch.randperm(seq_len) for _ in range(20)]
     for perm in perms:  # each (seq_len,)
         if not torch.allclose(layer(x[perm]), output[perm], atol=1e-5, rtol=1e-4):
             return False
@@ -894,7 +897,7 @@ def equivariance_gap(layer: Callable[[Tensor], Tensor], x: Tensor) -> float:
     """
     seq_len = x.shape[-2]
     output = layer(x)  # (seq_len, d_out)
-    perms = _probe_permutations(seq_len)
+    perms = probe_permutations(seq_len)
     return max((layer(x[perm]) - output[perm]).abs().max().item() for perm in perms)
 
 
@@ -1230,7 +1233,7 @@ def _adaptive_layer(x: Tensor, allowed: list[Tensor]) -> NamedLayer:
     return NamedLayer("attention, changed only by the reorderings your first call left out", layer)
 
 
-def _adaptive_case_problem(
+def adaptive_case_problem(
     test: Callable[[Callable[[Tensor], Tensor], Tensor], object],
 ) -> str | None:
     """The adaptive case: why the reader's test is a fixed list, or ``None`` when it is not.
@@ -1376,7 +1379,7 @@ def check_is_permutation_equivariant(
             break
     assert result is not None  # EQUIVARIANCE_GLOBAL_SEEDS is not empty
     if result:
-        adaptive = _adaptive_case_problem(is_permutation_equivariant)
+        adaptive = adaptive_case_problem(is_permutation_equivariant)
         if adaptive is not None:
             result = CheckResult(
                 name,
