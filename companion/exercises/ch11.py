@@ -455,8 +455,21 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
             )
         return ids
 
+    def padded_hint(case: Case, got: object) -> str:
+        if not (case["src"] == clinic.PAD_ID).any():
+            return ""
+        return (
+            "\n   hint: this case's sources are right-padded: does the source mask "
+            "(model.make_src_mask) reach both encode and decode?"
+        )
+
     return run_check(
-        "greedy_decode", no_grad, reference_greedy_decode, _greedy_cases(), verbose=verbose
+        "greedy_decode",
+        no_grad,
+        reference_greedy_decode,
+        _greedy_cases(),
+        verbose=verbose,
+        hint=padded_hint,
     )
 
 
@@ -574,6 +587,10 @@ def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResu
 #: how far a sentence's logits may move (batched vs alone) and still count as independent: a
 #: batch of one may take other float32 kernels
 BATCH_ATOL = 1e-4
+#: the band of tolerances exercise 5 accepts: any absolute tolerance in it separates the check's
+#: healthy models (float noise under 1/5 of the lower end) from its smallest planted dependence
+#: (over twice the upper end); chapter 11 measures both and asserts these margins
+BATCH_BAND = (1e-5, 1e-3)
 
 
 def reference_batch_independent(logits_fn: Callable[[Tensor], Tensor], ids: Tensor) -> bool:
@@ -613,10 +630,6 @@ class _BatchModel:
         # pairs sentences: in a batch of 4, two halves of the batch mix as the whole does
     }
 
-    #: one logit's move in a batch: 0.1 % within the stated tolerance, and 0.1 % over it (on the
-    #: row's smallest logit, where float32 resolves the move to far better than 0.1 %)
-    NUDGES = {"a logit moves by 0.999e-4": 0.999e-4, "a logit moves by 1.001e-4": 1.001e-4}
-
     def __init__(self, number: int, how: str, strength: float = 0.5) -> None:
         g = seeded_generator(1160 + number)
         self.number, self.how, self.strength = number, how, strength
@@ -629,8 +642,8 @@ class _BatchModel:
         steps = torch.arange(1, ids.shape[1] + 1)[None, :, None]  # (1, seq, 1)
         h = torch.tanh(x.cumsum(1) / steps)  # (batch, seq, width): each sentence's own prefix mean
         s, batch = self.strength, ids.shape[0]
-        if self.how == "rounding":  # another kernel for another batch size: 1e-6 per row
-            h = h + 1e-6 * batch
+        if self.how == "rounding":  # another kernel for another batch size: 1.5e-7 per row
+            h = h + 1.5e-7 * batch
         elif self.how == "batch size":  # reads the batch's size: copies of a sentence hide it
             h = h + 0.1 * s * batch
         elif self.how == "a sentence alone":  # a batch of one is treated differently (a stray
@@ -655,19 +668,9 @@ class _BatchModel:
                     mixed[reader] = h[reader] + s * h[source]
             h = mixed
         logits = h @ self.out  # (batch, seq, vocab)
-        if self.how == "one logit" and batch > 1:  # one logit of row 1 reads row 0, by < 1e-2
-            logits = logits.clone()
-            logits[1, -1, 0] += 1e-2 * torch.sigmoid(logits[0, 0, 0])
-        if self.how == "a large logit moves":  # logits of size up to ~50; in a batch, row 1's
-            logits = 20 * logits  # largest moves by 1.5e-4: over 1e-4, but within allclose's
-            if batch > 1:  # default rtol (1e-5 × its size) on top of atol=1e-4
-                logits = logits.clone()
-                largest = logits[1].abs().argmax()  # flat index into (seq, vocab)
-                logits[1].view(-1)[largest] += 1.5e-4
-        if self.how in self.NUDGES and batch > 1:  # one small logit of row 1 moves in a batch by
-            logits = logits.clone()  # just under or just over 1e-4: the stated tolerance, exactly
-            smallest = logits[1].abs().argmin()  # flat index into (seq, vocab); rtol adds ~nothing
-            logits[1].view(-1)[smallest] += self.NUDGES[self.how]
+        if self.how == "one logit" and batch > 1:  # one logit of row 1 reads row 0, by 3e-3
+            logits = logits.clone()  # to 5e-3: over the band's top, yet its mean over a row's 600
+            logits[1, -1, 0] += 4e-3 + 1e-3 * torch.tanh(logits[0, 0, 0])  # is under its bottom
         return logits
 
     def __repr__(self) -> str:
@@ -699,19 +702,16 @@ def _batch_cases() -> list[Case]:
             ("rows 1 and 3 read each other", 0.5, 5),  # misses: first alone + reversed batch
             ("batch mean at position 0", 0.5, 3),  # misses: the last position only
             ("the last row reads row 0", 0.5, 3),  # misses: every row but the last
-            ("one logit", 0.5, 3),  # misses: a mean difference (1e-2 / 120 entries < 1e-4)
+            ("one logit", 0.5, 3),  # misses: a mean difference (< 5e-3 / 600 entries < 1e-5)
             ("row 1 reads row 0", 0.5, 4),  # misses: randperm(4) with seed 0 + first alone
             ("row 0 reads row 2", 0.5, 4),  # misses: every sentence alone but the first
             ("neighbouring rows read each other", 0.5, 4),  # misses: two halves vs the whole
             ("padded rows read the batch mean", 0.5, 4),  # misses: a reordering + first or last
             ("batch size", 0.5, 3),  # misses: each sentence against a batch of its copies
-            ("a large logit moves", 0.5, 3),  # misses: allclose(atol=1e-4) with its default rtol
-            ("a logit moves by 0.999e-4", 0.5, 3),  # independent: fails a tolerance below it
-            ("a logit moves by 1.001e-4", 0.5, 3),  # not: passed by a tolerance >= 1.001e-4
             ("a sentence alone", 0.5, 3),  # misses: leave-one-out (it never runs a batch of one)
         ]
     ):
-        length = 10 if how == "one logit" else 5
+        length = 50 if how == "one logit" else 5
         ids = torch.randint(0, _BatchModel.VOCAB, (batch, length), generator=g)  # (batch, length)
         if how == "padded rows read the batch mean":  # the first and last rows without pads
             ids = ids.clamp(min=1)  # no pad id 0 anywhere ...
@@ -723,28 +723,22 @@ def _batch_cases() -> list[Case]:
 #: one line per kind of model, added to a failing report: what the case's model does
 _BATCH_HINTS = {
     "healthy": "this model is batch-independent: each sentence alone gives its batched logits",
-    "rounding": "this model only rounds differently in a batch (1e-6 per row): rounding, not a leak",
+    "rounding": (
+        "this model only rounds differently in a batch (by about 2e-6 at most): rounding, not a leak; a"
+        " tolerance from 1e-5 to 1e-3 tells the two apart"
+    ),
     "batch mean": "every row of this model reads the batch mean, so reversing the batch hides it",
     "reads the first row": "the rows after the first read row 0; row 0 itself is clean",
     "batch-axis positions": "this model's output depends on the row index of the batch",
     "batch mean at position 0": "only the first position mixes the batch: compare every position",
-    "one logit": "a single logit moves by 1e-2: compare the largest difference, not the mean",
+    "one logit": (
+        "a single logit moves by 3e-3 to 5e-3: compare the largest difference, not the mean, with a"
+        " tolerance from 1e-5 to 1e-3"
+    ),
     "batch size": "this model reads the batch size: run every sentence alone, a batch of one",
     "a sentence alone": (
         "this model treats a batch of one differently (a stray .squeeze(), say): dropping one row "
         "never runs a batch of one, so run every sentence alone"
-    ),
-    "a logit moves by 0.999e-4": (
-        "one logit moves by 0.999e-4 in a batch: within the stated 1e-4, so the sentences count as"
-        " independent (a tolerance below 1e-4 is too strict)"
-    ),
-    "a logit moves by 1.001e-4": (
-        "one logit moves by 1.001e-4 in a batch: over the stated 1e-4 (a tolerance above 1e-4 is"
-        " too loose)"
-    ),
-    "a large logit moves": (
-        "one large logit moves by 1.5e-4 in a batch: over 1e-4, but allclose's default"
-        " rtol adds 1e-5 × the logit's size; compare absolutely (rtol=0)"
     ),
 }
 
@@ -756,7 +750,7 @@ def _batch_hint(case: Case, got: object) -> str:
     if model.how == "batch mean" and model.strength < 0.1:  # a small leak, not a symmetric one
         return (
             "\n   hint: every row of this model reads a small share of the batch mean: a leak "
-            "that a loose tolerance misses (compare every logit to within 1e-4)"
+            "that a loose tolerance misses (compare every logit, with a tolerance from 1e-5 to 1e-3)"
         )
     line = _BATCH_HINTS.get(
         model.how, "only some rows of this model read others: run every sentence alone"
@@ -768,20 +762,19 @@ def check_batch_independent(
     batch_independent: Callable[..., bool], verbose: bool = True
 ) -> CheckResult:
     """Check ``batch_independent(logits_fn, ids)`` → ``True`` when every sentence's logits
-    depend on that sentence only (to an absolute ``1e-4``), else ``False``, on small models:
-    healthy ones (one whose batched result rounds differently, by 1e-6 per row), and ones that
+    depend on that sentence only (to any absolute tolerance in :data:`BATCH_BAND`, 1e-5 to 1e-3),
+    else ``False``, on small models:
+    healthy ones (one whose batched result rounds differently, by about 2e-6), and ones that
     mix the batch symmetrically (a batch mean, also a small one, or one at the first position only),
     make some rows read others (the first row read by the rest, row 0 reading row 1, row 2
     reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0,
     row 1 reading row 0 and row 0 reading row 2 of four, neighbouring rows of four reading each
-    other), let only the padded sentences read the batch mean, move a single logit by less than
-    ``1e-2``, add a position code along the batch axis (``batch_first`` confusion), read the
-    batch size, or move one large logit by 1.5e-4 (within ``allclose``'s default ``rtol`` on top
-    of ``atol=1e-4``) or one small logit by 1.001e-4 (and a healthy one moves one by 0.999e-4, so
-    the tolerance must be ``1e-4`` to within about 0.1 %: one that misses it by more fails a
-    case): a test that watches only some rows or positions, averages the differences, only
-    reorders the batch (reversed, rolled, a fixed permutation) besides running one sentence
-    alone, compares two halves of the batch with the whole, or compares each sentence with a
+    other), let only the padded sentences read the batch mean, move a single logit by 3e-3 to
+    5e-3, add a position code along the batch axis (``batch_first`` confusion), or read the
+    batch size. A tolerance below the healthy models' noise (``torch.equal``, say) or above the
+    smallest planted dependence fails a case; a test that watches only some rows or
+    positions, averages the differences, only reorders the batch (reversed, rolled, a fixed
+    permutation) besides running one sentence alone, compares two halves of the batch with the whole, or compares each sentence with a
     batch of its copies, misses one of them. A call into the clinic's toolkit
     (``clinic.batch_independence``) fails."""
 
