@@ -9,8 +9,9 @@ import torch
 from companion import interop, masking
 from companion.exercises import ch05
 
-# The answers below are written by hand: the checks refuse any call into companion.masking
-# (the `*_via_companion` answers show that refusal).
+# The answers below are written by hand: the checks refuse a call into companion.masking (the
+# `*_via_companion` answers show that refusal), except exercise 3's, which allows the building
+# blocks padding_mask, causal_mask and combine_masks and refuses prefix_lm_mask.
 
 
 def _causal(n):  # (n, n): key j <= query i
@@ -340,6 +341,29 @@ def prefix_padded_queries_see_prefix(tokens, prefix_lens, pad_id):  # a padded q
     in_prefix = torch.arange(n)[None, :] < prefix_lens[:, None]  # (batch, n)
     prefix_key = in_prefix[:, None, None, :]  # (batch, 1, 1, n)
     return ((real_query & _causal(n)) | prefix_key) & _keys_real(tokens, pad_id)
+
+
+def prefix_from_package_blocks(tokens, prefix_lens, pad_id):  # 5.4's building blocks, allowed
+    n = tokens.shape[1]
+    in_prefix = torch.arange(n)[None, :] < prefix_lens[:, None]  # (batch, n)
+    allowed = masking.causal_mask(n) | in_prefix[:, None, None, :]  # (batch, 1, n, n)
+    return masking.combine_masks(masking.padding_mask(tokens, pad_id), allowed)
+
+
+def test_prefix_lm_mask_allows_the_building_blocks_of_5_4():
+    """padding_mask, causal_mask and combine_masks are what 5.4 taught: allowed in exercise 3."""
+    assert ch05.check_prefix_lm_mask(prefix_from_package_blocks, verbose=False)
+
+
+def test_prefix_lm_mask_names_the_missing_key_padding_mask():
+    result = ch05.check_prefix_lm_mask(prefix_no_padding, verbose=False)
+    assert not result and "a pad. Mask the keys with tokens != pad_id" in result.message, (
+        result.message
+    )
+    assert "is padding" not in result.message, result.message
+    # a mistake that keeps the key padding mask gets no such hint
+    result = ch05.check_prefix_lm_mask(prefix_on_queries, verbose=False)
+    assert not result and "a pad. Mask the keys" not in result.message, result.message
 
 
 def test_prefix_lm_mask_names_the_padded_query():
@@ -958,6 +982,12 @@ def test_leak_case_blind_to_zeros_and_to_the_gradient():
     for seed in range(20):  # random replacements open the gate whatever the seed
         torch.manual_seed(seed)
         assert first_leak_correct(**gated) == (1, 3), seed
+
+
+def test_first_leak_names_the_closed_gate():
+    """A derivative at the sample misses the gated leak: the check says why."""
+    result = ch05.check_first_leak(first_leak_by_gradient, verbose=False)
+    assert not result and "closed gate" in result.message, result.message
 
 
 def test_leak_cases_separate_smallest_i_from_smallest_j_and_later_sequences():

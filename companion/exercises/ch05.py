@@ -322,8 +322,9 @@ def _blank_padded_queries_allowed(
 
 
 def _prefix_hint(case: Case, got: Any) -> str:
-    """Name two slips: a prefix query reading a later answer token (the prefix tested on the
-    query), and rows that differ only at padded queries (they must keep their row or see nothing)."""
+    """Name three slips: a prefix query reading a later answer token (the prefix tested on the
+    query), padded keys left visible (no key padding mask), and rows that differ only at padded
+    queries (they must keep their row or see nothing)."""
     if not isinstance(got, Tensor) or got.dtype != torch.bool:
         return ""
     expected = reference_prefix_lm_mask(**case)  # (batch, 1, n, n)
@@ -349,6 +350,15 @@ def _prefix_hint(case: Case, got: Any) -> str:
             f"\n   Prefix query {i} of sequence {b} reads key {j}, an answer token after it. Test"
             " the key against the prefix (j < prefix_lens[b]), not the query."
         )
+    # every difference is a padded key read: the key padding mask is missing
+    padded_key = (case["tokens"] == case["pad_id"])[:, None, None, :]  # (batch, 1, 1, n)
+    reads_pad = got & padded_key  # (batch, 1, n, n): the reference never allows these
+    if reads_pad.any() and not (differs & ~padded_key).any():
+        b, _, i, j = reads_pad.nonzero()[0].tolist()
+        return (
+            f"\n   Query {i} of sequence {b} reads key {j}, a pad. Mask the keys with"
+            " tokens != pad_id, for every query (padded ones too)."
+        )
     if not differs.any() or (differs & ~padded_query).any():
         return ""
     b, _, i, _ = differs.nonzero()[0].tolist()
@@ -365,11 +375,23 @@ def check_prefix_lm_mask(
     """Check ``prefix_lm_mask(tokens, prefix_lens, pad_id)``: ``(batch, n)`` ids and
     ``(batch,)`` prefix lengths → boolean ``(batch, 1, n, n)``, key ``j`` real *and*
     (``j < prefix_lens[b]`` or ``j <= i``). A padded query may see what a real query there would
-    (pads still blocked as keys) or see nothing."""
+    (pads still blocked as keys) or see nothing. The answer may use ``padding_mask``,
+    ``causal_mask`` and ``combine_masks``; a call to ``companion.masking.prefix_lm_mask`` is
+    refused."""
     return _run(
         "prefix_lm_mask",
         _blank_padded_queries_allowed(
-            _returning("bool", "prefix_lm_mask", _by_hand(prefix_lm_mask, "prefix-LM mask")),
+            _returning(
+                "bool",
+                "prefix_lm_mask",
+                refusing_calls(  # padding_mask, causal_mask and combine_masks are allowed
+                    prefix_lm_mask,
+                    "build the prefix-LM mask",
+                    (_INTEROP,),
+                    why=": companion.masking.prefix_lm_mask holds the answer",
+                    functions=(masking.prefix_lm_mask,),
+                ),
+            ),
             reference_prefix_lm_mask,
         ),
         reference_prefix_lm_mask,
@@ -876,6 +898,10 @@ _SHARED_VECTOR_CASE = "batch-centred x[3] into 1, x[3] alike"
 _REPEATED_CASE = "0 peeks at 3, one vector at every position"
 
 
+# the case with a gate closed at the sample, which a derivative or a fixed change misses
+_GATED_CASE = "gated x[3] into 1"
+
+
 # the cases whose model reads no later input: the answer is None
 _NO_LEAK_CASES = {"causal", "causal, then layer norm", "layer norm, no mixing", "cumulative sum"}
 
@@ -908,6 +934,12 @@ def _leak_hint(case: Case, got: Any) -> str:
             "\n   Input 3 is alike in every sequence here, and the leak reads batch statistics: a fixed"
             " change (such as -3 * x + 1) or one random vector for the batch keeps it alike. Draw the"
             " new input anew for each sequence (torch.randn_like)."
+        )
+    if name == _GATED_CASE and got is None:
+        return (
+            "\n   This leak opens only when input 3's norm exceeds 0.5; here it is 0.2. A derivative"
+            " at the sample (a Jacobian) or a fixed change (zeros, 2 * x, -x) sees the closed gate"
+            " as no leak: replace input j by a new random vector (torch.randn_like)."
         )
     if name == _REPEATED_CASE and got is None:
         return (
