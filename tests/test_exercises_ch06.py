@@ -599,6 +599,13 @@ def test_stream_size_prediction_needs_a_number(value, capsys):
     assert ("not attempted yet" in out) == (value is None), out
 
 
+def test_stream_size_slope_names_a_norm_over_all_entries():
+    """‖x‖_F instead of the RMS: the slope is the same, so the hint must name the constant factor."""
+    result = ch06.check_stream_size_slope(stream_frobenius, verbose=False)
+    assert not result
+    assert "√numel" in result.message and "final_norm=False" not in result.message, result.message
+
+
 def test_stream_size_slope_hints_at_the_final_norm():
     result = ch06.check_stream_size_slope(stream_final_norm_on, verbose=False)
     assert "final_norm=False" in result.message

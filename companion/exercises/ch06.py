@@ -798,6 +798,12 @@ def _stream_size_hint(case: dict, got: object) -> str:
                 "\n   hint: these are Pre-LN's sizes, but this case asks for Post-LN: build the"
                 " encoder with the norm_first the check passes."
             )
+    if min(ratios) > 2 and max(ratios) < 1.01 * min(ratios):
+        return (
+            f"\n   hint: every size is {min(ratios):.0f} times the expected one, one constant factor:"
+            " a norm over all entries (‖x‖_F) is √(number of entries) times their root mean"
+            " square; divide by it (RMS = ‖x‖_F / √numel)."
+        )
     if all(abs(r - 1) < 0.1 for r in ratios):
         variants = _stream_variant_sizes(**case)
 
