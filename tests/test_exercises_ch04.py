@@ -1562,3 +1562,15 @@ def test_my_mha_names_rope_over_the_whole_width():
     for wrong in (MHARotateValuesToo, MHAScaledByDModel, MHARotateOnlyQueries):
         result = ch04.check_my_mha(wrong, verbose=False)
         assert not result and "split into heads first" not in result.message, result.message
+
+
+def test_relative_test_passing_float64_is_told_to_pass_x_as_given():
+    """A test that feeds the layer x.double() gets the check's message, not a raw matmul error."""
+
+    def double_input(layer, x):
+        out = layer(x.double(), 0)
+        return all(torch.allclose(layer(x.double(), s), out, atol=1e-5) for s in STARTS)
+
+    result = ch04.check_shift_invariant(double_input, verbose=False)
+    assert not result
+    assert "pass x itself" in result.message

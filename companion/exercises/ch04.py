@@ -1131,6 +1131,12 @@ class _PositionedLayer:
             ) from None
         if isinstance(start, bool):
             raise TypeError(f"start must be an int (the first position), got the bool {start}")
+        # e.g. x.double(): the layers' weights are float32
+        if isinstance(x, Tensor) and x.dtype != torch.float32:
+            raise TypeError(
+                f"layer(x, start) takes x as given (float32), got {x.dtype}: pass x itself, "
+                "not x.double() or x.half()"
+            )
         return self.fn(x, start)
 
     def __repr__(self) -> str:
