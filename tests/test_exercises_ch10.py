@@ -525,7 +525,7 @@ def test_bert_masking_refuses_the_package():
         (bert_random_from_four_up, "can a random draw be mask_id?"),
         (bert_selects_12_percent, "selected / real tokens"),
         (bert_selects_20_percent, "selected / real tokens"),
-        (bert_80_20_0, "random other token / selected"),
+        (bert_80_20_0, "are 10% of the selected tokens kept unchanged?"),
         (bert_redraws_until_different, "do not redraw until it differs"),
         (bert_90_5_5, "[MASK] / selected"),
         (bert_85_10_5, "[MASK] / selected"),
@@ -1089,7 +1089,7 @@ def test_sampling_check_rejects_the_greater_or_equal_rule():
 
 
 # --------------------------------------------------------------------------------------------
-# standard_errors: paired / every item its own draw / unpaired (exercise 5)
+# standard_errors: paired / every item its own draw / unpaired (exercise 3)
 # --------------------------------------------------------------------------------------------
 
 
@@ -1219,7 +1219,7 @@ def test_standard_errors_rejects_the_classic_slips(wrong, hint):
 
 
 def test_standard_errors_cases_make_the_classic_prediction_wrong():
-    """Exercise 5's point holds on the check's own cases: unpaired is larger than paired (often
+    """Exercise 3's point holds on the check's own cases: unpaired is larger than paired (often
     several times), and with correlated items one draw per item is smaller than one per cluster."""
     ratios = []
     for case in ch10._comparison_cases():
@@ -1344,7 +1344,7 @@ def test_sampling_check_names_the_classic_slips(wrong, hint):
     assert not result and hint in result.message, result.message
 
 
-# Exercise 7: the mask at test time, the objective in training ---------------------------------
+# Exercise 2: the mask at test time, the objective in training ---------------------------------
 
 
 def fill_by_loop(model, rows, blank, mask_id, is_causal):

@@ -152,7 +152,7 @@ def check_prefix_lm_mask(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 2: BERT's 80/10/10 masking
+# Exercise 4: BERT's 80/10/10 masking
 # --------------------------------------------------------------------------------------------
 
 #: BERT's numbers: the chance that a real token is selected, and the split of the selected
@@ -434,8 +434,9 @@ def _masking_statistics(
             problem += " (too many: is the split 80/10/10, and can a random draw be mask_id?)"
         if problem and what.startswith("random") and count / selected > expected:
             problem += (
-                " (too many: the random token is uniform over every ordinary id and may happen "
-                "to be the original; do not redraw until it differs)"
+                " (too many: are 10% of the selected tokens kept unchanged? The random token is "
+                "uniform over every ordinary id and may happen to be the original; do not redraw "
+                "until it differs)"
             )
         if problem:
             return problem
@@ -600,7 +601,7 @@ def _failed(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 3: one sampling step with temperature and top-k
+# Exercise 7: one sampling step with temperature and top-k
 # --------------------------------------------------------------------------------------------
 
 #: No uniform number of a case lies closer than this to a cumulative probability of the
@@ -776,7 +777,7 @@ def check_sample_next_token(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 4: a ViT's patches
+# Exercise 5: a ViT's patches
 # --------------------------------------------------------------------------------------------
 
 
@@ -856,7 +857,7 @@ def _refuse_f_unfold(*args: object, **kwargs: object) -> Tensor:
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: three standard errors of one comparison (predict, then measure)
+# Exercise 3: three standard errors of one comparison (predict, then measure)
 # --------------------------------------------------------------------------------------------
 
 
@@ -1179,7 +1180,7 @@ def check_induction_score(
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 7: the mask at test time, the objective in training
+# Exercise 2: the mask at test time, the objective in training
 # --------------------------------------------------------------------------------------------
 
 
