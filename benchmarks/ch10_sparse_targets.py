@@ -24,29 +24,10 @@ About 5 CPU-seconds per seed on the course's 2-core machine.
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import time
-from datetime import date
-from pathlib import Path
+from ch10_toy import ARMS_LINE, ROOT, cell_namespace, cell_source, run_and_record, run_cell
 
-import torch
-import torch.nn.functional as F
-
-from companion.data import BOS_ID, EOS_ID, PAD_ID, causal_lm_example, masked_lm_example
-from companion.families import DecoderOnlyTransformer
-from companion.model import TransformerConfig
-from companion.train import sequence_loss
-from companion.utils import set_seed
-
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "book" / "10_three_families.ipynb"
 OUT = ROOT / "companion" / "results" / "ch10_sparse_targets.json"
-CELL = "f10obj01"
-CELL_END = "# (benchmarks/ch10_objectives.py runs this cell up to here)"
 ARM = "causal LM"
-ARMS_LINE = 'TOY_ARMS = {"causal LM": True, "masked LM": False, "masked LM, causal mask": True}'
 LOSS_LINE = "loss = sequence_loss(model(inputs), targets, PAD_ID)"
 # The same selection the masked-LM runs draw for these rows (same generator, same call), moved
 # one position left: the causal LM predicts rows[:, p] at output p - 1. The inputs stay clean.
@@ -60,20 +41,11 @@ SPARSE_LOSS = (
 
 def run_seed(cells: list[dict], seed: int) -> dict:
     """Run section 10.2's cell for the causal LM only, its loss on the masked-LM selection, `seed`."""
-    source = "".join(next(c for c in cells if c.get("id") == CELL)["source"])
-    for needle in ("OBJ_SEED = 0", CELL_END, ARMS_LINE, LOSS_LINE):
-        assert needle in source, f"cell {CELL} changed: {needle!r} not found"
-    source = source.split(CELL_END)[0].replace("OBJ_SEED = 0", f"OBJ_SEED = {seed}", 1)
+    source = cell_source(cells, seed, (ARMS_LINE, LOSS_LINE))
     source = source.replace(ARMS_LINE, 'TOY_ARMS = {"causal LM": True}', 1)
     source = source.replace(LOSS_LINE, SPARSE_LOSS, 1)
     predictions = {ARM: 0}
-    namespace = {
-        "torch": torch, "F": F, "time": time, "BOS_ID": BOS_ID, "EOS_ID": EOS_ID, "PAD_ID": PAD_ID,
-        "causal_lm_example": causal_lm_example, "masked_lm_example": masked_lm_example,
-        "DecoderOnlyTransformer": DecoderOnlyTransformer, "TransformerConfig": TransformerConfig,
-        "sequence_loss": sequence_loss, "set_seed": set_seed, "PREDICTIONS": predictions,
-    }  # fmt: skip
-    exec(compile(source, f"{NOTEBOOK.name}:{CELL}", "exec"), namespace)
+    namespace = run_cell(source, cell_namespace(PREDICTIONS=predictions))
     blank, valid = namespace["toy_results"][ARM]
     return {
         "seed": seed,
@@ -86,33 +58,24 @@ def run_seed(cells: list[dict], seed: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    cells = json.loads(NOTEBOOK.read_text())["cells"]
-    runs = []
-    for seed in args.seeds:
-        run = run_seed(cells, seed)
-        print(f"seed {seed}: predictions {run['predictions_trained_on']}, blank {run['blank_accuracy']:.3f}, "
-              f"valid rows {run['valid_rows']:.3f}, {run['cpu_seconds']:.0f} CPU-s", flush=True)  # fmt: skip
-        runs.append(run)
-    result = {
-        "description": "Section 10.2's toy test (the chapter's cell f10obj01), the causal LM only, "
-        "400 steps on the same clean rows with the causal mask, its loss taken only at the ~15% of "
-        "symbols the masked-LM objective selects in each row (the same selection); the share of "
-        "blanks it fills (2,000 test rows) and of rows it writes validly (500 samples)",
-        "causal_lm_predictions": 400 * 64 * 12,
-        "test_rows": 2000,
-        "written_rows": 500,
-        "runs": runs,
-        "machine": platform.processor() or platform.machine(),
-        "torch": torch.__version__,
-        "date": date.today().isoformat(),
-    }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    run_and_record(
+        __doc__,
+        OUT,
+        run_seed,
+        lambda run: (
+            f"predictions {run['predictions_trained_on']}, blank {run['blank_accuracy']:.3f}, "
+            f"valid rows {run['valid_rows']:.3f}"
+        ),
+        {
+            "description": "Section 10.2's toy test (the chapter's cell f10obj01), the causal LM only, "
+            "400 steps on the same clean rows with the causal mask, its loss taken only at the ~15% of "
+            "symbols the masked-LM objective selects in each row (the same selection); the share of "
+            "blanks it fills (2,000 test rows) and of rows it writes validly (500 samples)",
+            "causal_lm_predictions": 400 * 64 * 12,
+            "test_rows": 2000,
+            "written_rows": 500,
+        },
+    )
 
 
 if __name__ == "__main__":
