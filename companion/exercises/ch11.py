@@ -244,6 +244,8 @@ def check_leak_reach(answers: Mapping[tuple[int, int], int], verbose: bool = Tru
             answer = answer.item()  # a 0-dim integer tensor counts as its int
         if isinstance(answer, float) and answer.is_integer():
             answer = int(answer)  # 4.0 counts as 4
+        if answer is None:
+            return f"no answer yet for N = {case[0]}, k = {case[1]}: give the reach as an int"
         if isinstance(answer, bool) or not isinstance(answer, numbers.Integral):
             return f"the reach must be an int (a number of positions), got {answer!r}"
         if int(answer) != measured_reach(*case):
@@ -588,8 +590,9 @@ def check_mystery(answers: Mapping[int, str], verbose: bool = True) -> CheckResu
 #: batch of one may take other float32 kernels
 BATCH_ATOL = 1e-4
 #: the band of tolerances exercise 5 accepts: any absolute tolerance in it separates the check's
-#: healthy models (float noise under 1/5 of the lower end) from its smallest planted dependence
-#: (over twice the upper end); chapter 11 measures both and asserts these margins
+#: healthy models (float noise under 2/3 of the lower end, 6e-6 on a logit near zero) from its
+#: smallest planted dependence (over twice the upper end, 3e-3 on logits near 100, so a relative
+#: tolerance alone fails one of the two); chapter 11 measures both and asserts these margins
 BATCH_BAND = (1e-5, 1e-3)
 
 
@@ -668,6 +671,13 @@ class _BatchModel:
                     mixed[reader] = h[reader] + s * h[source]
             h = mixed
         logits = h @ self.out  # (batch, seq, vocab)
+        if self.how == "rounding near zero":  # logit 0 sits near 1e-4 and rounds differently in
+            logits = logits.clone()  # a batch by 6e-6: a relative gap of 6e-2, an absolute one
+            logits[..., 0] = 1e-4 + (6e-6 if batch > 1 else 0.0)  # under the band's bottom
+        elif self.how == "small leak on large logits":  # logits near 100; row 1 reads row 0 by
+            logits = logits + 100.0  # 3e-3 to 5e-3: over the band's top, yet only ~4e-5 relative
+            if batch > 1:
+                logits[1] = logits[1] + 4e-3 + 1e-3 * torch.tanh(logits[0, 0, 0] - 100.0)
         if self.how == "one logit" and batch > 1:  # one logit of row 1 reads row 0, by 3e-3
             logits = logits.clone()  # to 5e-3: over the band's top, yet its mean over a row's 600
             logits[1, -1, 0] += 4e-3 + 1e-3 * torch.tanh(logits[0, 0, 0])  # is under its bottom
@@ -709,6 +719,8 @@ def _batch_cases() -> list[Case]:
             ("padded rows read the batch mean", 0.5, 4),  # misses: a reordering + first or last
             ("batch size", 0.5, 3),  # misses: each sentence against a batch of its copies
             ("a sentence alone", 0.5, 3),  # misses: leave-one-out (it never runs a batch of one)
+            ("rounding near zero", 0.5, 3),  # fails: a relative tolerance alone, or atol < 6e-6
+            ("small leak on large logits", 0.5, 3),  # misses: a relative tolerance alone
         ]
     ):
         length = 50 if how == "one logit" else 5
@@ -726,6 +738,14 @@ _BATCH_HINTS = {
     "rounding": (
         "this model only rounds differently in a batch (by about 2e-6 at most): rounding, not a leak; a"
         " tolerance from 1e-5 to 1e-3 tells the two apart"
+    ),
+    "rounding near zero": (
+        "this model only rounds differently in a batch, by 6e-6 on a logit near 1e-4: rounding, not a"
+        " leak; compare with an absolute tolerance from 1e-5 to 1e-3, not a relative one"
+    ),
+    "small leak on large logits": (
+        "one row moves by 3e-3 to 5e-3 on logits near 100: a leak that a relative tolerance misses;"
+        " compare with an absolute tolerance from 1e-5 to 1e-3"
     ),
     "batch mean": "every row of this model reads the batch mean, so reversing the batch hides it",
     "reads the first row": "the rows after the first read row 0; row 0 itself is clean",
@@ -764,15 +784,16 @@ def check_batch_independent(
     """Check ``batch_independent(logits_fn, ids)`` → ``True`` when every sentence's logits
     depend on that sentence only (to any absolute tolerance in :data:`BATCH_BAND`, 1e-5 to 1e-3),
     else ``False``, on small models:
-    healthy ones (one whose batched result rounds differently, by about 2e-6), and ones that
+    healthy ones (two whose batched result rounds differently: by about 2e-6, and by 6e-6 on a
+    logit near 1e-4), and ones that
     mix the batch symmetrically (a batch mean, also a small one, or one at the first position only),
     make some rows read others (the first row read by the rest, row 0 reading row 1, row 2
     reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0,
     row 1 reading row 0 and row 0 reading row 2 of four, neighbouring rows of four reading each
     other), let only the padded sentences read the batch mean, move a single logit by 3e-3 to
-    5e-3, add a position code along the batch axis (``batch_first`` confusion), or read the
-    batch size. A tolerance below the healthy models' noise (``torch.equal``, say) or above the
-    smallest planted dependence fails a case; a test that watches only some rows or
+    5e-3 (or a whole row, on logits near 100), add a position code along the batch axis (``batch_first`` confusion), or read the
+    batch size. A tolerance below the healthy models' noise (``torch.equal``, say), above the
+    smallest planted dependence, or relative only (``rtol`` without ``atol``) fails a case; a test that watches only some rows or
     positions, averages the differences, only reorders the batch (reversed, rolled, a fixed
     permutation) besides running one sentence alone, compares two halves of the batch with the whole, or compares each sentence with a
     batch of its copies, misses one of them. A call into the clinic's toolkit
