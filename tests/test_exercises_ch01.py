@@ -909,6 +909,24 @@ def test_equivariance_too_loose_test_is_rejected_and_the_message_says_why():
     assert "NOT permutation-equivariant" in result.message and "stricter" in result.message
 
 
+def equivariance_test_max_diff_below_1e_4(layer, x):  # review s11rv01f: the rule read literally
+    out = layer(x)
+    perms = [torch.randperm(x.shape[0]) for _ in range(50)]
+    return all((layer(x[p]) - out[p]).abs().max().item() < 1e-4 for p in perms)
+
+
+def test_equivariance_max_diff_below_1e_4_is_rejected_as_the_statement_says():
+    """The statement says a change just under 1e-4 is real and `max|diff| < 1e-4` is too loose:
+    the planted change is under 1e-4, so the check rejects that test, and says why."""
+    assert ch01._MARK < ch01.EQUIVARIANCE_SMALLEST_CHANGE
+    torch.manual_seed(0)
+    result = ch01.check_is_permutation_equivariant(
+        equivariance_test_max_diff_below_1e_4, verbose=False
+    )
+    assert not result
+    assert "stricter" in result.message and "max|diff| < 1e-4" in result.message
+
+
 def equivariance_test_numpy_bool(layer, x):  # np.all returns numpy.bool_, not bool
     n = x.shape[0]
     out = layer(x).numpy()

@@ -1103,8 +1103,9 @@ def _reorderings_hint(layer: Callable[[Tensor], Tensor], x: Tensor, perms: list[
 
 #: The hint of a test whose tolerance lets a real (if small) change through.
 _LOOSE_TOLERANCE = (
-    "Your test needs a stricter tolerance: it must catch a change of 1e-4 on outputs of size 1, "
-    "so it must allow less than that there (float32 rounding stays under 1e-5)"
+    "Your test needs a stricter tolerance: it must catch a change just under 1e-4 on outputs of "
+    "size 1, so it must allow less than that there, max|diff| < 1e-4 included (float32 rounding "
+    "stays under 1e-5)"
 )
 _TOO_LOOSE = "your tolerance is too loose"
 _TOLERANCE_HINTS = (_LOOSE_TOLERANCE, _TOO_LOOSE)
