@@ -111,6 +111,11 @@ def test_lengths_padding_mask_rejects_wrong(wrong):
     assert not ch05.check_lengths_padding_mask(wrong, verbose=False)
 
 
+def test_lengths_padding_mask_shows_the_small_inputs_by_value():
+    result = ch05.check_lengths_padding_mask(lengths_off_by_one, verbose=False)
+    assert "lengths = [" in result.message and "left = " in result.message, result.message
+
+
 def test_lengths_padding_mask_explains_a_wrong_dtype():
     result = ch05.check_lengths_padding_mask(lengths_as_integers, verbose=False)
     assert "boolean" in result.message and "torch.int64" in result.message
@@ -198,6 +203,12 @@ def test_window_top_left_alignment_passes_the_square_cases_first():
     result = ch05.check_causal_window_mask(window_top_left, verbose=False)
     assert not result
     assert result.cases_run > 3
+    assert "Trap 1" in result.message, result.message  # the hint names the top-left slip
+
+
+def test_window_hint_is_silent_for_other_mistakes():
+    result = ch05.check_causal_window_mask(window_one_too_wide, verbose=False)
+    assert "Trap 1" not in result.message, result.message
 
 
 def test_window_cases_include_the_plain_causal_mask():

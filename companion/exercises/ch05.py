@@ -147,6 +147,13 @@ def _lengths_cases() -> list[Case]:
     ]
 
 
+def _lengths_hint(case: Case, got: Any) -> str:
+    """Show the case's small inputs by value: the summary line gives only their shapes."""
+    return (
+        f"\n   lengths = {case['lengths'].tolist()}, k_len = {case['k_len']}, left = {case['left']}"
+    )
+
+
 def check_lengths_padding_mask(
     lengths_padding_mask: Callable[[Tensor, int, bool], Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -159,6 +166,7 @@ def check_lengths_padding_mask(
         reference_lengths_padding_mask,
         _lengths_cases(),
         verbose=verbose,
+        hint=_lengths_hint,
     )
 
 
@@ -211,6 +219,23 @@ def _causal_window_cases() -> list[Case]:
     ]
 
 
+def _window_hint(case: Case, got: Any) -> str:
+    """Name Trap 1 of 5.7: the window aligned top-left, query ``r`` at position ``r``."""
+    if not isinstance(got, Tensor) or got.dtype != torch.bool or case["q_len"] == case["k_len"]:
+        return ""
+    top_left = reference_causal_window_mask(case["q_len"], case["q_len"], case["window"])
+    top_left = torch.cat(  # (q_len, k_len): the square window, then keys the queries never see
+        [top_left, torch.zeros(case["q_len"], case["k_len"] - case["q_len"], dtype=torch.bool)],
+        dim=1,
+    )
+    if tuple(got.shape) == tuple(top_left.shape) and torch.equal(got, top_left):
+        return (
+            "\n   Your window is aligned top-left: query row r sits at position r. Here the queries"
+            " are the last q_len positions (Trap 1 of 5.7): row r sits at r + k_len - q_len."
+        )
+    return ""
+
+
 def check_causal_window_mask(
     causal_window_mask: Callable[[int, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -223,6 +248,7 @@ def check_causal_window_mask(
         reference_causal_window_mask,
         _causal_window_cases(),
         verbose=verbose,
+        hint=_window_hint,
     )
 
 
