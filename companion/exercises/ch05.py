@@ -373,8 +373,8 @@ def _prefix_hint(case: Case, got: Any) -> str:
     if (reads_answer & ~padded_query).any() and not (differs & ~prefix_query & ~padded_query).any():
         b, _, i, j = (reads_answer & ~padded_query).nonzero()[0].tolist()
         return (
-            f"\n   Prefix query {i} of sequence {b} reads key {j}, an answer token after it. Test"
-            " the key against the prefix (j < prefix_lens[b]), not the query."
+            f"\n   Prefix query {i} of sequence {b} reads answer tokens after it (key {j} among"
+            " them). Test the key against the prefix (j < prefix_lens[b]), not the query."
         )
     # every difference is a padded key read: the key padding mask is missing
     padded_key = (case["tokens"] == case["pad_id"])[:, None, None, :]  # (batch, 1, 1, n)
