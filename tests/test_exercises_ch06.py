@@ -3,6 +3,7 @@ reported without raising."""
 
 from __future__ import annotations
 
+import fractions
 import importlib
 import math
 
@@ -806,7 +807,9 @@ def peri_ln_as_pre_ln(x, sublayer, input_norm, output_norm):  # output norm forg
     return x + sublayer(input_norm(x))
 
 
-@pytest.mark.parametrize("value", [0.01, np.float64(0.0099), 0.0105, 1e-2])
+@pytest.mark.parametrize(
+    "value", [0.01, np.float64(0.0099), 0.0105, 1e-2, fractions.Fraction(1, 100), np.float32(0.01)]
+)
 def test_peri_ln_gradient_scale_accepts_one_hundredth(value):
     assert ch06.check_peri_ln_gradient_scale(value, verbose=False), value
     assert ch06.check_peri_ln_gradient_scale(value, ch06.reference_peri_ln_block, verbose=False), (
@@ -1023,7 +1026,9 @@ def test_adam_check_leaves_torch_optim_working():
     assert torch.optim._functional.adam is adam_module.adam  # restored, not left refusing
 
 
-@pytest.mark.parametrize("value", [0.744, 0.74, np.float64(0.72), 0.77])
+@pytest.mark.parametrize(
+    "value", [0.744, 0.74, np.float64(0.72), 0.77, fractions.Fraction(3, 4), np.float32(0.75)]
+)
 def test_adam_step_prediction_accepts_the_ratio(value):
     assert ch06.check_adam_step_prediction(value, verbose=False), value
 
@@ -1036,6 +1041,9 @@ def test_adam_step_prediction_accepts_the_ratio(value):
         (1.0, "scale-free only"),
         (0.316, "√|g| instead of √(g²)"),
         (0.53, "write m₂"),
+        (0.711, "bias correction is missing"),  # review s11rv06c: named, not generic
+        (1.005, "not 1 - β"),  # bias correction by 1 - β, not 1 - β²
+        (0.788, "swapped"),
         (10, "write m₂"),
         (0, "write m₂"),
     ],

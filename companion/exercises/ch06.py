@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -58,8 +59,10 @@ __all__ = [
 
 
 def _is_number(value: object) -> bool:
-    """A predicted number: a Python or NumPy int or float, not a bool."""
-    return not isinstance(value, bool) and isinstance(value, (int, float, np.integer, np.floating))
+    """A predicted number: any real number (int, float, NumPy scalar, ``Fraction``), not a bool."""
+    return not isinstance(value, bool) and isinstance(
+        value, (numbers.Real, np.integer, np.floating)
+    )
 
 
 def _unusable_prediction(
@@ -1152,6 +1155,31 @@ ADAM_SECOND_STEP_RATIO: float = (1.0 / 1.9) / math.sqrt(0.99 / 1.98)
 ADAM_PREDICTION_TOLERANCE: float = 0.03
 
 
+def _adam_prediction_slips() -> list[tuple[float, str]]:
+    """Exercise 5's ratio as three classic slips compute it (g₁ = 1, g₂ = 1/10), each with its hint."""
+    g1, g2 = 1.0, 0.1
+
+    def ratio(b1: float, b2: float, c1: float, c2: float) -> float:
+        m2 = b1 * (1 - b1) * g1 + (1 - b1) * g2
+        v2 = b2 * (1 - b2) * g1**2 + (1 - b2) * g2**2
+        return (m2 / c1) / math.sqrt(v2 / c2)  # the first step is 1 (in units of lr)
+
+    return [
+        (
+            ratio(0.9, 0.98, 1.0, 1.0),
+            "the bias correction is missing: divide m₂ by 1 - β₁² and v₂ by 1 - β₂².",
+        ),
+        (
+            ratio(0.9, 0.98, 0.1, 0.02),
+            "the bias correction at step 2 divides by 1 - β₁² and 1 - β₂², not 1 - β.",
+        ),
+        (
+            ratio(0.98, 0.9, 1 - 0.98**2, 1 - 0.9**2),
+            "β₁ and β₂ are swapped: β₁ = 0.9 averages g, β₂ = 0.98 averages g².",
+        ),
+    ]
+
+
 def check_adam_step_prediction(predicted_ratio: object, verbose: bool = True) -> CheckResult:
     """Check exercise 5's prediction: Adam's second step divided by its first, per weight,
     when the gradient at step 2 is the one at step 1 divided by 10, with betas (0.9, 0.98)
@@ -1170,7 +1198,13 @@ def check_adam_step_prediction(predicted_ratio: object, verbose: bool = True) ->
                 " nor 0.1 (gradient descent).",
             )  # fmt: skip
         else:
-            if 0.05 <= value <= 0.15:
+            slip = next(
+                (text for ratio, text in _adam_prediction_slips() if abs(value - ratio) <= 0.005),
+                None,
+            )
+            if slip is not None:
+                hint = slip
+            elif 0.05 <= value <= 0.15:
                 hint = (
                     "that is gradient descent, whose step follows g. Adam divides m̂ by √v̂,"
                     " and both average g₁ and g₂: work out m̂₂ and v̂₂ with β = (0.9, 0.98)."
