@@ -278,7 +278,7 @@ def beam_search(
     ``log P(Y) / lp(|Y|)`` (:func:`length_penalty`); the best ``beam_size`` candidates that do
     not end in ``<eos>`` form the next beam. A sentence is done once it has ``beam_size``
     finished hypotheses (fairseq's rule, ``stop="fairseq"``) or, with ``stop="bound"``
-    (a bound in the style of tensor2tensor's, which waits for the *worst* of its ``beam_size``
+    (a bound in the style of tensor2tensor's 2018 code, which waits for the *worst* of its ``beam_size``
     kept finished ones instead), once no open hypothesis can still beat its best finished one; at its
     ``max_len`` the hypotheses still open are finished as they are. The output is the finished
     hypothesis with the best score.
