@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 import torch
-from ch03_long_runs import ROOT, SEEDS, chapter_code
+from ch03_long_runs import ROOT, SEEDS, all_four_right_scorer, chapter_code
 from notebook_code import write_record
 
 OUT = ROOT / "companion" / "results" / "ch03_cosine_runs.json"
@@ -29,14 +29,7 @@ def main() -> None:
     torch.set_num_threads(1)
     code = chapter_code()
     nn, set_seed = code["nn"], code["set_seed"]
-    test_symbols, test_neighbours = code["neighbours_task"](2000, torch.Generator().manual_seed(9))
-
-    @torch.no_grad()
-    def all_four_right(model) -> float:
-        model.eval()
-        right = model(test_symbols).argmax(-1) == test_neighbours  # (2000, n, 4)
-        model.train()
-        return round(right.all(-1).float().mean().item(), 4)
+    all_four_right = all_four_right_scorer(code)
 
     runs: dict[str, list[float]] = {}
     start = time.process_time()

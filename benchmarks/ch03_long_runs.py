@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -51,18 +52,26 @@ def chapter_code() -> dict:
     return run_chapter_cell(NOTEBOOK, CELL_ID, "threads_before = torch.get_num_threads()", prelude)
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    code = chapter_code()
-    nn, set_seed = code["nn"], code["set_seed"]
+def all_four_right_scorer(code: dict) -> Callable[[torch.nn.Module], float]:
+    """The chapter's test: the share of the tokens of its 2,000 test sequences (generator seed 9)
+    whose four neighbours a model names all right, rounded to 4 digits."""
     test_symbols, test_neighbours = code["neighbours_task"](2000, torch.Generator().manual_seed(9))
 
     @torch.no_grad()
-    def all_four_right(model) -> float:
+    def all_four_right(model: torch.nn.Module) -> float:
         model.eval()
         right = model(test_symbols).argmax(-1) == test_neighbours  # (2000, n, 4)
         model.train()
         return round(right.all(-1).float().mean().item(), 4)
+
+    return all_four_right
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    code = chapter_code()
+    nn, set_seed = code["nn"], code["set_seed"]
+    all_four_right = all_four_right_scorer(code)
 
     runs: dict[str, dict[str, list[float]]] = {}
     start = time.process_time()
