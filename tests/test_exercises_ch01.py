@@ -196,6 +196,20 @@ def test_row_softmax_rejects_another_dtype_and_says_so(cast):
     )
 
 
+def test_row_softmax_rejects_a_cast_to_float32():
+    """Casting the scores with .float() first passes every float32 case; the float64 case
+    catches it and names both dtypes."""
+
+    def cast_first(scores):
+        return softmax_correct(scores.float())
+
+    result = ch01.check_row_softmax(cast_first, verbose=False)
+    assert not result
+    assert "DtypeChanged" in result.message and "torch.float64 scores" in result.message, (
+        result.message
+    )
+
+
 def test_row_softmax_max_without_values_gets_a_hint():
     """scores.max(dim=-1) is a (values, indices) pair: the bare TypeError gets a hint."""
 

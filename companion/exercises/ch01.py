@@ -125,6 +125,8 @@ def _row_softmax_cases() -> list[Case]:
     cases.append({"scores": torch.tensor([[1000.0, 1001.0, 999.0], [-1000.0, -1001.0, -999.0]])})
     cases.append({"scores": 1000 * torch.randn(3, 5, generator=g)})
     cases.append({"scores": 200 * torch.randn(2, 3, 4, generator=g) + 500})
+    # float64 scores: an answer that casts to float32 first (.float()) returns another dtype
+    cases.append({"scores": 3 * torch.randn(3, 4, generator=g, dtype=torch.float64)})
     return cases
 
 
