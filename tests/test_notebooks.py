@@ -516,3 +516,33 @@ def test_no_cell_ends_with_a_bare_glue(path):
         if c["cell_type"] == "code" and _ends_with_bare_glue(_source(c))
     ]
     assert bare == [], f"{path.name}: cells {bare} end with glue(...) and no ';' (a stray output)"
+
+
+def _heading_jumps(markdown_cells: list[str]) -> list[str]:
+    """Headings that go down more than one level at once (## then ####): MyST warns, and the
+    build runs with -W. Fenced code blocks are skipped."""
+    jumps, last = [], None
+    for text in markdown_cells:
+        fenced = False
+        for line in text.splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+            match = None if fenced else re.match(r"^(#+) ", line)
+            if match:
+                level = len(match.group(1))
+                if last is not None and level > last + 1:
+                    jumps.append(f"H{last} to H{level}: {line[:60]}")
+                last = level
+    return jumps
+
+
+def test_heading_jump_detector():
+    assert _heading_jumps(["## A", "#### B"]) == ["H2 to H4: #### B"]
+    assert _heading_jumps(["## A\n### B\n#### C\n## D"]) == []
+    assert _heading_jumps(["## A\n```\n#### not a heading\n```"]) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_headings_go_down_one_level_at_a_time(path):
+    jumps = _heading_jumps(_markdown_cells(path))
+    assert jumps == [], f"{path.name}: {jumps}"
