@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 import torch
-from ch03_long_runs import ROOT, SEEDS, all_four_right_scorer, chapter_code
+from ch03_long_runs import ROOT, SEEDS, all_four_right_scorer, chapter_code, train_curve
 from notebook_code import write_record
 
 OUT = ROOT / "companion" / "results" / "ch03_cosine_runs.json"
@@ -28,29 +28,13 @@ EVAL_STEPS = list(range(1000, LAST_STEP + 1, 1000))
 def main() -> None:
     torch.set_num_threads(1)
     code = chapter_code()
-    nn, set_seed = code["nn"], code["set_seed"]
     all_four_right = all_four_right_scorer(code)
 
     runs: dict[str, list[float]] = {}
     start = time.process_time()
     for seed in SEEDS:
         # the chapter's train_neighbours loop (one head), with a cosine-decayed learning rate
-        set_seed(seed)
-        model = code["Neighbours"](code["D_JOBS"], 1)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=LAST_STEP)
-        data = torch.Generator().manual_seed(200 + seed)
-        curve = []
-        for step in range(1, LAST_STEP + 1):
-            tokens, neighbours = code["neighbours_task"](code["JOBS_BATCH"], data)
-            logits = model(tokens).flatten(0, 2)
-            loss = nn.functional.cross_entropy(logits, neighbours.flatten())
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            if step in EVAL_STEPS:
-                curve.append(all_four_right(model))
+        curve = train_curve(code, 1, seed, LAST_STEP, EVAL_STEPS, all_four_right, cosine=True)
         runs[str(seed)] = curve
         print(f"one head, seed {seed}: all four right {curve[-1]:.3f} at {LAST_STEP}")
     record = {

@@ -67,10 +67,41 @@ def all_four_right_scorer(code: dict) -> Callable[[torch.nn.Module], float]:
     return all_four_right
 
 
+def train_curve(
+    code: dict,
+    heads: int,
+    seed: int,
+    last: int,
+    eval_steps: list[int],
+    score: Callable[[torch.nn.Module], float],
+    cosine: bool = False,
+) -> list[float]:
+    """The loop of the chapter's ``train_neighbours`` (Adam at 1e-2, its seeds) for ``last``
+    steps, with ``score(model)`` at every step in ``eval_steps``; with ``cosine`` the learning
+    rate decays to 0 along a cosine over the ``last`` steps."""
+    code["set_seed"](seed)
+    model = code["Neighbours"](code["D_JOBS"], heads)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=last) if cosine else None
+    data = torch.Generator().manual_seed(200 + seed)
+    curve = []
+    for step in range(1, last + 1):
+        tokens, neighbours = code["neighbours_task"](code["JOBS_BATCH"], data)
+        logits = model(tokens).flatten(0, 2)
+        loss = torch.nn.functional.cross_entropy(logits, neighbours.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
+        if step in eval_steps:
+            curve.append(score(model))
+    return curve
+
+
 def main() -> None:
     torch.set_num_threads(1)
     code = chapter_code()
-    nn, set_seed = code["nn"], code["set_seed"]
     all_four_right = all_four_right_scorer(code)
 
     runs: dict[str, dict[str, list[float]]] = {}
@@ -78,21 +109,7 @@ def main() -> None:
     for h, last in LAST_STEP.items():
         runs[str(h)] = {}
         for seed in SEEDS:
-            # the loop of the chapter's train_neighbours, with an evaluation at EVAL_STEPS
-            set_seed(seed)
-            model = code["Neighbours"](code["D_JOBS"], h)
-            optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-            data = torch.Generator().manual_seed(200 + seed)
-            curve = []
-            for step in range(1, last + 1):
-                tokens, neighbours = code["neighbours_task"](code["JOBS_BATCH"], data)
-                logits = model(tokens).flatten(0, 2)
-                loss = nn.functional.cross_entropy(logits, neighbours.flatten())
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                if step in EVAL_STEPS:
-                    curve.append(all_four_right(model))
+            curve = train_curve(code, h, seed, last, EVAL_STEPS, all_four_right)
             at_300 = all_four_right(code["train_neighbours"](h, seed=seed))
             if at_300 != curve[EVAL_STEPS.index(300)]:
                 raise RuntimeError(f"h={h} seed {seed}: step 300 differs from train_neighbours")
