@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 import types
 from pathlib import Path
 
 import numpy as np
 import torch
+from notebook_code import head_commit
 
 from companion import norm_study
 from companion.exercises.ch06 import shuffled_digits
@@ -97,9 +97,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-    ).stdout.strip()
+    commit = head_commit()
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update(
         {

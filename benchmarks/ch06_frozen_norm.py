@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from notebook_code import head_commit
 from torch import Tensor, nn
 
 from companion import norm_study
@@ -166,9 +166,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-    ).stdout.strip()
+    commit = head_commit()
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update(
         {

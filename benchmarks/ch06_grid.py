@@ -41,12 +41,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from notebook_code import head_commit
 
 from companion import norm_study
 from companion.data import CopyReverseDataset
@@ -162,9 +162,7 @@ def main() -> None:
         train_arm("Post-LN", "warm-up", MAIN_LR, 0, data=data)
         print(f"one arm of {STEPS} steps: {time.perf_counter() - start:.1f} s")
         return
-    commit = subprocess.run(
-        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
-    ).stdout.strip()
+    commit = head_commit()
     result = json.loads(args.out.read_text()) if args.out.exists() else {}
     result.update(
         {

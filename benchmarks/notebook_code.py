@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -49,3 +50,10 @@ def write_record(out: Path, record: dict, cpu_start: float, threads: int = 1) ->
     }
     out.write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {out}")
+
+
+def head_commit() -> str:
+    """The commit the benchmarks' checkout is at (``git rev-parse HEAD``), recorded with a run."""
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
