@@ -1,4 +1,4 @@
-"""Chapter 2, section 2.6.4: which layer ends lower at d_k = 64 after 200 steps? (CPU, 1 thread)
+"""Chapter 2, section 2.7.4: which layer ends lower at d_k = 64 after 200 steps? (CPU, 1 thread)
 
 The chapter's 16 stacked initialisations (cell ``ch02-train-long``) share one stream of
 batches, and section 2.5's three seeds continued to step 200 (``ch02_long_horizon.py``) end

@@ -905,7 +905,7 @@ def sampled_query_gradient_norms(
 ) -> Tensor:
     """``‖∂L/∂q‖`` for ``n_queries`` random queries, sampled without the key tensor.
 
-    The protocol of chapter 2, section 2.6: ``q`` and its ``n_keys`` keys have independent
+    The protocol of chapter 2, section 2.7: ``q`` and its ``n_keys`` keys have independent
     standard normal entries, the softmax input is ``s̃_j = scale · q·k_j``, the weights
     ``α = softmax(s̃)`` and ``L = Σ_j α_j u_j`` with ``u`` standard normal. With
     ``g = ∂L/∂s̃ = α ⊙ (u − αᵀu)`` the gradient is ``∂L/∂q = scale · Σ_j g_j k_j``. Writing each key as ``a_j q/‖q‖`` plus a
@@ -955,7 +955,7 @@ def sampled_query_gradient_norms(
 #: beyond 2048.
 CROSSOVER_SIGMAS = (3**-0.5, 0.7, 0.8, 1.25, 1.5)
 
-#: Keys per query, as in chapter 2, section 2.6.
+#: Keys per query, as in chapter 2, section 2.7.
 CROSSOVER_N_KEYS = 16
 
 #: The widths the crossover is looked for among: 2, 4, ..., 2048.
