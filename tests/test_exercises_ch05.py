@@ -1046,3 +1046,49 @@ def test_cases_are_reproducible():
     assert all(torch.equal(a["tokens"], b["tokens"]) for a, b in zip(first, second))
     first, second = ch05._future_leak_cases(), ch05._future_leak_cases()
     assert all(torch.equal(a["x"], b["x"]) for a, b in zip(first, second))
+
+
+def first_leak_tolerance_1e4(attend, x):  # a sound test with a looser tolerance than stated
+    before = attend(x)
+    found = []
+    for j in range(1, x.shape[1]):
+        changed = x.clone()
+        changed[:, j] = torch.randn_like(changed[:, j])
+        after = attend(changed)
+        found += [(i, j) for i in range(j) if (after[:, i] - before[:, i]).abs().max() > 1e-4]
+    return min(found) if found else None
+
+
+def first_leak_small_perturbation(attend, x):  # x + 1e-3 noise: too small to open a gate
+    return _pairs(attend, x, lambda v: v + 1e-3 * torch.randn_like(v))
+
+
+def test_leak_two_steps_ahead_names_the_whole_future_slip():
+    """The 'Think first' slip (the whole future at once) and adjacent pairs only both fail on the
+    leak two steps ahead, and the message says what to change."""
+    for wrong in (first_leak_whole_future, first_leak_adjacent_only):
+        result = ch05.check_first_leak(wrong, verbose=False)
+        assert not result, wrong.__name__
+        assert "one input j at a time" in result.message, (wrong.__name__, result.message)
+    assert ch05.check_first_leak(first_leak_correct, verbose=False)
+
+
+def test_leak_of_5e5_names_the_tolerance_for_a_looser_test():
+    """A test sound in idea but with tolerance 1e-4 misses the 5e-5 leak and is told the rule."""
+    result = ch05.check_first_leak(first_leak_tolerance_1e4, verbose=False)
+    assert not result and "more than 1e-5, absolute" in result.message, result.message
+
+
+def test_small_perturbation_gets_the_gate_hint():
+    result = ch05.check_first_leak(first_leak_small_perturbation, verbose=False)
+    assert not result and "small perturbation" in result.message, result.message
+
+
+def test_window_exercise_refusal_says_how_to_build_it():
+    from companion.masking import causal_mask
+
+    def via_causal_mask(q_len, k_len, window):
+        return causal_mask(q_len, k_len)
+
+    result = ch05.check_causal_window_mask(via_causal_mask, verbose=False)
+    assert not result and "torch.arange" in result.message, result.message

@@ -103,7 +103,10 @@ def _by_hand(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
         fn,
         f"build the {what}",
         (masking, _INTEROP),
-        why=": companion.masking and companion.interop hold the answers",
+        why=(
+            ": companion.masking and companion.interop hold the answers; build it from"
+            " torch.arange comparisons"
+        ),
     )
 
 
@@ -764,7 +767,7 @@ def _future_leak_cases() -> list[Case]:
         {"attend": _MaskedAttention("0 peeks at 1", _first_sees_second, d, 5), "x": x(6)},
         # a leak two steps ahead only: a test of adjacent pairs, or one that changes the whole
         # future at once and reports j = i + 1, gets it wrong
-        {"attend": _MaskedAttention("sees 2 ahead", _distance_two, d, 6), "x": x(6)},  # (0, 2)
+        {"attend": _MaskedAttention(_TWO_AHEAD_CASE, _distance_two, d, 6), "x": x(6)},  # (0, 2)
         # a leak into late positions only: a test that looks at output 0 alone misses it
         {
             "attend": _MaskedAttention("4 peeks at 5", _with_extra(_tril(0), (4, 5)), d, 7),
@@ -845,8 +848,7 @@ def _future_leak_cases() -> list[Case]:
         # output feature 0 alone, or the mean change over the batch and features, misses it
         {
             "attend": _Elementwise(
-                "sequence 1: 5e-5 into the last feature of 1",
-                _add_at(causal, 1, 3, _last_feature_of_sequence_1),
+                _LAST_FEATURE_CASE, _add_at(causal, 1, 3, _last_feature_of_sequence_1)
             ),
             "x": _zero_at(x(5), 3),
         },  # (1, 3)
@@ -898,6 +900,11 @@ def _future_leak_cases() -> list[Case]:
         },  # (0, 3)
     ]
 
+
+# two cases with a hint of their own: the leak two steps ahead (the "Think first" slip) and the
+# 5e-5 leak into one entry (a sound test with a looser tolerance misses it)
+_TWO_AHEAD_CASE = "sees 2 ahead"
+_LAST_FEATURE_CASE = "sequence 1: 5e-5 into the last feature of 1"
 
 # the cases that test the stated tolerance rule (any entry, absolute 1e-5, rtol=0) rather than
 # the idea of a leak test: a learner whose test is sound but reads the tolerance another way
@@ -964,8 +971,21 @@ def _leak_hint(case: Case, got: Any) -> str:
     if name == _GATED_CASE and got is None:
         return (
             "\n   This leak opens only when input 3's norm exceeds 0.5; here it is 0.2. A derivative"
-            " at the sample (a Jacobian) or a fixed change (zeros, 2 * x, -x) sees the closed gate"
-            " as no leak: replace input j by a new random vector (torch.randn_like)."
+            " at the sample (a Jacobian), a fixed change (zeros, 2 * x, -x) or a small perturbation"
+            " (x + 1e-3 * noise) sees the closed gate as no leak: replace input j by a new"
+            " standard-normal vector (torch.randn_like)."
+        )
+    if name == _TWO_AHEAD_CASE and pair != (0, 2):
+        return (
+            "\n   Output 0 reads input 2 here, and no input next to it. Did your test change every"
+            " later input at once (then it blames j = i + 1), or try only j = i + 1? Change one"
+            " input j at a time, for every j > i."
+        )
+    if name == _LAST_FEATURE_CASE and got is None:
+        return (
+            "\n   Output 1 moves by about 5e-5, in its last feature and in sequence 1 only. That is"
+            " a leak by the stated rule (any single entry, more than 1e-5, absolute): a looser"
+            " tolerance such as 1e-4, output feature 0 alone, or a mean over the batch misses it."
         )
     if name == _REPEATED_CASE and got is None:
         return (
