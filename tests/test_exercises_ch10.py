@@ -1434,3 +1434,33 @@ def test_fill_rate_stub_is_reported_not_raised():
 
     result = ch10.check_fill_rate(stub, verbose=False)
     assert not result and "not attempted" in result.message
+
+
+# Hints for the slips a reviewer found unnamed (s11rv10b) ------------------------------------
+
+
+def se_std_not_se(baseline_losses, model_losses, clusters):  # the spread, not the SE of the mean
+    paired, _, unpaired = se_right(baseline_losses, model_losses, clusters)
+    return paired, (baseline_losses - model_losses).std(ddof=1), unpaired
+
+
+def induction_starts_one_late(weights, rep_len):
+    return ch10._induction_variant(weights, rep_len, first_late=1)
+
+
+@pytest.mark.parametrize(
+    "check, wrong, hint",
+    [
+        (ch10.check_patchify, patchify_plain_reshape, "plain reshape"),
+        (ch10.check_patchify, patchify_column_major, "column by column"),
+        (ch10.check_patchify, patchify_channels_last, "channels last"),
+        (ch10.check_standard_errors, se_std_not_se, "spread of the differences"),
+        (ch10.check_induction_score, induction_starts_one_late, "start at n_rep"),
+        (ch10.check_sample_next_token, sample_top_k_after_softmax_not_renormalised, "renormalised"),
+        (ch10.check_sample_next_token, sample_top_k_exactly_k, "tied with the k-th"),
+    ],
+    ids=lambda x: getattr(x, "__name__", str(x)),
+)
+def test_checks_name_more_slips(check, wrong, hint):
+    result = check(wrong, verbose=False)
+    assert not result and hint in result.message, result.message

@@ -713,12 +713,22 @@ def _sampling_cases() -> list[Case]:
 def _sampling_variant(
     logits: Tensor, temperature: float, top_k: int | None, uniform: Tensor, slip: str
 ) -> Tensor:
-    """A classic wrong draw (temperature > 0): ``">="``, ``"probs / tau"`` or ``"sorted"``."""
+    """A classic wrong draw (temperature > 0): ``">="``, ``"probs / tau"``, ``"sorted"``,
+    ``"not renormalised"`` (top-k applied after the softmax) or ``"ties dropped"`` (exactly
+    ``top_k`` ids kept)."""
     logits = logits.double()  # (batch, vocab)
-    if top_k is not None:
+    full = torch.softmax(logits / temperature, dim=-1)  # (batch, vocab): before any top-k
+    if top_k is not None and slip == "ties dropped":
+        keep = torch.zeros_like(logits, dtype=torch.bool).scatter(
+            1, logits.topk(top_k, dim=-1).indices, True
+        )
+        logits = logits.masked_fill(~keep, -math.inf)
+    elif top_k is not None:
         kth_largest = logits.topk(top_k, dim=-1).values[:, -1:]  # (batch, 1)
         logits = logits.masked_fill(logits < kth_largest, -math.inf)
     probs = torch.softmax(logits / temperature, dim=-1)  # (batch, vocab)
+    if slip == "not renormalised":
+        probs = full.masked_fill(probs == 0, 0.0)  # the top-k cut after the softmax, no rescaling
     u = uniform.double()[:, None]  # (batch, 1)
     if slip == "probs / tau":
         probs = torch.softmax(logits, dim=-1) / temperature  # the probabilities, not the logits
@@ -740,6 +750,10 @@ def _sampling_hint(case: Case, got: object) -> str:
         "then take the softmax",
         "sorted": "the position in sorted order was returned: return the token's id "
         "(accumulate the probabilities in id order)",
+        "not renormalised": "the top-k probabilities were not renormalised: they must sum to "
+        "1 again (cut the logits, then take the softmax)",
+        "ties dropped": "exactly top_k ids were kept: ids tied with the k-th largest logit "
+        "are kept too",
     }
     for slip, message in slips.items():
         wrong = _sampling_variant(slip=slip, **case)
@@ -845,8 +859,45 @@ def check_patchify(patchify: Callable[[Tensor, int], Tensor], verbose: bool = Tr
             torch.nn.functional.unfold, torch._C._nn.im2col = real, real_im2col
 
     return run_check(
-        "patchify", without_f_unfold, reference_patchify, _patch_cases(), verbose=verbose
+        "patchify",
+        without_f_unfold,
+        reference_patchify,
+        _patch_cases(),
+        verbose=verbose,
+        hint=_patchify_hint,
     )
+
+
+def _patchify_variant(images: Tensor, patch_size: int, slip: str) -> Tensor:
+    """A classic wrong patch layout: ``"plain reshape"``, ``"columns first"`` or
+    ``"channels last"``."""
+    b, c, h, w = images.shape
+    p = patch_size
+    if slip == "plain reshape":
+        return images.reshape(b, -1, c * p * p)
+    grid = images.reshape(b, c, h // p, p, w // p, p)  # (b, c, rows, p, cols, p)
+    order = {"columns first": (0, 4, 2, 1, 3, 5), "channels last": (0, 2, 4, 3, 5, 1)}[slip]
+    return grid.permute(*order).reshape(b, -1, c * p * p)
+
+
+def _patchify_hint(case: Case, got: object) -> str:
+    """Name the classic slip the answer matches, if any."""
+    if not isinstance(got, Tensor):
+        return ""
+    right = reference_patchify(**case)
+    slips = {
+        "plain reshape": "a plain reshape takes s*s consecutive pixels of one image row as a "
+        "patch: split height and width into (patch, pixel) first, then permute",
+        "columns first": "the patches run column by column: reading order is patch row by "
+        "patch row, left to right within a row",
+        "channels last": "each patch holds its channels last: flatten it channel by channel, "
+        "then row by row (the layout of F.unfold and of a Conv2d weight)",
+    }
+    for slip, message in slips.items():
+        wrong = _patchify_variant(case["images"], case["patch_size"], slip)
+        if got.shape == wrong.shape and torch.equal(got, wrong) and not torch.equal(wrong, right):
+            return f"\n   hint: {message}"
+    return ""
 
 
 def _refuse_f_unfold(*args: object, **kwargs: object) -> Tensor:
@@ -984,6 +1035,12 @@ def _standard_errors_hint(case: Case, got: object) -> str:
             "the third number is still paired: combine the two models' own standard "
             "errors instead, as if each had its own test set",
         ),
+        (
+            1,
+            float(np.std(baseline - model)),
+            "the second number is the spread of the differences, not the standard error of "
+            "their mean: divide by the square root of the number of draws (or use clustered_se)",
+        ),
     ]
     groups = len(set(np.asarray(clusters).tolist()))
     factors = (1.0, math.sqrt(groups / (groups - 1)), math.sqrt(len(items) / (len(items) - 1)))
@@ -1067,6 +1124,7 @@ def _induction_variant(
     rep_len: Tensor,
     key_shift: int = 1,
     last_extra: int = 0,
+    first_late: int = 0,
     per_row: bool = False,
     transposed: bool = False,
 ) -> Tensor:
@@ -1075,7 +1133,7 @@ def _induction_variant(
         weights = weights.transpose(-1, -2)
     scores = []
     for row, length in enumerate(rep_len.tolist()):
-        queries = torch.arange(length, 2 * length - 1 + last_extra)
+        queries = torch.arange(length + first_late, 2 * length - 1 + last_extra)
         keys = (queries - length + key_shift).clamp(min=0)
         scores.append(weights[row][:, queries, keys].T)  # (queries, heads)
     if per_row:
@@ -1140,6 +1198,11 @@ def _induction_hint(case: Case, got: object) -> str:
             dict(last_extra=1),
             "the queries run to 2 n_rep - 1: the last token of the repeat "
             "predicts a token after it, outside the repeat; stop at 2 n_rep - 2",
+        ),  # fmt: skip
+        (
+            dict(first_late=1),
+            "the queries start at n_rep + 1: the first query of the second copy, q = n_rep, "
+            "already holds a repeated token, so start at n_rep",
         ),  # fmt: skip
         (
             dict(per_row=True),
