@@ -389,6 +389,20 @@ def test_head_dim_from_d_model_is_rejected_with_a_hint():
     assert "need not be d_model / num_heads" in result.message, result.message
 
 
+def pool_head_dim_from_d_model_reshaped(weight, num_heads, num_kv_heads):
+    # the same slip, written with -1: reshapes without error, into the wrong shape (4, 12)
+    head_dim = weight.shape[1] // num_heads
+    blocks = weight.reshape(num_kv_heads, num_heads // num_kv_heads, -1, weight.shape[1]).mean(1)
+    return blocks.reshape(num_kv_heads * head_dim, -1)
+
+
+def test_head_dim_from_d_model_with_a_wrong_shape_is_named():
+    result = ch09.check_mean_pool_kv_heads(pool_head_dim_from_d_model_reshaped, verbose=False)
+    assert not result
+    assert "wrong shape" in result.message, result.message
+    assert "need not be d_model / num_heads" in result.message, result.message
+
+
 def test_pooling_is_exact_when_the_heads_of_a_group_agree():
     """When the heads of each group already share their key and value weights, the pooled
     grouped-query attention computes what the multi-head attention computed."""

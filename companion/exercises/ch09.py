@@ -359,6 +359,18 @@ def _pool_hint(case: Case, got: object) -> str:
     """Name the classic pooling slip whose answer ``got`` equals, if any."""
     weight, heads, kv_heads = case["weight"], case["num_heads"], case["num_kv_heads"]
     group, head_dim = heads // kv_heads, weight.shape[0] // heads
+    rows, d_model = weight.shape
+    if (
+        isinstance(got, Tensor)
+        and got.dim() == 2
+        and d_model % heads == 0
+        and d_model // heads != head_dim
+        and got.shape[0] == kv_heads * (d_model // heads)
+    ):  # head_dim = d_model / num_heads reshapes without error here, into the wrong shape
+        return (
+            f"\n   hint: head_dim = rows / num_heads = {rows} / {heads} = {head_dim}; it need not be "
+            f"d_model / num_heads, here {d_model} / {heads}."
+        )
     if group == 1:  # groups of one: every slip below equals the right answer
         return ""
     blocks = weight.unflatten(0, (heads, head_dim))  # (h, head_dim, d_model)
