@@ -974,3 +974,16 @@ def test_batch_independence_rejects_a_relative_tolerance_alone(rtol):
 
     result = ch11.check_batch_independent(relative_only, verbose=False)
     assert not result, f"rtol {rtol} with atol 0 passed"
+
+
+def split_wrong_shape(x, num_heads):  # (batch, head_dim, seq, heads): the axes in the wrong order
+    batch, seq, d_model = x.shape
+    return x.view(batch, seq, d_model // num_heads, num_heads).permute(0, 2, 1, 3)
+
+
+def test_split_heads_report_names_a_wrong_shape(capsys):
+    """A split of the wrong shape hears about its shape, not about permutation equivariance."""
+    assert not ch11.check_split_heads(split_wrong_shape)
+    out = capsys.readouterr().out
+    assert "must be (batch, num_heads, seq_len, head_dim)" in out, out
+    assert "permutation-equivariant" not in out, out

@@ -131,6 +131,12 @@ def _equivariance_hint(split_heads: Callable[..., Tensor]) -> Callable[[Case, ob
             return split_heads(x=x, num_heads=self.num_heads)
 
     def hint(case: Case, got: object) -> str:
+        batch, seq_len, d_model = case["x"].shape
+        heads = case["num_heads"]
+        expected = (batch, heads, seq_len, d_model // heads)
+        # a wrong shape first: equivariance is beside the point
+        if tuple(getattr(got, "shape", ())) != expected:
+            return "\n   The result must be (batch, num_heads, seq_len, head_dim): check the order of the axes."
         torch.manual_seed(0)
         attention = ReaderAttention(16, 4)
         x = torch.randn(2, 7, 16, generator=seeded_generator(111))  # (batch, seq, d_model)
@@ -750,7 +756,10 @@ _BATCH_HINTS = {
     "batch mean": "every row of this model reads the batch mean, so reversing the batch hides it",
     "reads the first row": "the rows after the first read row 0; row 0 itself is clean",
     "batch-axis positions": "this model's output depends on the row index of the batch",
-    "batch mean at position 0": "only the first position mixes the batch: compare every position",
+    "batch mean at position 0": (
+        "only the first position mixes the batch, and only a little: compare every logit at every"
+        " position (an argmax need not move)"
+    ),
     "one logit": (
         "a single logit moves by 3e-3 to 5e-3: compare the largest difference, not the mean, with a"
         " tolerance from 1e-5 to 1e-3"
