@@ -1343,6 +1343,8 @@ def _slip(name):
         ("the mean has", "a covariance"),
         ("the mean grows like √d_k", "the d_k means add"),
         ("(variance, mean)", "wrong order"),
+        ("the standard deviation", "not its square root"),
+        ("|ρ| in the mean", "keeps ρ's sign"),
     ],
 )
 def test_score_moments_rejects_and_names_each_slip(start, says):
@@ -1396,14 +1398,9 @@ def _other_wrong_moments():
 
         return wrong
 
-    def mean_with_abs_rho(d_k, sigma_q, sigma_k, rho):
-        _, variance = moments_formula(d_k, sigma_q, sigma_k, rho)
-        return abs(rho) * sigma_q * sigma_k * d_k, variance
-
     return {
         "1 + |ρ|": variance_with(lambda rho: 1 + abs(rho)),
         "(1 + ρ)²": variance_with(lambda rho: (1 + rho) ** 2),
-        "|ρ| in the mean": mean_with_abs_rho,
     }
 
 

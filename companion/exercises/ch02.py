@@ -167,6 +167,10 @@ def _moment_slips(d_k: int, s_q: float, s_k: float, rho: float) -> dict[str, tup
         ),
         "the mean grows like √d_k: the d_k means add": (rho * s_q * s_k * math.sqrt(d_k), variance),
         "(variance, mean) in the wrong order: return (mean, variance)": (variance, mean),
+        "the standard deviation, not the variance: return d_k σ_q² σ_k² (1 + ρ²) itself, not its"
+        " square root": (mean, math.sqrt(variance)),
+        "|ρ| in the mean: E[q_c k_c] = ρ σ_q σ_k keeps ρ's sign, so a negative correlation gives a"
+        " negative mean": (abs(rho) * s_q * s_k * d_k, variance),
     }
 
 
@@ -214,8 +218,8 @@ def check_score_moments(
     of its own, the chapter's (σ = 1, ρ = 0), unequal spreads, and correlated coordinates. The
     pair may be a tuple, a list, or a NumPy array or tensor of two numbers. A wrong answer that
     matches a classic slip (variance growing like √d_k or d_k², σ in place of σ², no ρ or
-    (1 − ρ²), the squared mean not subtracted, a mean without σ_q σ_k, the two swapped) is named
-    in the message."""
+    (1 − ρ²), the squared mean not subtracted, a mean without σ_q σ_k or with |ρ|, the standard
+    deviation returned, the two swapped) is named in the message."""
 
     @functools.wraps(score_moments)
     def as_pair(**kwargs: Any) -> Any:
