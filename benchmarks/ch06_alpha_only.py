@@ -1,21 +1,21 @@
 """Chapter 6's α-only control: does restoring the decoder's input reading end the Post-LN stall?
 
-Section 6.4 finds two things wrong with Post-LN trained at 3e-3 without warm-up: the gradient
+Section 6.5 finds two things wrong with Post-LN trained at 3e-3 without warm-up: the gradient
 fades on its way down the decoder, and the decoder barely reads its input, which every norm on
-the residual path dilutes. DeepNorm (section 6.6.4) trains, but it changes two things: it
+the residual path dilutes. DeepNorm (section 6.7.4) trains, but it changes two things: it
 multiplies the residual path by a constant α > 1 before each norm, and it scales some initial
 weights down by β, which makes the first updates smaller. This script keeps only α: section 6.4's
 stalled run (6 + 6-layer Post-LN, constant 3e-3, no warm-up, seeds 0-2, 100 steps, the same data,
 batches, Adam and clipping, ``norm_study.train_run``) with every layer computing LN(α·x + F(x)),
 DeepNorm's α (encoder 0.81·(N⁴M)^(1/16), decoder (3M)^(1/4)), and the usual initialisation. At
-initialisation this model reads its input about as well as the 2 + 2-layer model (section 6.4's
+initialisation this model reads its input about as well as the 2 + 2-layer model (section 6.5's
 bar chart); its first updates are as large as the stalled model's.
 
 ``--forward-only`` runs the second control (keys ``alpha-fwd|seed``): the same α in the forward
 pass only. Each Post-LN residual computes LN(x + (α − 1)·stop_gradient(x) + F(x)): its value is
 the α model's LN(α·x + F(x)), so the decoder reads its input exactly as well, but the gradient
 along the residual path is not multiplied by α, so it is divided by the larger D at every norm and
-fades as in the stalled run. Together with section 6.6.5's test 1 (gradient restored, input not)
+fades as in the stalled run. Together with section 6.7.5's test 1 (gradient restored, input not)
 this separates the lost input from the faded gradient. These runs also record the input test
 (the logits' relative change when the decoder's input digits are shuffled, and their spread across
 positions) at initialisation and after the last step.

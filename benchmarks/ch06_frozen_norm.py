@@ -1,6 +1,6 @@
 """Chapter 6's causal test: does the fading gradient cause the Post-LN stall?
 
-Section 6.4 shows a chain in Post-LN without warm-up: full-size first updates make the decoder
+Section 6.5 shows a chain in Post-LN without warm-up: full-size first updates make the decoder
 norms' inputs grow, so their divisor D grows, so the gradient that passes back through 15 or
 more norms fades. That the gradient fades does not show that the fading causes the stall. This
 script intervenes on the last link only. It trains section 6.4's stalled run (6 + 6-layer

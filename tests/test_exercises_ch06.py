@@ -540,7 +540,7 @@ def test_stream_size_slope_rejects_std_and_names_it():
 
 
 def test_stream_size_slope_per_token_hint_is_not_the_std_one():
-    """Section 6.6.3's stream size (a mean of per-token ‖x‖/√d) is refused: the exercise asks
+    """Section 6.7.3's stream size (a mean of per-token ‖x‖/√d) is refused: the exercise asks
     for the root mean square of all entries, and the hint says the answer is right in spirit
     and points there."""
     result = ch06.check_stream_size_slope(stream_per_token, verbose=False)
@@ -548,7 +548,7 @@ def test_stream_size_slope_per_token_hint_is_not_the_std_one():
     assert "standard deviation" not in result.message, result.message
     assert "right in spirit" in result.message, result.message
     assert "root mean square of" in result.message, result.message
-    assert "6.6.3" in result.message, result.message
+    assert "6.7.3" in result.message, result.message
 
 
 def test_stream_size_slope_per_token_divisor_is_named_right_in_spirit():

@@ -13,13 +13,13 @@ exercise                         check
 the gradient through LayerNorm   :func:`check_layer_norm_backward`
 a Peri-LN (sandwich) block       :func:`check_peri_ln_block`,
                                  :func:`check_peri_ln_gradient_scale`
-relative updates (6.6.3)         :func:`check_relative_updates`
+relative updates (6.7.3)         :func:`check_relative_updates`
 the stream's size (Pre-LN)       :func:`check_stream_size_prediction`,
                                  :func:`check_stream_size_slope`
-Adam's second step (6.4)         :func:`check_adam_step_prediction`,
+Adam's second step (6.5)         :func:`check_adam_step_prediction`,
                                  :func:`check_adam_second_step`
 where the decoder loses its      :func:`check_input_change_by_layer`
-input (6.4)
+input (6.5)
 ===============================  ==================================================
 """
 
@@ -539,7 +539,7 @@ def check_peri_ln_gradient_scale(
 
 
 # --------------------------------------------------------------------------------------------
-# Section 6.6.3's exercise: the relative size of each sub-layer's update
+# Section 6.7.3's exercise: the relative size of each sub-layer's update
 # --------------------------------------------------------------------------------------------
 
 
@@ -690,7 +690,7 @@ def _stream_variant_sizes(depths: Sequence[int], norm_first: bool) -> dict[str, 
     ``"geometric"`` and ``"median"``, the seeds' root mean squares averaged by their geometric
     mean or their median instead of their plain mean; ``"per_token_d"`` and ``"per_token_rms"``,
     the mean over tokens of each token's LayerNorm divisor :math:`D` or of its root mean square
-    (section 6.6.3's stream size), per-token sizes that are right in spirit."""
+    (section 6.7.3's stream size), per-token sizes that are right in spirit."""
     key = (tuple(int(d) for d in depths), bool(norm_first))
     if key not in _stream_variant_cache:
         variants: dict[str, list[float]] = {
@@ -816,7 +816,7 @@ def _stream_size_hint(case: dict, got: object) -> str:
 
         per_token = {
             "per_token_d": "each token's divisor D",
-            "per_token_rms": "each token's root mean square, section 6.6.3's stream size",
+            "per_token_rms": "each token's root mean square, section 6.7.3's stream size",
         }
         token = next((text for variant, text in per_token.items() if close(variant)), None)
         if token is not None:
@@ -850,7 +850,7 @@ def _stream_size_hint(case: dict, got: object) -> str:
         return (
             "\n   hint: the sizes are close but not equal: use seeds 0, 1 and 2, section 6.3's"
             " setup, and the root mean square of all entries, x.pow(2).mean().sqrt() (not"
-            " section 6.6.3's stream size, a mean of per-token norms ‖x‖/√d)."
+            " section 6.7.3's stream size, a mean of per-token norms ‖x‖/√d)."
         )
     return ""
 
@@ -962,14 +962,14 @@ def check_stream_size_prediction(predicted_slope: object, verbose: bool = True) 
 
 
 # --------------------------------------------------------------------------------------------
-# Exercise 5: Adam's second step (section 6.4)
+# Exercise 5: Adam's second step (section 6.5)
 # --------------------------------------------------------------------------------------------
 
 
 def reference_adam_second_step(
     grad1: Tensor, grad2: Tensor, lr: float, betas: tuple[float, float], eps: float
 ) -> Tensor:
-    r"""Adam's second update :math:`\Delta\theta_2` from zero moments (section 6.4's box):
+    r"""Adam's second update :math:`\Delta\theta_2` from zero moments (section 6.5's box):
     :math:`m_2 = \beta_1 (1 - \beta_1) g_1 + (1 - \beta_1) g_2`, likewise :math:`v_2` with
     :math:`g^2` and :math:`\beta_2`, bias-corrected by :math:`1 - \beta^2`, and
     :math:`\Delta\theta_2 = -\text{lr}\, \hat{m}_2 / (\sqrt{\hat{v}_2} + \varepsilon)`.
@@ -1016,7 +1016,7 @@ def _adam_second_step_cases() -> list[Case]:
 
 
 _ADAM_REFUSED = (
-    "adam_second_step must compute the step by the formulas in section 6.4's box: during the"
+    "adam_second_step must compute the step by the formulas in section 6.5's box: during the"
     " check torch.optim's Adam family (Adam, AdamW, Adamax, NAdam, RAdam) is switched off"
 )
 
