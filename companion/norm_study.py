@@ -2,7 +2,7 @@
 
 The setup of section 6.4 (a 6 + 6-layer Transformer that learns to reverse sequences of 1 to 8
 digits, Adam with the paper's constants, clipping at norm 1) and a training run that records
-what section 6.6 measures. ``benchmarks/ch06_grid.py`` trains its grid with the same
+what sections 6.5 and 6.7 measure. ``benchmarks/ch06_grid.py`` trains its grid with the same
 functions, so that the chapter's runs and the stored grid come from one piece of code.
 
 ===========================  ===================================================================
@@ -15,7 +15,7 @@ name                         what it is
 :func:`probe_batch`          a fixed batch on which each update's change of the logits is measured
 :func:`build_model`          the 6 + 6-layer model (or ``num_layers`` + ``num_layers``)
 :func:`train_run`            one training run: the loss of every step, plus the measurements
-:func:`replay_encoder`       section 6.6.3: an encoder run sub-layer by sub-layer, with the stream's
+:func:`replay_encoder`       section 6.7.3: an encoder run sub-layer by sub-layer, with the stream's
                              size and each sub-layer's relative update
 ===========================  ===================================================================
 """
@@ -65,7 +65,7 @@ D_MODEL, HEADS, D_FF = 64, 4, 128
 STEPS, BATCH, WARMUP = 200, 32, 60
 #: the first updates, whose effect on the logits and on the weights :func:`train_run` records
 FIRST_STEPS = 10
-#: the learning-rate schedules of :func:`lr_schedule` (section 6.5 compares all three)
+#: the learning-rate schedules of :func:`lr_schedule` (section 6.6 compares all three)
 SCHEDULES = ("constant", "warm-up", "decay")
 #: section 6.3's encoder at initialisation (``d_model`` and heads as above) and its inputs
 INIT_D_FF, INIT_BATCH, INIT_SEQ_LEN = 256, 8, 16
@@ -328,7 +328,7 @@ def replay_encoder(
     mask: Tensor | None = None,
     keep: Tensor | None = None,
 ) -> tuple[np.ndarray, np.ndarray, Tensor]:
-    """Run encoder layers sub-layer by sub-layer (section 6.6.3).
+    """Run encoder layers sub-layer by sub-layer (section 6.7.3).
 
     Args:
         layers: EncoderLayers (all Pre-LN or all Post-LN, dropout off).

@@ -37,7 +37,7 @@ def test_train_run_reproduces_the_recorded_grid(grid, placement, schedule):
     assert record["grad_ratio"].shape == (steps,) and np.isfinite(record["grad_ratio"]).all()
     first = record["delta_f"][:steps]
     assert record["delta_f"].shape == (norm_study.FIRST_STEPS,) and np.isfinite(first).all()
-    # Adam's first update moves each weight by about the learning rate (chapter 6.6.2)
+    # Adam's first update moves each weight by about the learning rate (chapter 6, section 6.7.2)
     assert 0.9 < record["adam_step"][0] <= 1.0, record["adam_step"][0]
 
 
