@@ -360,6 +360,30 @@ def test_greedy_rejects_wrong(wrong):
     assert not ch11.check_greedy_decode(wrong, verbose=False)
 
 
+def test_leak_reach_rejects_string_keys(capsys):
+    answers = {
+        str(case): ch11.measured_reach(*case) for case in ch11.LEAK_CASES
+    }  # "(3, 1)": right values
+    assert not ch11.check_leak_reach(answers)
+    assert "keys must be (N, k) tuples" in capsys.readouterr().out
+
+
+def greedy_train_mode(model, src, max_len):  # the right loop, run with dropout switched on
+    model.train()
+    return greedy_by_hand(model, src, max_len)
+
+
+def test_greedy_rejects_train_mode(capsys):
+    def has_dropout(model):
+        return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+    assert all(has_dropout(case["model"]) for case in ch11._greedy_cases()), (
+        "expected dropout in every case"
+    )
+    assert not ch11.check_greedy_decode(greedy_train_mode)
+    assert "training mode" in capsys.readouterr().out
+
+
 def test_greedy_cases_have_padded_sources():
     padded = [case["src"] for case in ch11._greedy_cases() if (case["src"] == clinic.PAD_ID).any()]
     assert len(padded) >= 3

@@ -261,8 +261,16 @@ def check_leak_reach(answers: Mapping[tuple[int, int], int], verbose: bool = Tru
     return _check_answers(
         "leak_reach", answers, LEAK_CASES, f"{{(num_layers, diagonal): reach}} for {LEAK_CASES}",
         problem_of, lambda case: f"N = {case[0]} layers, tril(..., diagonal={case[1]})",
-        f"all {len(LEAK_CASES)} reaches right.", verbose,
+        f"all {len(LEAK_CASES)} reaches right.", verbose, keys_problem=_leak_keys_problem,
     )  # fmt: skip
+
+
+def _leak_keys_problem(answers: Mapping) -> str | None:
+    """A key that is not one of :data:`LEAK_CASES` (a string such as ``"(3, 1)"``, say)."""
+    unknown = [key for key in answers if key not in LEAK_CASES]
+    if not unknown:
+        return None
+    return f"keys must be (N, k) tuples from {LEAK_CASES}, got {unknown[0]!r}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -415,13 +423,15 @@ class _CaseModel(clinic.Transformer):
     """A small clinic model whose repr fits on one line of a check's report."""
 
     def __repr__(self) -> str:
-        return "clinic.Transformer(d_model=16, num_heads=2, num_layers=1, d_ff=32)"
+        return "clinic.Transformer(d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.1)"
 
 
 def _greedy_cases() -> list[Case]:
     """Batches of one to four sentences, ``max_len`` longer, shorter and equal to the source;
     in the last three cases the sources have different lengths, right-padded with ``<pad>``
-    (a loop that forgets the source mask lets the pads into cross-attention)."""
+    (a loop that forgets the source mask lets the pads into cross-attention). The models have
+    dropout 0.1 and come in ``eval()`` mode: a loop that switches them to ``train()`` decodes
+    with dropout on and fails."""
     g = seeded_generator(114)
     cases: list[Case] = []
     for seed, batch, seq_len, max_len, pads in [
@@ -429,7 +439,7 @@ def _greedy_cases() -> list[Case]:
         (4, 3, 8, 6, (0, 3, 5)), (5, 4, 6, 7, (2, 0, 4, 1)), (6, 2, 9, 5, (6, 0)),
     ]:  # fmt: skip
         torch.manual_seed(seed)
-        model = _CaseModel(d_model=16, num_heads=2, num_layers=1, d_ff=32).eval()
+        model = _CaseModel(d_model=16, num_heads=2, num_layers=1, d_ff=32, dropout=0.1).eval()
         src, _, _ = clinic.toy_batch(batch, g, seq_len=seq_len)  # (batch, seq_len + 1)
         for row, count in enumerate(pads):  # row ends in `count` pads
             if count:
@@ -464,6 +474,11 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
         return ids
 
     def padded_hint(case: Case, got: object) -> str:
+        if case["model"].training:  # the loop switched dropout on
+            return (
+                "\n   hint: the model came in eval() mode and left in training mode: the loop "
+                "decoded with dropout on (leave the caller's mode alone, or call model.eval())"
+            )
         if not (case["src"] == clinic.PAD_ID).any():
             return ""
         return (
