@@ -516,6 +516,16 @@ def merge_nan_when_both_empty(out_a, lse_a, out_b, lse_b):
     return weight_a[..., None] * out_a + weight_b[..., None] * out_b, lse
 
 
+def merge_weights_on_wrong_axis(out_a, lse_a, out_b, lse_b):
+    # where q_len == d_v the weights (..., q_len) also broadcast as (..., 1, q_len): over the
+    # output's columns instead of its rows; only a square case can catch it
+    lse = torch.logaddexp(lse_a, lse_b)
+    finite = torch.where(lse == -math.inf, torch.zeros_like(lse), lse)
+    weight_a, weight_b = torch.exp(lse_a - finite), torch.exp(lse_b - finite)
+    axis = -2 if out_a.shape[-1] == out_a.shape[-2] else -1
+    return weight_a.unsqueeze(axis) * out_a + weight_b.unsqueeze(axis) * out_b, lse
+
+
 def test_merge_accepts_correct():
     for fn in [ch09.reference_merge_partial_attention, merge_softmax_of_lse, merge_by_sigmoid]:
         assert ch09.check_merge_partial_attention(fn, verbose=False), fn.__name__
@@ -533,6 +543,7 @@ def test_merge_accepts_correct():
         merge_lse_by_max,
         merge_lse_by_sum,
         merge_nan_when_both_empty,
+        merge_weights_on_wrong_axis,
     ],
 )
 def test_merge_rejects_wrong(wrong):

@@ -535,6 +535,9 @@ def _merge_cases() -> list[Case]:
         _merge_case(scores(3, 6, scale=3.0, offset=800.0), values(6, 4), keys[:6] < 2),
         # float64 parts: the merge must keep their dtype and their precision (to 1e-12, above)
         _merge_case(scores(2, 4, 10, scale=2.0), values(2, 10, 8), keys < 6, dtype=torch.float64),
+        # as many queries as value columns (q_len = d_v = 5): a weight broadcast along the wrong
+        # axis, over the columns instead of the rows, fits these shapes and must still fail
+        _merge_case(scores(2, 5, 9, scale=2.0), values(2, 9, 5), keys[:9] < 5),
     ]
 
 
