@@ -546,3 +546,41 @@ def test_heading_jump_detector():
 def test_headings_go_down_one_level_at_a_time(path):
     jumps = _heading_jumps(_markdown_cells(path))
     assert jumps == [], f"{path.name}: {jumps}"
+
+
+def hidden_cell_problems(cells: list[dict]) -> list[str]:
+    """Code cells the book hides (tags hide-input or hide-cell) that Colab or Jupyter would show:
+    each needs a '# @title' first line and metadata cellView 'form' (Colab collapses it to its
+    title) and jupyter.source_hidden (JupyterLab, Notebook 7 and VS Code collapse the input)."""
+    problems = []
+    for i, cell in enumerate(cells):
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell["cell_type"] != "code" or not {"hide-input", "hide-cell"} & set(tags):
+            continue
+        meta = cell["metadata"]
+        if not _source(cell).startswith("# @title "):
+            problems.append(f"cell {i}: no '# @title' first line")
+        if meta.get("cellView") != "form":
+            problems.append(f"cell {i}: metadata cellView is not 'form'")
+        if meta.get("jupyter", {}).get("source_hidden") is not True:
+            problems.append(f"cell {i}: metadata jupyter.source_hidden is not true")
+    return problems
+
+
+def test_hidden_cell_detector():
+    shown = {"cell_type": "code", "metadata": {"tags": ["hide-input"]}, "source": "x = 1\n"}
+    hidden = {
+        "cell_type": "code",
+        "metadata": {"tags": ["hide-cell"], "cellView": "form", "jupyter": {"source_hidden": True}},
+        "source": "# @title Checks\nx = 1\n",
+    }
+    plain = {"cell_type": "code", "metadata": {}, "source": "x = 1\n"}
+    assert len(hidden_cell_problems([shown])) == 3
+    assert hidden_cell_problems([hidden, plain]) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_hidden_cells_are_collapsed_in_colab_and_jupyter_too(path):
+    """Readers run the chapters in Colab and Jupyter, which ignore the book's hide-* tags."""
+    problems = hidden_cell_problems(_cells(path))
+    assert problems == [], f"{path.name}: {problems[:5]} (run python .ci/colab_forms.py on it)"

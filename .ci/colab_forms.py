@@ -1,0 +1,46 @@
+"""Collapse the book's hidden code cells in Colab and Jupyter too.
+
+Colab and Jupyter ignore the book's ``hide-input``/``hide-cell`` tags, so a reader who runs a
+chapter there would meet every checks and plotting cell in full. This gives each such cell a
+``# @title`` first line and the metadata ``cellView: form`` (Colab shows the title, double-click
+opens the code) and ``jupyter.source_hidden`` (JupyterLab, Notebook 7 and VS Code collapse the
+input). Idempotent; ``tests/test_notebooks.py`` checks the result.
+
+Usage: python .ci/colab_forms.py book/*.ipynb
+"""
+
+import json
+import sys
+
+TITLES = {
+    "hide-input": "Code behind the output below: checks and plotting (double-click to read it)",
+    "hide-cell": "Optional: a measurement or check the text refers to (double-click to read it)",
+}
+SETUP = "Setup: installs the companion package on Colab, fixes the seeds and threads"
+IMPORTS = "Imports and display settings"
+for path in sys.argv[1:]:
+    with open(path, encoding="utf-8") as f:
+        nb = json.load(f)
+    changed, k = 0, 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        k += 1
+        tags = cell.get("metadata", {}).get("tags", [])
+        kind = (
+            "hide-cell" if "hide-cell" in tags else "hide-input" if "hide-input" in tags else None
+        )
+        if kind is None:
+            continue
+        title = SETUP if k == 1 else IMPORTS if k == 2 else TITLES[kind]
+        src = "".join(cell["source"])
+        if not src.startswith("# @title"):
+            src = f"# @title {title}\n" + src
+            cell["source"] = src.splitlines(keepends=True)
+            changed += 1
+        md = cell.setdefault("metadata", {})
+        md["cellView"] = "form"
+        md.setdefault("jupyter", {})["source_hidden"] = True
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    print(f"{path}: {changed} cells given a title")
