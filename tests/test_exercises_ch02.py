@@ -70,6 +70,26 @@ def blockwise_logsumexp(q, k, v, block_size):  # merges blocks through log-sum-e
     return out
 
 
+def blockwise_float32_output(q, k, v, block_size):  # hard-codes float32: float64 in, float32 out
+    return blockwise_correct(q.float(), k.float(), v.float(), block_size)
+
+
+def blockwise_float32_cast_back(q, k, v, block_size):  # float32 inside, then cast back
+    return blockwise_float32_output(q, k, v, block_size).to(q.dtype)
+
+
+@pytest.mark.parametrize("wrong", [blockwise_float32_output, blockwise_float32_cast_back])
+def test_blockwise_rejects_a_hard_coded_float32(wrong):
+    result = ch02.check_blockwise_attention(wrong, verbose=False)
+    assert not result.passed
+    assert "PrecisionLost" in result.message and "float64" in result.message, result.message
+    # ... and only the float64 case catches it: every float32 case passes
+    float32_cases = [c for c in ch02._blockwise_cases() if c["q"].dtype == torch.float32]
+    assert len(float32_cases) < len(list(ch02._blockwise_cases()))
+    for case in float32_cases:
+        assert torch.allclose(wrong(**case), blockwise_correct(**case), atol=1e-6)
+
+
 def blockwise_no_rescale(q, k, v, block_size):  # keeps the first block's maximum forever
     scale = 1 / math.sqrt(q.shape[-1])
     running_max, total, acc = None, 0.0, 0.0

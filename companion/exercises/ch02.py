@@ -709,6 +709,13 @@ def _blockwise_cases(seed: int = 20) -> Iterator[Case]:
     q = torch.randn(2, 4, generator=gen)  # (2, 4)
     q[0] = -25 * direction + 0.5 * torch.randn(4, generator=gen)  # scores near -250
     yield {"q": q, "k": k, "v": torch.randn(10, 3, generator=gen), "block_size": 3}
+    # float64 inputs: the output must keep float64 and its accuracy (no hard-coded float32)
+    yield {
+        "q": torch.randn(2, 3, 4, generator=gen, dtype=torch.float64),
+        "k": torch.randn(2, 11, 4, generator=gen, dtype=torch.float64),
+        "v": torch.randn(2, 11, 2, generator=gen, dtype=torch.float64),
+        "block_size": 4,
+    }
     # many blocks (12 of 5 keys, 5 ∉ {d_k, d_v}): keeping every block's scores until the end
     # holds 12 blocks' worth, over the 6 that _BlockRule allows at once
     yield {
@@ -843,8 +850,9 @@ def check_blockwise_attention(
 
     ``q (..., q_len, d_k)``, ``k (..., k_len, d_k)``, ``v (..., k_len, d_v)``; the output
     ``(..., q_len, d_v)`` must equal ``softmax(q kᵀ / √d_k) v``. The cases include a short
-    last block, blocks of one key, one block for all keys, scores in the thousands and keys
-    whose scores rise from block to block. While the reader's function runs, a
+    last block, blocks of one key, one block for all keys, scores in the thousands, keys
+    whose scores rise from block to block, and ``float64`` inputs, whose output must stay
+    ``float64`` and ``float64``-accurate (:class:`PrecisionLost` otherwise). While the reader's function runs, a
     :class:`~torch.overrides.TorchFunctionMode` refuses any PyTorch call that returns a
     tensor ending in ``(q_len, k_len)`` or ``(k_len, q_len)``, or in ``(q_len, k_len, 1)``
     (the scores or weights of all keys at once, transposed or not, or kept with
@@ -859,10 +867,13 @@ def check_blockwise_attention(
     def one_block_at_a_time(q: Tensor, k: Tensor, v: Tensor, block_size: int) -> Tensor:
         q_len, k_len = q.shape[-2], k.shape[-2]
         if block_size >= k_len:  # one block holds every key: nothing to watch
-            return blockwise_attention(q, k, v, block_size)
-        rows = q.shape[:-1].numel()  # every query of every batch and head
-        with _BlockRule(q_len, k_len, block_size, q.shape[-1], v.shape[-1], rows):
-            return blockwise_attention(q, k, v, block_size)
+            got = blockwise_attention(q, k, v, block_size)
+        else:
+            rows = q.shape[:-1].numel()  # every query of every batch and head
+            with _BlockRule(q_len, k_len, block_size, q.shape[-1], v.shape[-1], rows):
+                got = blockwise_attention(q, k, v, block_size)
+        _check_float64(q, k, v, got)
+        return got
 
     refused = refusing_calls(
         one_block_at_a_time,
@@ -882,6 +893,31 @@ def check_blockwise_attention(
         verbose=verbose,
         hint=_blockwise_hint,
     )
+
+
+class PrecisionLost(RuntimeError):
+    """Raised when ``float64`` inputs get a ``float32`` result, or one only ``float32``-accurate."""
+
+
+def _check_float64(q: Tensor, k: Tensor, v: Tensor, got: Any) -> None:
+    """For ``float64`` inputs, the output must be ``float64`` and accurate to ``float64``: an
+    answer that hard-codes ``float32`` (its result, or its running quantities before a cast back)
+    is off by about 1e-7, inside the check's usual tolerance but not inside 1e-10."""
+    if q.dtype != torch.float64 or not isinstance(got, Tensor):
+        return
+    if got.dtype != torch.float64:
+        raise PrecisionLost(
+            f"float64 inputs gave a {got.dtype} output: create the running quantities with the"
+            " inputs' dtype (e.g. torch.zeros(..., dtype=q.dtype)), not the default float32"
+        )
+    want = reference_scaled_attention(q, k, v)[0]  # (..., q_len, d_v)
+    if got.shape == want.shape and torch.isfinite(got).all():
+        gap = (got - want).abs().max().item()
+        if 1e-10 < gap < 1e-3:
+            raise PrecisionLost(
+                f"float64 inputs, but the output is off by {gap:.1e}, float32 rounding: compute"
+                " in the inputs' dtype, without casting to float32 on the way"
+            )
 
 
 def _blockwise_hint(case: Case, got: Any) -> str:
