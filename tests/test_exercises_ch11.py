@@ -221,6 +221,23 @@ def test_predictions_reject_the_classic_wrong_sets(name, wrong, capsys):
     assert f"'{name}'" in out and "not " in out
 
 
+@pytest.mark.parametrize(
+    "name, superset, hint",
+    [
+        ("padding mask inverted", {"causal leak", "padding invariance", "batch independence"},
+         "alone and in its batch"),
+        ("loss over every position", {"loss ignores padding", "loss at initialisation"},
+         "never calls the patient's loss"),
+    ],
+)  # fmt: skip
+def test_predictions_superset_gets_the_hint_for_the_extra_test(name, superset, hint):
+    """Every failing test named, and one more: the hint says why the extra one passes, not the
+    hint written for a missing test."""
+    result = ch11.check_predictions({**RIGHT_PREDICTIONS, name: superset}, verbose=False)
+    assert not result and hint in result.message, result.message
+    assert ch11._PREDICT_HINTS[name] not in result.message
+
+
 def test_predictions_stub_and_bad_input(capsys):
     assert not ch11.check_predictions({})
     assert "not attempted yet" in capsys.readouterr().out
@@ -371,6 +388,15 @@ def test_leak_reach_rejects_string_keys(capsys):
 def greedy_train_mode(model, src, max_len):  # the right loop, run with dropout switched on
     model.train()
     return greedy_by_hand(model, src, max_len)
+
+
+def test_greedy_last_token_slip_gets_the_prefix_hint():
+    """The classic slip, batched and with the length fixed, still feeds back only the last
+    token: the report asks whether the decoder sees the whole prefix."""
+    result = ch11.check_greedy_decode(greedy_batched_last_token, verbose=False)
+    assert not result and "the whole prefix" in result.message, result.message
+    right = ch11.check_greedy_decode(greedy_no_source_mask, verbose=False)  # a padding slip
+    assert not right and "the whole prefix" not in right.message and "source mask" in right.message
 
 
 def test_greedy_rejects_train_mode(capsys):
@@ -723,6 +749,14 @@ def batch_leave_one_out(logits_fn, ids):  # drop row b, compare the rest: never 
     return True
 
 
+def batch_beside_its_copy(logits_fn, ids):  # each sentence in a batch of two copies: never alone
+    batched = logits_fn(ids)
+    return all(
+        torch.allclose(logits_fn(ids[b : b + 1].repeat(2, 1))[0], batched[b], atol=1e-4, rtol=0)
+        for b in range(ids.shape[0])
+    )
+
+
 #: each incomplete test, and the mixing of the case made to defeat it
 INCOMPLETE = {
     "fixed permutation and first alone": (
@@ -741,6 +775,7 @@ INCOMPLETE = {
     "last position": (batch_last_position, "batch mean at position 0"),
     "copies of itself": (batch_copies_of_itself, "batch size"),
     "leave one out": (batch_leave_one_out, "a sentence alone"),
+    "beside its copy": (batch_beside_its_copy, "a sentence alone"),
 }
 
 
@@ -855,8 +890,9 @@ def test_split_heads_refuses_the_clinics_correct_code():
         (batch_reversed_only, "reads the batch mean"),
         (batch_loose, "a loose tolerance misses"),
         (lambda logits_fn, ids: False, "is batch-independent"),
+        (batch_beside_its_copy, "a sentence beside its copy"),
     ],
-    ids=["exact", "others replaced", "reversed only", "loose", "never"],
+    ids=["exact", "others replaced", "reversed only", "loose", "never", "beside its copy"],
 )
 def test_batch_independent_failure_names_what_the_model_does(wrong, hint):
     result = ch11.check_batch_independent(wrong, verbose=False)

@@ -377,6 +377,19 @@ _PREDICT_HINTS = {
 }
 
 
+#: an answer that names every failing test and more: why the extra one passes
+_EXTRA_HINTS = {
+    "batch independence": (
+        "it runs each sentence alone and in its batch; a bug that reads only the sentence's own "
+        "tokens and pads acts the same way both times"
+    ),
+    "loss at initialisation": (
+        "it computes its own cross-entropy, pads ignored: it never calls the patient's loss function"
+    ),
+}
+_EXTRA_HINT = "what does that test compare, and does the bug change only one side of it?"
+
+
 def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> CheckResult:
     """Check ``answers``, ``{patient name: the set of examine's tests it fails}`` for the patients
     of :data:`PREDICT_PATIENTS` (an empty set: it passes all eight). Each is one name of
@@ -396,7 +409,13 @@ def check_predictions(answers: Mapping[str, object], verbose: bool = True) -> Ch
         if unknown:
             return f"{unknown[0]!r} is not a test of examine; use the names of ch11.FINDINGS"
         said = {_finding_of(f) for f in answer}
-        if said != failed_findings(patient_name):
+        truth = failed_findings(patient_name)
+        if said != truth:
+            extra = sorted(said - truth)
+            if truth and said > truth:  # every failing test named, and more: why do these pass?
+                passes = f"{' and '.join(extra)} pass{'es' if len(extra) == 1 else ''}"
+                why = _EXTRA_HINTS.get(extra[0], _EXTRA_HINT)
+                return f"not {sorted(said)}: {passes}. {why}"
             return f"not {sorted(said) or 'none'}. {_PREDICT_HINTS[patient_name]}"
         return None
 
@@ -448,6 +467,18 @@ def _greedy_cases() -> list[Case]:
     return cases
 
 
+def _last_token_loop(model: clinic.Transformer, src: Tensor, max_len: int) -> Tensor:
+    """The last-token slip, batched: each step feeds the decoder only the previous token."""
+    src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len)
+    memory = model.encode(src, src_mask)
+    token = torch.full((src.shape[0], 1), clinic.BOS_ID)  # (batch, 1)
+    out = []
+    for _ in range(max_len):
+        token = model.decode(token, memory, src_mask)[:, -1:].argmax(dim=-1)  # (batch, 1)
+        out.append(token)
+    return torch.cat(out, dim=1)  # (batch, max_len)
+
+
 def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
     """Check ``greedy_decode(model, src, max_len)`` → ``(batch, max_len)`` on small random
     clinic models, batches of several sentences, ``max_len`` unlike the source length and
@@ -479,6 +510,18 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
                 "\n   hint: the model came in eval() mode and left in training mode: the loop "
                 "decoded with dropout on (leave the caller's mode alone, or call model.eval())"
             )
+        if isinstance(got, Tensor) and got.shape == (case["src"].shape[0], case["max_len"]):
+            with torch.no_grad():
+                right = reference_greedy_decode(**case)  # (batch, max_len)
+                last_only = _last_token_loop(**case)
+            unpadded = not (case["src"] == clinic.PAD_ID).any()  # padded: the source mask's hint
+            first_only = torch.equal(got[:, 0], right[:, 0]) and not torch.equal(got, right)
+            if torch.equal(got, last_only) or (unpadded and first_only):  # the last-token slip
+                return (
+                    "\n   hint: the first token is right and later ones are not: does each step "
+                    "feed the decoder the whole prefix (<bos> and every token so far), not only "
+                    "the last token?"
+                )
         if not (case["src"] == clinic.PAD_ID).any():
             return ""
         return (
@@ -781,8 +824,9 @@ _BATCH_HINTS = {
     ),
     "batch size": "this model reads the batch size: run every sentence alone, a batch of one",
     "a sentence alone": (
-        "this model treats a batch of one differently (a stray .squeeze(), say): dropping one row "
-        "never runs a batch of one, so run every sentence alone"
+        "this model treats a batch of one differently (a stray .squeeze(), say): a test that never "
+        "runs a batch of one (dropping one row, or a sentence beside its copy) misses it, so run "
+        "every sentence alone"
     ),
 }
 
