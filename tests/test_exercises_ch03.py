@@ -1428,3 +1428,27 @@ def test_multi_head_attention_notes_an_input_changed_in_place():
     assert result and "changed its input w_o in place" in result.message, result.message
     plain = ch03.check_multi_head_attention(ch03.reference_multi_head_attention, verbose=False)
     assert plain and "in place" not in plain.message, plain.message
+
+
+def separable_normalised_first(weights, tol):
+    # the weights rescaled to sum 1 first: stretches every gap when they sum to less
+    totals = sorted(
+        sum(w * b for w, b in zip((weights / weights.sum()).tolist(), bits))
+        for bits in itertools.product((0, 1), repeat=len(weights))
+    )
+    return all(b - a > tol for a, b in zip(totals, totals[1:]))
+
+
+def test_blend_separable_names_normalised_weights():
+    """Review s12rv03b: an answer that normalises the weights first was rejected with the '>='
+    hint; a case whose weights sum to 0.5 now rejects it first, with its own hint."""
+    cases = ch03._separable_cases()
+    half = [c for c in cases if c["weights"].tolist() == [0.26, 0.13, 0.07, 0.04]]
+    assert len(half) == 1 and not ch03.reference_blend_separable(**half[0])
+    assert ch03.reference_blend_separable(half[0]["weights"] * 2, half[0]["tol"])  # normalised
+    result = ch03.check_blend_separable(separable_normalised_first, verbose=False)
+    assert not result and "use the weights as given" in result.message, result.message
+    assert ">=" not in result.message, result.message
+    # the '>=' slip still gets its own hint, not this one
+    result = ch03.check_blend_separable(separable_at_least_tol, verbose=False)
+    assert "use >, not >=" in result.message and "as given" not in result.message, result.message

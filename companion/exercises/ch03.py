@@ -984,6 +984,10 @@ def _separable_cases() -> list[Case]:
         ([0.52, 0.26, 0.13, 0.06, 0.03], 0.005),  # five lookups, every total its own
         ([0.7, 0.3], 0.01),
         ([0.6, 0.4, 0.0], 0.01),  # a lookup with no weight: a symbol there adds nothing
+        # weights summing to 0.5 (a head can put the rest on other keys): 0.11 and 0.13 lie 0.02
+        # apart, within tol; normalised to sum 1 they would lie 0.04 apart. Catches weights
+        # normalised first (before the (0.5, 0.25) case, whose totals a normaliser also stretches)
+        ([0.26, 0.13, 0.07, 0.04], 0.025),
         ([0.5, 0.25], 0.25),  # totals 0, 0.25, 0.5, 0.75 exactly tol apart: not MORE than tol
         ([1.0], 0.01),
         # the full set {0.995, 0.005} and {0.995} lie 0.005 apart: catches subsets of sizes
@@ -1027,8 +1031,15 @@ def _separable_problem(got: object, case: Case) -> str | None:
         "compare every subset's total with every other's (once sorted, neighbours are enough), "
         "not the weights one by one"
     )
+    total = weights.sum().item()
+    normalised = not math.isclose(total, 1.0) and reference_blend_separable(weights / total, tol)
     if math.isclose(high - low, tol, rel_tol=1e-9):  # the slip of testing >= tol
         advice = "totals exactly tol apart are not more than tol apart: use >, not >="
+    elif normalised:  # the slip of rescaling the weights to sum 1, which stretches every gap
+        advice = (
+            f"use the weights as given: they sum to {total:.3g}, not 1 (a head can put the rest "
+            "on other keys), and dividing by their sum would stretch every gap"
+        )
     elif len(b) == len(weights) or len(a) == len(weights):  # the slip of subset sizes 1 to k - 1
         advice = "the full set of lookups is a subset too: a symbol can sit at every lookup"
     # the slip of rounding each total to a multiple of tol
