@@ -220,8 +220,72 @@ def blockwise_one_query_vector(q, k, v, block_size):  # 1-D scores of one query 
     return out.reshape(*q.shape[:-1], v.shape[-1])
 
 
+def blockwise_split_k_columns(q, k, v, block_size):  # split-K, per-block columns without keepdim
+    scale = 1 / math.sqrt(q.shape[-1])
+    parts = []  # every block's maximum and sum, (..., q_len) each, kept until the end
+    for s in range(0, k.shape[-2], block_size):
+        scores = q @ k[..., s : s + block_size, :].transpose(-2, -1) * scale
+        block_max = scores.amax(-1)  # (..., q_len): with one key per block, that key's score
+        p = torch.exp(scores - block_max.unsqueeze(-1))
+        parts.append((block_max, p.sum(-1), p @ v[..., s : s + block_size, :]))
+    top = parts[0][0]
+    for block_max, _, _ in parts[1:]:
+        top = torch.maximum(top, block_max)
+    total, acc = 0.0, 0.0
+    for block_max, block_sum, block_out in parts:
+        weight = torch.exp(block_max - top)
+        total = total + weight * block_sum
+        acc = acc + weight.unsqueeze(-1) * block_out
+    return acc / total.unsqueeze(-1)
+
+
+def blockwise_transposed_blocks_kept(q, k, v, block_size):  # every block's scores, (block, q_len)
+    scale = 1 / math.sqrt(q.shape[-1])
+    starts = range(0, k.shape[-2], block_size)
+    blocks = [k[..., s : s + block_size, :] @ q.transpose(-2, -1) * scale for s in starts]
+    top = blocks[0].amax(-2)  # (..., q_len)
+    for block in blocks[1:]:
+        top = torch.maximum(top, block.amax(-2))
+    total, acc = 0.0, 0.0
+    for block, s in zip(blocks, starts):
+        p = torch.exp(block - top.unsqueeze(-2))  # (..., block, q_len)
+        total = total + p.sum(-2)
+        acc = acc + p.transpose(-2, -1) @ v[..., s : s + block_size, :]
+    return acc / total.unsqueeze(-1)
+
+
+def blockwise_columns_without_keepdim(q, k, v, block_size):  # the online softmax, 1-D columns
+    scale = 1 / math.sqrt(q.shape[-1])
+    running_max = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)  # (..., q_len)
+    total = torch.zeros(q.shape[:-1], dtype=q.dtype)
+    acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    for s in range(0, k.shape[-2], block_size):
+        scores_t = k[..., s : s + block_size, :] @ q.transpose(-2, -1) * scale  # (..., block, q)
+        new_max = torch.maximum(running_max, scores_t.amax(-2))
+        correction = torch.exp(running_max - new_max)
+        p_t = torch.exp(scores_t - new_max.unsqueeze(-2))
+        total = total * correction + p_t.sum(-2)
+        acc = acc * correction.unsqueeze(-1) + p_t.transpose(-2, -1) @ v[..., s : s + block_size, :]
+        running_max = new_max
+    return acc / total.unsqueeze(-1)
+
+
+def test_blockwise_accepts_columns_without_keepdim_and_transposed_blocks():
+    """The watcher counts (..., q_len) columns and (..., block, q_len) blocks; a running
+    answer written that way keeps a few of them alive and passes."""
+    result = ch02.check_blockwise_attention(blockwise_columns_without_keepdim, verbose=False)
+    assert result, result.message
+
+
 @pytest.mark.parametrize(
-    "cheat", [blockwise_every_block_kept, blockwise_one_query_at_a_time, blockwise_one_query_vector]
+    "cheat",
+    [
+        blockwise_every_block_kept,
+        blockwise_one_query_at_a_time,
+        blockwise_one_query_vector,
+        blockwise_split_k_columns,
+        blockwise_transposed_blocks_kept,
+    ],
 )
 def test_blockwise_rejects_holding_all_scores_by_other_routes(cheat):
     # right numbers outside the check ...
@@ -1276,6 +1340,19 @@ def test_gradient_crossover_refuses_the_modules_gap():
     assert not result
     assert "crossover_gap" in result.message, result.message
     assert "measure the gradient gap yourself" in result.message, result.message
+
+
+def test_gradient_crossover_refuses_the_private_gap():
+    """The same through the private, remembered helper behind crossover_gap."""
+    ch02._crossover_gap(2, 1.5)
+
+    def calls_private_gap(sigma):
+        ch02._crossover_gap(2, 1.5)  # remembered: the call costs nothing, and is still seen
+        return crossover_correct(sigma)
+
+    result = ch02.check_gradient_crossover(calls_private_gap, verbose=False)
+    assert not result
+    assert "_crossover_gap" in result.message, result.message
 
 
 def backward_scale_twice(q, k, v, grad_output):  # the chain rule's 1/√d_k applied twice

@@ -685,7 +685,9 @@ def _blockwise_cases(seed: int = 20) -> Iterator[Case]:
     settings = [
         ((), 3, 8, 4, 2, 4, 1.0),  # two full blocks
         ((), 5, 7, 4, 3, 3, 1.0),  # the last block is shorter
-        ((2,), 3, 5, 8, 4, 1, 1.0),  # one key per block
+        # one key per block, 16 blocks: a maximum and a sum kept per block (split-K) make 32
+        # columns per query, over the 6 blocks' worth plus 8 running columns allowed
+        ((2,), 3, 16, 8, 4, 1, 1.0),
         ((2,), 2, 5, 4, 4, 16, 1.0),  # one block holds every key
         ((2, 3), 5, 9, 8, 3, 4, 1.0),  # batch × heads
         ((), 3, 10, 4, 2, 3, 30.0),  # scores in the thousands: exp overflows without a max
@@ -756,15 +758,25 @@ class _BlockRule(TorchFunctionMode):
     PyTorch's fused ``scaled_dot_product_attention`` on more than ``block_size`` keys, or
     when it returns a float tensor ending in ``k_len`` (one query's scores over all the
     keys; transposed keys ``(d_k, k_len)`` and values are allowed), or when more than
-    :data:`_LIVE_BLOCKS` blocks' worth of score-shaped tensors (``(..., q_len, n)`` with ``n``
-    not ``d_k`` or ``d_v``; width-1 columns included) are alive at once. Only active when ``block_size < k_len``; the check's cases have ``q_len`` different from
+    :data:`_LIVE_BLOCKS` blocks' worth of score-shaped tensors (``(..., q_len, n)`` or
+    ``(..., n, q_len)`` with ``n`` not ``d_k`` or ``d_v``, width-1 columns included, and
+    per-query columns ``q.shape[:-1]`` kept without ``keepdim``) are alive at once. Only active when ``block_size < k_len``; the check's cases have ``q_len`` different from
     ``d_k`` and ``d_v``, so no transposed key or value matrix ends in ``(q_len, k_len)``.
     """
 
     def __init__(
-        self, q_len: int, k_len: int, block_size: int, d_k: int = 0, d_v: int = 0, rows: int = 0
+        self,
+        q_len: int,
+        k_len: int,
+        block_size: int,
+        d_k: int = 0,
+        d_v: int = 0,
+        rows: int = 0,
+        rows_shape: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
+        #: the shape of a per-query column kept without keepdim, ``q.shape[:-1]``
+        self.rows_shape = tuple(rows_shape) or (q_len,)
         self.q_len, self.k_len, self.block_size = q_len, k_len, block_size
         self.d_k, self.d_v = d_k, d_v
         #: at most this many score-shaped numbers may be alive at once: six blocks' worth,
@@ -808,13 +820,25 @@ class _BlockRule(TorchFunctionMode):
                     f" each of the {self.k_len} keys (one query at a time still scores all"
                     " keys at once)"
                 )
-            if (
-                tensor.dim() >= 2
-                and tensor.shape[-2] == self.q_len
-                and tensor.shape[-1] not in (self.d_k, self.d_v)
-            ):  # width-1 columns count too: one key's scores kept per key add up
+            if self._score_shaped(tuple(tensor.shape)):
                 self._count(tensor, name)
         return result
+
+    def _score_shaped(self, shape: tuple[int, ...]) -> bool:
+        """Does a tensor of this shape hold scores, or per-query maxima or sums, of some keys?
+
+        ``(..., q_len, n)`` (a block's scores; width-1 columns count too: one key's scores kept
+        per key add up), its transpose ``(..., n, q_len)`` (``k_block @ q.mT``), and the
+        per-query columns without ``keepdim``, ``q.shape[:-1]`` (``scores.amax(-1)``); ``n``
+        not ``d_k`` or ``d_v``, so that queries, keys and values are not counted.
+        """
+        if shape == self.rows_shape:
+            return True
+        if len(shape) < 2:
+            return False
+        return (shape[-2] == self.q_len and shape[-1] not in (self.d_k, self.d_v)) or (
+            shape[-1] == self.q_len and shape[-2] not in (self.d_k, self.d_v)
+        )
 
     def _all_scores(self, shape: tuple[int, ...]) -> bool:
         """Does a tensor of this shape hold the scores of all the keys for every query?"""
@@ -870,7 +894,10 @@ def check_blockwise_attention(
             got = blockwise_attention(q, k, v, block_size)
         else:
             rows = q.shape[:-1].numel()  # every query of every batch and head
-            with _BlockRule(q_len, k_len, block_size, q.shape[-1], v.shape[-1], rows):
+            rule = _BlockRule(
+                q_len, k_len, block_size, q.shape[-1], v.shape[-1], rows, tuple(q.shape[:-1])
+            )
+            with rule:
                 got = blockwise_attention(q, k, v, block_size)
         _check_float64(q, k, v, got)
         return got
@@ -1024,9 +1051,21 @@ def crossover_gap(d_k: int, sigma: float) -> float:
     return _crossover_gap(d_k, float(sigma))
 
 
-@functools.cache
+#: :func:`_crossover_gap`'s measurements, by ``(d_k, sigma)``.
+_CROSSOVER_GAPS: dict[tuple[int, float], float] = {}
+
+
 def _crossover_gap(d_k: int, sigma: float) -> float:
-    """:func:`crossover_gap`, remembered (the check asks for the same settings again)."""
+    """:func:`crossover_gap`, remembered (the check asks for the same settings again). A plain
+    function, not ``functools.cache``: a call that finds its value remembered still runs Python
+    code, so that the check sees (and refuses) an answer that calls it."""
+    if (d_k, sigma) not in _CROSSOVER_GAPS:
+        _CROSSOVER_GAPS[d_k, sigma] = _measure_crossover_gap(d_k, sigma)
+    return _CROSSOVER_GAPS[d_k, sigma]
+
+
+def _measure_crossover_gap(d_k: int, sigma: float) -> float:
+    """:func:`crossover_gap`, measured."""
     generator = seeded_generator(3)
     factor = sigma**2
     n_keys = CROSSOVER_N_KEYS
@@ -1047,15 +1086,15 @@ def check_gradient_crossover(
     every ``sigma`` of :data:`CROSSOVER_SIGMAS`, so that only a measurement or a right
     argument passes; an answer ``d`` is right when the gap measured by :func:`crossover_gap`
     is above 1 at ``d`` and not above 1 at ``d / 2``. A message on a wrong answer says on
-    which side the crossover lies, not where. An answer that calls :func:`crossover_gap` is
-    refused; :func:`sampled_query_gradient_norms` (standard normal entries) is allowed.
+    which side the crossover lies, not where. An answer that calls :func:`crossover_gap`, or
+    its private helpers, is refused; :func:`sampled_query_gradient_norms` (standard normal entries) is allowed.
     """
     name = "gradient_crossover"
     _check_callable("the function to check", gradient_crossover)
     gradient_crossover = _refusing_reference(
         gradient_crossover,
         "measure the gradient gap",
-        (crossover_gap,),
+        (crossover_gap, _crossover_gap, _measure_crossover_gap),
     )
     result = None
     count = 0
