@@ -39,9 +39,10 @@ TEST = "test_2016_flickr"
 
 
 def train_gpt(
-    data: LanguageModelData, seed: int, steps: int
+    data: LanguageModelData, seed: int, steps: int, lr: float = 1e-2
 ) -> tuple[DecoderOnlyTransformer, float]:
-    """The chapter's GPT and training loop, with ``seed`` for the weights and the window starts."""
+    """The chapter's GPT and training loop, with ``seed`` for the weights and the window starts
+    (``lr``: the peak learning rate; the chapter's is 0.01)."""
     stream = torch.tensor([t for s in data.ids["train"] for t in (BOS_ID, *s, EOS_ID)])  # (total,)
     config = TransformerConfig(tgt_vocab=data.vocab_size, tgt_pad_id=PAD_ID, d_model=64, num_heads=4,
                                num_layers=2, d_ff=256, dropout=0.0, norm_first=True, positional="rope",
@@ -49,7 +50,7 @@ def train_gpt(
     set_seed(seed)
     gpt = DecoderOnlyTransformer(config)
     window, rows = 64, 16
-    optimizer = torch.optim.AdamW(gpt.parameters(), lr=1e-2, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(gpt.parameters(), lr=lr, weight_decay=0.01)
     factor = lambda step: min(1.0, (step + 1) / 30) * max(0.1, 1 - step / steps)  # noqa: E731
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     places = torch.Generator().manual_seed(seed)

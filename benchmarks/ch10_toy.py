@@ -1,8 +1,8 @@
 """What the scripts that rerun chapter 10's section-10.2 toy share (the chapter's cell ``f10obj01``).
 
-``ch10_objectives.py``, ``ch10_matched_budget.py`` and ``ch10_sparse_targets.py`` each execute that
-cell, up to the line that marks its end, with a few lines replaced, for several training seeds, and
-record one JSON in ``companion/results/``. The code is not copied: this module reads the cell from
+``ch10_objectives.py``, ``ch10_matched_budget.py``, ``ch10_sparse_targets.py`` and
+``ch10_equal_steps.py`` each execute that cell, up to the line that marks its end, with a few lines
+replaced, for several training seeds, and record one JSON in ``companion/results/``. The code is not copied: this module reads the cell from
 the notebook (:func:`cell_source`), gives it the names it imports (:func:`cell_namespace`) and runs
 the seeds and writes the record (:func:`run_and_record`).
 """

@@ -973,9 +973,33 @@ def patchify_channels_not_moved(images, patch_size):  # right for one channel on
     return images.unfold(2, p, p).unfold(3, p, p).reshape(b, -1, c * p * p)
 
 
+def patchify_as_strided(images, patch_size):  # reads the memory as if contiguous
+    b, c, h, w = images.shape
+    p = patch_size
+    grid = images.as_strided((b, h // p, w // p, c, p, p), (c * h * w, p * w, p, h * w, w, 1))
+    return grid.reshape(b, -1, c * p * p)
+
+
+def patchify_view_split(images, patch_size):  # .view for the split: fine on any strides
+    b, c, h, w = images.shape
+    p = patch_size
+    grid = images.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+    return grid.reshape(b, -1, c * p * p)
+
+
 def test_patchify_accepts_correct():
-    for fn in [ch10.reference_patchify, patchify_tensor_unfold]:
+    for fn in [ch10.reference_patchify, patchify_tensor_unfold, patchify_view_split]:
         assert ch10.check_patchify(fn, verbose=False), fn.__name__
+
+
+def test_patchify_rejects_reading_the_memory_of_a_non_contiguous_image():
+    # right on every contiguous case, wrong on the transposed ones, and told why
+    contiguous = [c for c in ch10._patch_cases() if c["images"].is_contiguous()]
+    assert len(contiguous) < len(ch10._patch_cases())
+    for case in contiguous:
+        assert torch.equal(patchify_as_strided(**case), ch10.reference_patchify(**case))
+    result = ch10.check_patchify(patchify_as_strided, verbose=False)
+    assert not result and "not contiguous" in result.message, result.message
 
 
 def test_patchify_refuses_f_unfold():

@@ -835,10 +835,18 @@ def _patch_cases() -> list[Case]:
         (1, 1, 8, 8, 8),  # one patch: the whole image
         (2, 1, 8, 8, 1),  # one pixel per patch
     ]
-    return [
+    cases = [
         {"images": torch.randn(b, c, h, w, generator=g), "patch_size": p}
         for b, c, h, w, p in settings
     ]
+    # Not contiguous, as after a transpose in a data pipeline: an answer that reads the memory
+    # (as_strided, the storage) instead of the shape fails here. (A .view that only splits
+    # height and width works on any strides, so it passes, rightly.)
+    for b, c, h, w, p in [(2, 3, 8, 8, 2), (2, 1, 4, 8, 2)]:
+        cases.append(
+            {"images": torch.randn(b, c, w, h, generator=g).transpose(2, 3), "patch_size": p}
+        )
+    return cases
 
 
 def check_patchify(patchify: Callable[[Tensor, int], Tensor], verbose: bool = True) -> CheckResult:
@@ -885,6 +893,11 @@ def _patchify_hint(case: Case, got: object) -> str:
     if not isinstance(got, Tensor):
         return ""
     right = reference_patchify(**case)
+    if not case["images"].is_contiguous():
+        return (
+            "\n   hint: these images are a transposed view, not contiguous in memory: read "
+            "them through their shape (reshape, permute), not through as_strided or the storage"
+        )
     slips = {
         "plain reshape": "a plain reshape takes s*s consecutive pixels of one image row as a "
         "patch: split height and width into (patch, pixel) first, then permute",
