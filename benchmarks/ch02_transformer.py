@@ -105,28 +105,40 @@ def evaluate(model, src, tgt) -> tuple[float, float]:
     return sequence_loss(logits, labels, PAD_ID).item(), right.item()
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    check_remove_scale()
-    start = time.process_time()
+def reverse_data() -> tuple[CopyReverseDataset, torch.Tensor, torch.Tensor]:
+    """The training set and 500 held-out pairs no training source repeats: (train, src, tgt)."""
     train = CopyReverseDataset("reverse", num_examples=20_000, max_len=MAX_LEN, seed=0)
     seen = {tuple(train[i][0]) for i in range(len(train))}
     cand = CopyReverseDataset("reverse", num_examples=2_000, max_len=MAX_LEN, seed=1)
     held = [cand[i] for i in range(len(cand)) if tuple(cand[i][0]) not in seen][:500]
     assert len(held) == 500, len(held)
-    val_src, val_tgt = collate_batch(held)
+    val_src, val_tgt = collate_batch(held)  # (500, src_len), (500, tgt_len)
+    return train, val_src, val_tgt
+
+
+def seeded_model(seed: int, vocab_size: int, arm: str) -> Transformer:
+    """The chapter's small Transformer after set_seed(seed); arm "unscaled" drops every 1/√d_k."""
+    set_seed(seed)
+    config = TransformerConfig(
+        vocab_size, vocab_size, d_model=D_MODEL, num_heads=HEADS,
+        num_layers=LAYERS, d_ff=D_FF, dropout=0.0, src_pad_id=PAD_ID, tgt_pad_id=PAD_ID,
+    )  # fmt: skip
+    model = Transformer(config)
+    if arm == "unscaled":
+        remove_scale(model)
+    return model
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    check_remove_scale()
+    start = time.process_time()
+    train, val_src, val_tgt = reverse_data()
     runs: dict[str, dict[str, dict[str, list[float]]]] = {"scaled": {}, "unscaled": {}}
     step0_top: dict[str, dict[str, list[float]]] = {"scaled": {}, "unscaled": {}}
     for seed in SEEDS:
         for arm in ("scaled", "unscaled"):
-            set_seed(seed)
-            config = TransformerConfig(
-                train.vocab_size, train.vocab_size, d_model=D_MODEL, num_heads=HEADS,
-                num_layers=LAYERS, d_ff=D_FF, dropout=0.0, src_pad_id=PAD_ID, tgt_pad_id=PAD_ID,
-            )  # fmt: skip
-            model = Transformer(config)
-            if arm == "unscaled":
-                remove_scale(model)
+            model = seeded_model(seed, train.vocab_size, arm)
             step0_top[arm][str(seed)] = [
                 round(x, 4) for x in top_weights(model, val_src, shift_targets(val_tgt)[0])
             ]

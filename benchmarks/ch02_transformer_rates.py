@@ -21,24 +21,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ch02_transformer import (  # noqa: E402
     BATCH,
-    D_FF,
-    D_MODEL,
     EVAL_EVERY,
-    HEADS,
-    LAYERS,
-    MAX_LEN,
     SEEDS,
     STEPS,
     check_remove_scale,
     evaluate,
-    remove_scale,
+    reverse_data,
+    seeded_model,
 )
 from notebook_code import write_record  # noqa: E402
 
-from companion.data import PAD_ID, CopyReverseDataset, collate_batch  # noqa: E402
-from companion.model import Transformer, TransformerConfig  # noqa: E402
+from companion.data import PAD_ID, collate_batch  # noqa: E402
 from companion.train import train_step  # noqa: E402
-from companion.utils import set_seed  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch02_transformer_rates.json"
 # (arm, learning rate, clip norm or None), named as in the record
@@ -55,23 +49,11 @@ def main() -> None:
     torch.set_num_threads(1)
     check_remove_scale()
     start = time.process_time()
-    train = CopyReverseDataset("reverse", num_examples=20_000, max_len=MAX_LEN, seed=0)
-    seen = {tuple(train[i][0]) for i in range(len(train))}
-    cand = CopyReverseDataset("reverse", num_examples=2_000, max_len=MAX_LEN, seed=1)
-    held = [cand[i] for i in range(len(cand)) if tuple(cand[i][0]) not in seen][:500]
-    assert len(held) == 500, len(held)
-    val_src, val_tgt = collate_batch(held)
+    train, val_src, val_tgt = reverse_data()
     runs: dict[str, dict[str, dict[str, list[float] | float]]] = {name: {} for name in RUNS}
     for name, (arm, lr, clip) in RUNS.items():
         for seed in SEEDS:
-            set_seed(seed)
-            config = TransformerConfig(
-                train.vocab_size, train.vocab_size, d_model=D_MODEL, num_heads=HEADS,
-                num_layers=LAYERS, d_ff=D_FF, dropout=0.0, src_pad_id=PAD_ID, tgt_pad_id=PAD_ID,
-            )  # fmt: skip
-            model = Transformer(config)
-            if arm == "unscaled":
-                remove_scale(model)
+            model = seeded_model(seed, train.vocab_size, arm)
             optimizer = torch.optim.Adam(model.parameters(), lr=lr)
             gen = torch.Generator().manual_seed(seed)
             curve: dict = {"loss": [], "token_accuracy": []}
