@@ -22,13 +22,22 @@ About 30 CPU-seconds per seed on the course's 2-core machine.
 
 from __future__ import annotations
 
-from ch10_toy import ARMS_LINE, ROOT, cell_namespace, cell_source, run_and_record, run_cell
+from ch10_toy import (
+    ARMS_LINE,
+    COUNT_SELECTED,
+    COUNTED_RECORD,
+    LOSS_LINE,
+    ROOT,
+    cell_source,
+    describe_counted,
+    run_and_record,
+    run_one_arm,
+)
 
 OUT = ROOT / "companion" / "results" / "ch10_equal_steps.json"
 ARM = "masked LM, causal mask"
 ROWS = 432  # 64 rows x 6.75: 400 steps x 432 rows x ~1.8 selected symbols >= 400 x 64 x 12
 BATCH_LINE = "rows = toy_rows(64, rows_drawn)"
-LOSS_LINE = "selected = targets != PAD_ID"
 
 
 def run_seed(cells: list[dict], seed: int) -> dict:
@@ -36,21 +45,8 @@ def run_seed(cells: list[dict], seed: int) -> dict:
     source = cell_source(cells, seed, (ARMS_LINE, BATCH_LINE, LOSS_LINE))
     source = source.replace(ARMS_LINE, f'TOY_ARMS = {{"{ARM}": True}}', 1)
     source = source.replace(BATCH_LINE, f"rows = toy_rows({ROWS}, rows_drawn)", 1)
-    source = source.replace(
-        LOSS_LINE, LOSS_LINE + "; PREDICTIONS[objective] += int(selected.sum())", 1
-    )
-    predictions = {ARM: 0}
-    namespace = run_cell(source, cell_namespace(PREDICTIONS=predictions))
-    blank, valid = namespace["toy_results"][ARM]
-    return {
-        "seed": seed,
-        "steps": namespace["TOY_STEPS"],
-        "rows_per_step": ROWS,
-        "predictions_trained_on": predictions[ARM],
-        "blank_accuracy": blank,
-        "valid_rows": valid,
-        "cpu_seconds": round(namespace["toy_seconds"], 1),
-    }
+    source = source.replace(LOSS_LINE, LOSS_LINE + COUNT_SELECTED, 1)
+    return run_one_arm(source, ARM, seed, rows_per_step=ROWS)
 
 
 def main() -> None:
@@ -58,20 +54,15 @@ def main() -> None:
         __doc__,
         OUT,
         run_seed,
-        lambda run: (
-            f"predictions {run['predictions_trained_on']}, blank {run['blank_accuracy']:.3f}, "
-            f"valid rows {run['valid_rows']:.3f}"
-        ),
+        describe_counted,
         {
             "description": "Section 10.2's toy test (the chapter's cell f10obj01), the masked LM under the "
             "causal mask only, 400 steps as in the chapter but 432 rows a step instead of 64, so that it "
             "trains on at least as many predictions as the causal LM's 400 steps (400 x 64 x 12 = 307,200) "
             "with as many optimizer steps; the share of blanks it fills (2,000 test rows) and of rows it "
             "writes validly (500 samples)",
-            "causal_lm_predictions": 400 * 64 * 12,
-            "test_rows": 2000,
-            "written_rows": 500,
-        },
+        }
+        | COUNTED_RECORD,
     )
 
 

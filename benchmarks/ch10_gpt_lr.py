@@ -14,16 +14,13 @@ Usage: ``python benchmarks/ch10_gpt_lr.py [--rates 0.003 0.01 0.03] [--data-root
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
-from datetime import date
-from pathlib import Path
+import time
 
 import torch
 import torch.nn.functional as F
-from ch10_gpt_seeds import REPO, train_gpt
+from ch10_gpt_seeds import REPO, parse_lm_args, train_gpt
+from notebook_code import write_record
 
 from companion.data import PAD_ID, LanguageModelData, causal_lm_example
 
@@ -45,12 +42,8 @@ def val_perplexity(gpt: torch.nn.Module, data: LanguageModelData) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[0.003, 0.01, 0.03])
-    parser.add_argument("--steps", type=int, default=600)
-    default_root = os.environ.get("MULTI30K_ROOT") or REPO.parent / "shared" / "data" / "multi30k"
-    parser.add_argument("--data-root", type=Path, default=Path(default_root))
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    args = parse_lm_args(parser, RESULTS)
+    start = time.process_time()
 
     data = LanguageModelData.from_multi30k(args.data_root, progress=False, splits=("train", VAL))
     runs = []
@@ -74,12 +67,8 @@ def main() -> None:
         "seed": 0,
         "chapter_lr": 0.01,
         "runs": runs,
-        "torch": torch.__version__,
-        "machine": platform.machine(),
-        "threads": 1,
-        "date": date.today().isoformat(),
     }
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(args.out, record, start)
 
 
 if __name__ == "__main__":

@@ -81,15 +81,22 @@ def sentence_losses(gpt: DecoderOnlyTransformer, data: LanguageModelData) -> lis
     return losses
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+def parse_lm_args(parser: argparse.ArgumentParser, out: Path) -> argparse.Namespace:
+    """Add the GPT scripts' shared options (--steps, --data-root, --out), parse them, and run
+    torch on one thread, as every recorded run of chapter 10 does."""
     parser.add_argument("--steps", type=int, default=600)
     default_root = os.environ.get("MULTI30K_ROOT") or REPO.parent / "shared" / "data" / "multi30k"
     parser.add_argument("--data-root", type=Path, default=Path(default_root))
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=out)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    return args
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    args = parse_lm_args(parser, RESULTS)
 
     data = LanguageModelData.from_multi30k(
         args.data_root, progress=False, splits=("train", "val", TEST)

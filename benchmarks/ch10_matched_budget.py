@@ -22,13 +22,22 @@ About 70 CPU-seconds per seed (two runs) on the course's 2-core machine.
 
 from __future__ import annotations
 
-from ch10_toy import ARMS_LINE, ROOT, cell_namespace, cell_source, run_and_record, run_cell
+from ch10_toy import (
+    ARMS_LINE,
+    COUNT_SELECTED,
+    COUNTED_RECORD,
+    LOSS_LINE,
+    ROOT,
+    cell_namespace,
+    cell_source,
+    run_and_record,
+    run_cell,
+)
 
 OUT = ROOT / "companion" / "results" / "ch10_matched_budget.json"
 ARMS = ("masked LM, causal mask", "masked LM")
 STEPS = 2700  # 400 steps x 12 symbols / (15% of 12 symbols) = 2,667, rounded up
 STEPS_LINE = "TOY_STEPS, start = 400, time.process_time()"
-LOSS_LINE = "selected = targets != PAD_ID"
 
 
 def run_seed(cells: list[dict], seed: int) -> dict:
@@ -39,9 +48,7 @@ def run_seed(cells: list[dict], seed: int) -> dict:
     )
     source = source.replace(STEPS_LINE, f"TOY_STEPS, start = {STEPS}, time.process_time()", 1)
     # count the predictions trained on (the selected symbols), on the line that picks them
-    source = source.replace(
-        LOSS_LINE, LOSS_LINE + "; PREDICTIONS[objective] += int(selected.sum())", 1
-    )
+    source = source.replace(LOSS_LINE, LOSS_LINE + COUNT_SELECTED, 1)
     predictions = dict.fromkeys(ARMS, 0)
     namespace = run_cell(source, cell_namespace(PREDICTIONS=predictions))
     results = namespace["toy_results"]
@@ -69,10 +76,8 @@ def main() -> None:
             "only (under the causal mask, and with no mask), trained for 2,700 steps instead of 400 so that "
             "each trains on at least as many predictions as the causal LM's 400 steps (400 x 64 x 12 = "
             "307,200); the share of blanks each fills (2,000 test rows) and of rows each writes validly (500 samples)",
-            "causal_lm_predictions": 400 * 64 * 12,
-            "test_rows": 2000,
-            "written_rows": 500,
-        },
+        }
+        | COUNTED_RECORD,
     )
 
 

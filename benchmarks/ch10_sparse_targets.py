@@ -24,7 +24,15 @@ About 5 CPU-seconds per seed on the course's 2-core machine.
 
 from __future__ import annotations
 
-from ch10_toy import ARMS_LINE, ROOT, cell_namespace, cell_source, run_and_record, run_cell
+from ch10_toy import (
+    ARMS_LINE,
+    COUNTED_RECORD,
+    ROOT,
+    cell_source,
+    describe_counted,
+    run_and_record,
+    run_one_arm,
+)
 
 OUT = ROOT / "companion" / "results" / "ch10_sparse_targets.json"
 ARM = "causal LM"
@@ -44,17 +52,7 @@ def run_seed(cells: list[dict], seed: int) -> dict:
     source = cell_source(cells, seed, (ARMS_LINE, LOSS_LINE))
     source = source.replace(ARMS_LINE, 'TOY_ARMS = {"causal LM": True}', 1)
     source = source.replace(LOSS_LINE, SPARSE_LOSS, 1)
-    predictions = {ARM: 0}
-    namespace = run_cell(source, cell_namespace(PREDICTIONS=predictions))
-    blank, valid = namespace["toy_results"][ARM]
-    return {
-        "seed": seed,
-        "steps": namespace["TOY_STEPS"],
-        "predictions_trained_on": predictions[ARM],
-        "blank_accuracy": blank,
-        "valid_rows": valid,
-        "cpu_seconds": round(namespace["toy_seconds"], 1),
-    }
+    return run_one_arm(source, ARM, seed)
 
 
 def main() -> None:
@@ -62,19 +60,14 @@ def main() -> None:
         __doc__,
         OUT,
         run_seed,
-        lambda run: (
-            f"predictions {run['predictions_trained_on']}, blank {run['blank_accuracy']:.3f}, "
-            f"valid rows {run['valid_rows']:.3f}"
-        ),
+        describe_counted,
         {
             "description": "Section 10.2's toy test (the chapter's cell f10obj01), the causal LM only, "
             "400 steps on the same clean rows with the causal mask, its loss taken only at the ~15% of "
             "symbols the masked-LM objective selects in each row (the same selection); the share of "
             "blanks it fills (2,000 test rows) and of rows it writes validly (500 samples)",
-            "causal_lm_predictions": 400 * 64 * 12,
-            "test_rows": 2000,
-            "written_rows": 500,
-        },
+        }
+        | COUNTED_RECORD,
     )
 
 

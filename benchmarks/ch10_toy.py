@@ -31,6 +31,10 @@ NOTEBOOK = ROOT / "book" / "10_three_families.ipynb"
 CELL = "f10obj01"
 CELL_END = "# (benchmarks/ch10_objectives.py runs this cell up to here)"
 ARMS_LINE = 'TOY_ARMS = {"causal LM": True, "masked LM": False, "masked LM, causal mask": True}'
+LOSS_LINE = "selected = targets != PAD_ID"  # the cell's line that picks the symbols a loss scores
+COUNT_SELECTED = "; PREDICTIONS[objective] += int(selected.sum())"  # appended to LOSS_LINE
+#: what every record that counts predictions adds: the causal LM's count, the test sizes
+COUNTED_RECORD = {"causal_lm_predictions": 400 * 64 * 12, "test_rows": 2000, "written_rows": 500}
 
 
 def cell_source(cells: list[dict], seed: int, needles: tuple[str, ...] = ()) -> str:
@@ -56,6 +60,31 @@ def run_cell(source: str, namespace: dict) -> dict:
     """Execute the (edited) cell in ``namespace`` and return the namespace."""
     exec(compile(source, f"{NOTEBOOK.name}:{CELL}", "exec"), namespace)
     return namespace
+
+
+def run_one_arm(source: str, arm: str, seed: int, **extra: object) -> dict:
+    """Run the edited cell for one arm, counting the predictions it trains on (the source must
+    add to ``PREDICTIONS[objective]``), and return the run's record with ``extra`` after its steps."""
+    predictions = {arm: 0}
+    namespace = run_cell(source, cell_namespace(PREDICTIONS=predictions))
+    blank, valid = namespace["toy_results"][arm]
+    return {
+        "seed": seed,
+        "steps": namespace["TOY_STEPS"],
+        **extra,
+        "predictions_trained_on": predictions[arm],
+        "blank_accuracy": blank,
+        "valid_rows": valid,
+        "cpu_seconds": round(namespace["toy_seconds"], 1),
+    }
+
+
+def describe_counted(run: dict) -> str:
+    """One line for a run of :func:`run_one_arm`."""
+    return (
+        f"predictions {run['predictions_trained_on']}, blank {run['blank_accuracy']:.3f}, "
+        f"valid rows {run['valid_rows']:.3f}"
+    )
 
 
 def run_and_record(
