@@ -1085,3 +1085,19 @@ def test_window_exercise_refusal_says_how_to_build_it():
 
     result = ch05.check_causal_window_mask(via_causal_mask, verbose=False)
     assert not result and "torch.arange" in result.message, result.message
+
+
+def test_lengths_mask_hints_name_the_inverted_mask_and_the_off_by_one():
+    def inverted(lengths, k_len, left):
+        return ~ch05.reference_lengths_padding_mask(lengths, k_len, left)
+
+    def one_too_many(lengths, k_len, left):  # positions <= lengths, right padding
+        positions = torch.arange(k_len)
+        if left:
+            return (positions >= k_len - lengths[:, None] - 1)[:, None, None, :]
+        return (positions <= lengths[:, None])[:, None, None, :]
+
+    result = ch05.check_lengths_padding_mask(inverted, verbose=False)
+    assert not result and "inverted" in result.message, result.message
+    result = ch05.check_lengths_padding_mask(one_too_many, verbose=False)
+    assert not result and "<, not <=" in result.message, result.message

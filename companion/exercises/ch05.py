@@ -151,10 +151,27 @@ def _lengths_cases() -> list[Case]:
 
 
 def _lengths_hint(case: Case, got: Any) -> str:
-    """Show the case's small inputs by value: the summary line gives only their shapes."""
-    return (
+    """Show the case's small inputs by value (the summary line gives only their shapes), and name
+    the two classic slips when the answer makes one: an inverted mask, a mask one key too long."""
+    shown = (
         f"\n   lengths = {case['lengths'].tolist()}, k_len = {case['k_len']}, left = {case['left']}"
     )
+    if not isinstance(got, Tensor) or got.dtype != torch.bool:
+        return shown
+    expected = reference_lengths_padding_mask(case["lengths"], case["k_len"], case["left"])
+    if got.shape != expected.shape:
+        return shown
+    if torch.equal(got, ~expected):
+        return shown + (
+            "\n   Every entry is inverted: this course's masks are True where a key MAY be attended"
+            " (a real token); PyTorch's key_padding_mask uses the opposite convention."
+        )
+    if torch.equal(got.sum(-1), expected.sum(-1) + (expected.sum(-1) < case["k_len"]).long()):
+        return shown + (
+            "\n   Each row lets one key too many through: a sequence of length L has its real"
+            " tokens at positions 0 to L - 1, so compare with <, not <=."
+        )
+    return shown
 
 
 def check_lengths_padding_mask(
