@@ -38,12 +38,14 @@ OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch07_nudg
 STEPS, MIN_LEN, MAX_LEN, NUDGE = 200, 3, 10, 1e-6
 
 
-def run(nudge_seed: int, factor: bool = True, init_seed: int = 0) -> dict:
+def run(nudge_seed: int, factor: bool = True, init_seed: int = 0, tie: bool = True) -> dict:
     """Train the chapter's toy (nudged unless nudge_seed is 0); exact-match shares on the test set.
 
     ``factor=False``: both embeddings' scale set to 1 (no sqrt(d_model)); only greedy is decoded.
     ``init_seed``: the seed of the initialisation and of the data order (0: the chapter's run;
-    ``benchmarks/ch07_seed_runs.py`` varies it)."""
+    ``benchmarks/ch07_seed_runs.py`` varies it). ``tie=False``: a separate generator (the package's
+    Xavier initialisation), only greedy decoded, keys ``greedy_untied[_no_factor]`` and
+    ``loss_untied[_no_factor]`` (``benchmarks/ch07_untied_runs.py``)."""
     train_data = CopyReverseDataset(
         "reverse", num_examples=STEPS * 64, min_len=MIN_LEN, max_len=MAX_LEN, seed=1
     )
@@ -54,7 +56,7 @@ def run(nudge_seed: int, factor: bool = True, init_seed: int = 0) -> dict:
     set_seed(init_seed)
     toy = Transformer(TransformerConfig(
         src_vocab=train_data.vocab_size, tgt_vocab=train_data.vocab_size, d_model=64, num_heads=4,
-        num_layers=2, d_ff=256, dropout=0.0, norm_first=True, tie_embeddings=True,
+        num_layers=2, d_ff=256, dropout=0.0, norm_first=True, tie_embeddings=tie,
         src_pad_id=PAD_ID, tgt_pad_id=PAD_ID,
     ))  # fmt: skip
     if not factor:
@@ -82,6 +84,9 @@ def run(nudge_seed: int, factor: bool = True, init_seed: int = 0) -> dict:
 
     greedy = exact_match(greedy_decode(toy, test_src, max_len=MAX_LEN + 2))
     loss = float(np.mean(losses[-20:]))
+    if not tie:
+        suffix = "" if factor else "_no_factor"
+        return {f"greedy_untied{suffix}": greedy, f"loss_untied{suffix}": loss}
     if not factor:
         return {"greedy_no_factor": greedy, "loss_no_factor": loss}
     beam3 = exact_match(beam_search(toy, test_src, beam_size=3, max_len=MAX_LEN + 2))
