@@ -757,6 +757,21 @@ def batch_beside_its_copy(logits_fn, ids):  # each sentence in a batch of two co
     )
 
 
+def batch_signed_sum(logits_fn, ids):  # differences summed with their signs: they can cancel
+    batched = logits_fn(ids)
+    return all(
+        abs((logits_fn(ids[b : b + 1])[0] - batched[b]).sum()) <= 1e-4 for b in range(ids.shape[0])
+    )
+
+
+def batch_signed_sum_per_position(logits_fn, ids):  # the same, per position over the vocabulary
+    batched = logits_fn(ids)
+    return all(
+        (logits_fn(ids[b : b + 1])[0] - batched[b]).sum(-1).abs().max() <= 1e-4
+        for b in range(ids.shape[0])
+    )
+
+
 #: each incomplete test, and the mixing of the case made to defeat it
 INCOMPLETE = {
     "fixed permutation and first alone": (
@@ -775,6 +790,8 @@ INCOMPLETE = {
     "last position": (batch_last_position, "batch mean at position 0"),
     "copies of itself": (batch_copies_of_itself, "batch size"),
     "leave one out": (batch_leave_one_out, "a sentence alone"),
+    "signed sum": (batch_signed_sum, "leak centred over the vocabulary"),
+    "signed sum per position": (batch_signed_sum_per_position, "leak centred over the vocabulary"),
     "beside its copy": (batch_beside_its_copy, "a sentence alone"),
 }
 
@@ -835,10 +852,11 @@ def test_batch_cases_hold_each_kind_of_mixing():
         "a sentence alone",
         "rounding near zero",
         "small leak on large logits",
+        "leak centred over the vocabulary",
     }
     assert set(ch11._BatchModel.READS) | others <= set(kinds)
     verdicts = [ch11.reference_batch_independent(**case) for case in ch11._batch_cases()]
-    assert verdicts.count(True) == 4 and verdicts.count(False) == 17, verdicts
+    assert verdicts.count(True) == 4 and verdicts.count(False) == 18, verdicts
     assert "batch mean" not in repr(ch11._batch_cases()[1]["logits_fn"])  # the repr hides the kind
 
 

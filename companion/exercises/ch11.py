@@ -742,6 +742,10 @@ class _BatchModel:
             logits = logits + 100.0  # 3e-3 to 5e-3: over the band's top, yet only ~4e-5 relative
             if batch > 1:
                 logits[1] = logits[1] + 4e-3 + 1e-3 * torch.tanh(logits[0, 0, 0] - 100.0)
+        elif self.how == "leak centred over the vocabulary" and batch > 1:  # row 1 reads row 0
+            move = self.strength * torch.tanh(logits[0])  # (seq, vocab): by up to 0.5 a logit,
+            logits = logits.clone()  # yet its moves sum to zero over the vocabulary (a signed
+            logits[1] = logits[1] + move - move.mean(-1, keepdim=True)  # sum of them misses it)
         if self.how == "one logit" and batch > 1:  # one logit of row 1 reads row 0, by 3e-3
             logits = logits.clone()  # to 5e-3: over the band's top, yet its mean over a row's 600
             logits[1, -1, 0] += 4e-3 + 1e-3 * torch.tanh(logits[0, 0, 0])  # is under its bottom
@@ -785,6 +789,7 @@ def _batch_cases() -> list[Case]:
             ("a sentence alone", 0.5, 3),  # misses: leave-one-out (it never runs a batch of one)
             ("rounding near zero", 0.5, 3),  # fails: a relative tolerance alone, or atol < 6e-6
             ("small leak on large logits", 0.5, 3),  # misses: a relative tolerance alone
+            ("leak centred over the vocabulary", 0.5, 3),  # misses: a signed sum of differences
         ]
     ):
         length = 50 if how == "one logit" else 5
@@ -821,6 +826,10 @@ _BATCH_HINTS = {
     "one logit": (
         "a single logit moves by 3e-3 to 5e-3: compare the largest difference, not the mean, with a"
         " tolerance from 1e-5 to 1e-3"
+    ),
+    "leak centred over the vocabulary": (
+        "row 1's logits move, but their moves sum to zero over the vocabulary: compare the largest"
+        " absolute difference, not a signed sum or mean"
     ),
     "batch size": "this model reads the batch size: run every sentence alone, a batch of one",
     "a sentence alone": (
@@ -859,10 +868,11 @@ def check_batch_independent(
     reading row 3 of four, rows 1 and 3 of five reading each other, the last row reading row 0,
     row 1 reading row 0 and row 0 reading row 2 of four, neighbouring rows of four reading each
     other), let only the padded sentences read the batch mean, move a single logit by 3e-3 to
-    5e-3 (or a whole row, on logits near 100), add a position code along the batch axis (``batch_first`` confusion), or read the
+    5e-3 (or a whole row, on logits near 100), move a row by a leak whose moves sum to zero over
+    the vocabulary, add a position code along the batch axis (``batch_first`` confusion), or read the
     batch size. A tolerance below the healthy models' noise (``torch.equal``, say), above the
     smallest planted dependence, or relative only (``rtol`` without ``atol``) fails a case; a test that watches only some rows or
-    positions, averages the differences, only reorders the batch (reversed, rolled, a fixed
+    positions, averages the differences (or sums them with their signs), only reorders the batch (reversed, rolled, a fixed
     permutation) besides running one sentence alone, compares two halves of the batch with the whole, or compares each sentence with a
     batch of its copies, misses one of them. A call into the clinic's toolkit
     (``clinic.batch_independence``) fails."""
