@@ -25,14 +25,11 @@ from ch02_transformer import (  # noqa: E402
     SEEDS,
     STEPS,
     check_remove_scale,
-    evaluate,
     reverse_data,
     seeded_model,
+    train_curve,
 )
 from notebook_code import write_record  # noqa: E402
-
-from companion.data import PAD_ID, collate_batch  # noqa: E402
-from companion.train import train_step  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch02_transformer_rates.json"
 # (arm, learning rate, clip norm or None), named as in the record
@@ -54,25 +51,11 @@ def main() -> None:
     for name, (arm, lr, clip) in RUNS.items():
         for seed in SEEDS:
             model = seeded_model(seed, train.vocab_size, arm)
-            optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-            gen = torch.Generator().manual_seed(seed)
-            curve: dict = {"loss": [], "token_accuracy": []}
-            clipped = 0
-            for step in range(STEPS + 1):
-                if step % EVAL_EVERY == 0:
-                    loss, acc = evaluate(model, val_src, val_tgt)
-                    curve["loss"].append(round(loss, 5))
-                    curve["token_accuracy"].append(round(acc, 5))
-                if step < STEPS:
-                    idx = torch.randint(0, len(train), (BATCH,), generator=gen).tolist()
-                    src, tgt = collate_batch([train[i] for i in idx])
-                    stats = train_step(model, src, tgt, optimizer, pad_id=PAD_ID, clip_norm=clip)
-                    clipped += stats.grad_norm > 1.0  # would clipping at norm 1 act on this step?
-            curve["share_of_steps_norm_above_1"] = round(clipped / STEPS, 4)
+            curve = train_curve(model, train, val_src, val_tgt, seed, lr, clip)
             runs[name][str(seed)] = curve
             print(
                 f"{name} seed {seed}: tokens right {curve['token_accuracy'][-1]:.3f}, "
-                f"norm > 1 on {clipped / STEPS:.0%} of steps",
+                f"norm > 1 on {curve['share_of_steps_norm_above_1']:.0%} of steps",
                 flush=True,
             )
     record = {
