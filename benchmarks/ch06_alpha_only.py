@@ -16,9 +16,9 @@ pass only. Each Post-LN residual computes LN(x + (α − 1)·stop_gradient(x) + 
 the α model's LN(α·x + F(x)), so the decoder reads its input exactly as well, but the gradient
 along the residual path is not multiplied by α, so it is divided by the larger D at every norm and
 fades as in the stalled run. Together with section 6.7.5's test 1 (gradient restored, input not)
-this separates the lost input from the faded gradient. These runs also record the input test
-(the logits' relative change when the decoder's input digits are shuffled, and their spread across
-positions) at initialisation and after the last step.
+this separates the lost input from the faded gradient. Both kinds of run also record the input
+test (the logits' relative change when the decoder's input digits are shuffled, and their spread
+across positions) at initialisation and after the last step.
 
 Writes ``companion/results/ch06_alpha_only.json`` (per seed: the loss of every step, the
 bottom/top decoder gradient ratio of every step, the logits' relative change made by each of the
@@ -85,7 +85,7 @@ def input_test(model: Transformer) -> list[float]:
     centred = logits - logits.mean(-1, keepdim=True)
     sequence_mean = (centred * real[..., None]).sum(1, keepdim=True) / real.sum(1)[:, None, None]
     spread = (centred - sequence_mean)[real].norm() / centred[real].norm()
-    return [round(change.item(), 6), round(spread.item(), 6)]
+    return [float(f"{change.item():.4g}"), float(f"{spread.item():.4g}")]  # 4 significant digits
 
 
 def main() -> None:
@@ -117,15 +117,13 @@ def main() -> None:
         key = f"alpha-{'fwd' if args.forward_only else 'only'}|{seed}"
         start = time.perf_counter()
         model = alpha_only_model(seed, data.vocab_size)
-        extra = {}
         if args.forward_only:
             for stack in ("encoder", "decoder"):
                 for layer in getattr(model, stack).layers:
                     layer.residual = types.MethodType(forward_only_residual, layer)
-            extra["input_test_init"] = input_test(model)
+        extra = {"input_test_init": input_test(model)}  # forward passes only: no RNG drawn
         record = norm_study.train_run(model, data, LR, "constant", seed, steps=STEPS)
-        if args.forward_only:
-            extra["input_test_end"] = input_test(model)
+        extra["input_test_end"] = input_test(model)
         arms[key] = {
             "loss": [round(float(v), 6) for v in record["loss"]],
             "grad_ratio": [float(f"{v:.4g}") for v in record["grad_ratio"]],

@@ -20,7 +20,10 @@ backward pass is altered:
 "rescaled" and "frozen" each have a control (``"rescaled-warmup"``, ``"frozen-warmup"``) that
 trains the same altered model with section 6.4's warm-up: it checks that the altered gradient can train this model at
 all. If "rescaled" stalls while its control trains, the fading is not what stalls the model.
-Writes ``companion/results/ch06_frozen_norm.json``, which the chapter loads, plots and asserts.
+Each arm also records section 6.4's input test after its last step (``input_test_end``: the
+logits' relative change when the decoder's input digits are shuffled, and their spread across
+positions; ``ch06_alpha_only.input_test``). Writes ``companion/results/ch06_frozen_norm.json``,
+which the chapter loads, plots and asserts.
 
     .venv/bin/python benchmarks/ch06_frozen_norm.py            # every arm, seeds 0-2
     .venv/bin/python benchmarks/ch06_frozen_norm.py --arms rescaled --seeds 0
@@ -35,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from ch06_alpha_only import input_test
 from notebook_code import head_commit
 from torch import Tensor, nn
 
@@ -151,7 +155,9 @@ def run_arm(arm: str, seed: int, data) -> dict:
         check_forward(check, first_batch)
     d0 = alter(model, mode, first_batch)
     record = norm_study.train_run(model, data, LR, schedule, seed, STEPS)
+    input_test_end = input_test(model)  # forward passes only, after the last step
     return {
+        "input_test_end": input_test_end,
         "loss": [round(float(v), 6) for v in record["loss"]],
         "grad_ratio": [float(f"{v:.4e}") for v in record["grad_ratio"]],
         "norm_scale_mean": [round(float(v), 5) for v in record["norm_scale"].mean(1)],

@@ -1042,6 +1042,8 @@ def test_adam_step_prediction_accepts_the_ratio(value):
         (0.316, "√|g| instead of √(g²)"),
         (0.53, "write m₂"),
         (0.711, "bias correction is missing"),  # review s11rv06c: named, not generic
+        (0.71, "bias correction is missing"),
+        (0.707, "denominator alone"),  # review s12rv06: √v̂₂/|g₁|, not the missing correction
         (1.005, "not 1 - β"),  # bias correction by 1 - β, not 1 - β²
         (0.788, "swapped"),
         (10, "write m₂"),
@@ -1149,6 +1151,31 @@ def _layer_pairs(model, src, tgt_input, shuffled):
     return list(zip(*outputs))
 
 
+def _layer_input_pairs(model, src, tgt_input, shuffled):
+    inputs = []
+    for tokens in (tgt_input, shuffled):
+        seen = []
+        hooks = [
+            layer.register_forward_pre_hook(lambda m, args, seen=seen: seen.append(args[0]))
+            for layer in model.decoder.layers
+        ]
+        with torch.no_grad():
+            model(src, tokens)
+        for hook in hooks:
+            hook.remove()
+        inputs.append(seen)
+    return list(zip(*inputs))
+
+
+def input_change_of_inputs(model, src, tgt_input, shuffled, real):  # off by one layer
+    return torch.stack(
+        [
+            (h - s)[real].norm() / h[real].norm()
+            for h, s in _layer_input_pairs(model, src, tgt_input, shuffled)
+        ]
+    )
+
+
 def input_change_correct(model, src, tgt_input, shuffled, real):
     return torch.stack(
         [
@@ -1219,6 +1246,7 @@ def test_input_change_by_layer_accepts_correct(answer):
         (input_change_by_shuffled, "not the shuffled"),
         (input_change_per_token, "per-token ratios"),
         (input_change_with_embeddings, "leave out the embeddings"),
+        (input_change_of_inputs, "off by one layer"),  # review s12rv06: a forward pre-hook
     ],
 )
 def test_input_change_by_layer_rejects_and_names_the_classic_slips(wrong, says):

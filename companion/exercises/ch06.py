@@ -1156,7 +1156,7 @@ ADAM_PREDICTION_TOLERANCE: float = 0.03
 
 
 def _adam_prediction_slips() -> list[tuple[float, str]]:
-    """Exercise 5's ratio as three classic slips compute it (g₁ = 1, g₂ = 1/10), each with its hint."""
+    """Exercise 5's ratio as four classic slips compute it (g₁ = 1, g₂ = 1/10), each with its hint."""
     g1, g2 = 1.0, 0.1
 
     def ratio(b1: float, b2: float, c1: float, c2: float) -> float:
@@ -1167,7 +1167,13 @@ def _adam_prediction_slips() -> list[tuple[float, str]]:
     return [
         (
             ratio(0.9, 0.98, 1.0, 1.0),
-            "the bias correction is missing: divide m₂ by 1 - β₁² and v₂ by 1 - β₂².",
+            "the bias correction is missing at step 2 (step 1 is -lr·sign(g₁) only once it is"
+            " corrected): divide m₂ by 1 - β₁² and v₂ by 1 - β₂².",
+        ),
+        (
+            math.sqrt(0.99 / 1.98),
+            "√0.5 = √v̂₂ / |g₁| is the denominator alone: the numerator m̂₂ changes too, to"
+            " (0.09 g₁ + 0.1 g₂) / 0.19.",
         ),
         (
             ratio(0.9, 0.98, 0.1, 0.02),
@@ -1198,10 +1204,8 @@ def check_adam_step_prediction(predicted_ratio: object, verbose: bool = True) ->
                 " nor 0.1 (gradient descent).",
             )  # fmt: skip
         else:
-            slip = next(
-                (text for ratio, text in _adam_prediction_slips() if abs(value - ratio) <= 0.005),
-                None,
-            )
+            near = [(abs(value - ratio), text) for ratio, text in _adam_prediction_slips()]
+            slip = min(near)[1] if min(near)[0] <= 0.005 else None  # the nearest (0.707, 0.711)
             if slip is not None:
                 hint = slip
             elif 0.05 <= value <= 0.15:
@@ -1277,6 +1281,26 @@ def _decoder_layer_outputs(
     return [(h, h_shuffled) for h, h_shuffled in outputs]
 
 
+def _decoder_layer_inputs(
+    model: nn.Module, src: Tensor, tgt_input: Tensor, shuffled: Tensor
+) -> list[tuple[Tensor, Tensor]]:
+    """Each decoder layer's input, bottom first, fed ``tgt_input`` and fed ``shuffled`` (exercise
+    6's off-by-one slip: a forward pre-hook instead of a forward hook)."""
+    inputs: list[list[Tensor]] = [[] for _ in model.decoder.layers]
+    hooks = [
+        layer.register_forward_pre_hook(lambda _m, args, k=k: inputs[k].append(args[0]))
+        for k, layer in enumerate(model.decoder.layers)
+    ]
+    try:
+        with torch.no_grad():
+            model(src, tgt_input)
+            model(src, shuffled)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return [(h, h_shuffled) for h, h_shuffled in inputs]
+
+
 def shuffled_digits(tgt_input: Tensor, real: Tensor, seed: int = 0) -> Tensor:
     """``tgt_input`` with the digits after the start token shuffled across the batch (chapter
     6's input test): every position and length stays, only which digit sits where changes."""
@@ -1332,6 +1356,12 @@ def _input_change_hint(case: dict, got: object) -> str:
             torch.allclose(got.double(), torch.stack(values).double(), rtol=1e-3, atol=1e-7)
         )
 
+    inputs = _decoder_layer_inputs(case["model"], case["src"], case["tgt_input"], case["shuffled"])
+    if like([(h - s)[real].norm() / h[real].norm() for h, s in inputs]):
+        return (
+            "\n   hint: that is each layer's input (off by one layer: a forward pre-hook); hook"
+            " the layer's output with register_forward_hook."
+        )
     if like([(h - s)[real].norm() for h, s in pairs]):
         return "\n   hint: divide the change by the size of the layer's output, ‖h_k‖."
     if like([(h - s).norm() / h.norm() for h, s in pairs]):
