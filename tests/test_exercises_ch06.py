@@ -1135,12 +1135,15 @@ def test_relative_updates_hint_also_names_a_numpy_slip():
 # --------------------------------------------------------------------------------------------
 
 
-def _layer_pairs(model, src, tgt_input, shuffled):
+def _layer_pairs(model, src, tgt_input, shuffled, pre=False):
+    """A learner's hooks: each decoder layer's output (``pre``: its input), for both inputs."""
     outputs = []
     for tokens in (tgt_input, shuffled):
         seen = []
         hooks = [
-            layer.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o))
+            layer.register_forward_pre_hook(lambda m, args, seen=seen: seen.append(args[0]))
+            if pre
+            else layer.register_forward_hook(lambda m, i, o, seen=seen: seen.append(o))
             for layer in model.decoder.layers
         ]
         with torch.no_grad():
@@ -1152,19 +1155,7 @@ def _layer_pairs(model, src, tgt_input, shuffled):
 
 
 def _layer_input_pairs(model, src, tgt_input, shuffled):
-    inputs = []
-    for tokens in (tgt_input, shuffled):
-        seen = []
-        hooks = [
-            layer.register_forward_pre_hook(lambda m, args, seen=seen: seen.append(args[0]))
-            for layer in model.decoder.layers
-        ]
-        with torch.no_grad():
-            model(src, tokens)
-        for hook in hooks:
-            hook.remove()
-        inputs.append(seen)
-    return list(zip(*inputs))
+    return _layer_pairs(model, src, tgt_input, shuffled, pre=True)
 
 
 def input_change_of_inputs(model, src, tgt_input, shuffled, real):  # off by one layer

@@ -1262,13 +1262,16 @@ def reference_input_change_by_layer(
     return torch.stack([(h - h_shuffled)[real].norm() / h[real].norm() for h, h_shuffled in pairs])
 
 
-def _decoder_layer_outputs(
-    model: nn.Module, src: Tensor, tgt_input: Tensor, shuffled: Tensor
+def _decoder_layer_tensors(
+    model: nn.Module, src: Tensor, tgt_input: Tensor, shuffled: Tensor, inputs: bool = False
 ) -> list[tuple[Tensor, Tensor]]:
-    """Each decoder layer's output, bottom first, fed ``tgt_input`` and fed ``shuffled``."""
-    outputs: list[list[Tensor]] = [[] for _ in model.decoder.layers]
+    """Each decoder layer's output (or, with ``inputs``, its input), bottom first, fed
+    ``tgt_input`` and fed ``shuffled``."""
+    seen: list[list[Tensor]] = [[] for _ in model.decoder.layers]
     hooks = [
-        layer.register_forward_hook(lambda _m, _i, out, k=k: outputs[k].append(out))
+        layer.register_forward_pre_hook(lambda _m, args, k=k: seen[k].append(args[0]))
+        if inputs
+        else layer.register_forward_hook(lambda _m, _i, out, k=k: seen[k].append(out))
         for k, layer in enumerate(model.decoder.layers)
     ]
     try:
@@ -1278,7 +1281,14 @@ def _decoder_layer_outputs(
     finally:
         for hook in hooks:
             hook.remove()
-    return [(h, h_shuffled) for h, h_shuffled in outputs]
+    return [(h, h_shuffled) for h, h_shuffled in seen]
+
+
+def _decoder_layer_outputs(
+    model: nn.Module, src: Tensor, tgt_input: Tensor, shuffled: Tensor
+) -> list[tuple[Tensor, Tensor]]:
+    """Each decoder layer's output, bottom first, fed ``tgt_input`` and fed ``shuffled``."""
+    return _decoder_layer_tensors(model, src, tgt_input, shuffled)
 
 
 def _decoder_layer_inputs(
@@ -1286,19 +1296,7 @@ def _decoder_layer_inputs(
 ) -> list[tuple[Tensor, Tensor]]:
     """Each decoder layer's input, bottom first, fed ``tgt_input`` and fed ``shuffled`` (exercise
     6's off-by-one slip: a forward pre-hook instead of a forward hook)."""
-    inputs: list[list[Tensor]] = [[] for _ in model.decoder.layers]
-    hooks = [
-        layer.register_forward_pre_hook(lambda _m, args, k=k: inputs[k].append(args[0]))
-        for k, layer in enumerate(model.decoder.layers)
-    ]
-    try:
-        with torch.no_grad():
-            model(src, tgt_input)
-            model(src, shuffled)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return [(h, h_shuffled) for h, h_shuffled in inputs]
+    return _decoder_layer_tensors(model, src, tgt_input, shuffled, inputs=True)
 
 
 def shuffled_digits(tgt_input: Tensor, real: Tensor, seed: int = 0) -> Tensor:
