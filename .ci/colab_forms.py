@@ -13,8 +13,12 @@ import json
 import sys
 
 TITLES = {
-    "hide-input": "Code behind the output below: checks and plotting (double-click to read it)",
+    "hide-input": "Checks and plotting code for this step (double-click to read it)",
     "hide-cell": "Optional: a measurement or check the text refers to (double-click to read it)",
+}
+#: earlier titles, replaced by the current ones when the script runs again
+RETIRED = {
+    "Code behind the output below: checks and plotting (double-click to read it)": "hide-input"
 }
 SETUP = "Setup: installs the companion package on Colab, fixes the seeds and threads"
 IMPORTS = "Imports and display settings"
@@ -34,6 +38,9 @@ for path in sys.argv[1:]:
             continue
         title = SETUP if k == 1 else IMPORTS if k == 2 else TITLES[kind]
         src = "".join(cell["source"])
+        first, _, rest = src.partition("\n")
+        if first.removeprefix("# @title ") in RETIRED:
+            src = rest
         if not src.startswith("# @title"):
             src = f"# @title {title}\n" + src
             cell["source"] = src.splitlines(keepends=True)
