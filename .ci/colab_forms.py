@@ -6,6 +6,9 @@ chapter there would meet every checks and plotting cell in full. This gives each
 opens the code) and ``jupyter.source_hidden`` (JupyterLab, Notebook 7 and VS Code collapse the
 input). Idempotent; ``tests/test_notebooks.py`` checks the result.
 
+A cell whose code opens with a one-line comment (a whole line, not the start of a longer
+comment) takes that comment as its title; the others get a title from their tag.
+
 Usage: python .ci/colab_forms.py book/*.ipynb
 """
 
@@ -20,6 +23,20 @@ TITLES = {
 RETIRED = {
     "Code behind the output below: checks and plotting (double-click to read it)": "hide-input"
 }
+GENERIC = set(TITLES.values()) | set(RETIRED)
+
+
+def own_title(code: str) -> str | None:
+    """The cell's opening one-line comment, if it has one short enough for a title."""
+    lines = code.splitlines()
+    if len(lines) < 2 or not lines[0].startswith("# ") or lines[0].startswith("# @title"):
+        return None
+    if lines[1].startswith("#"):
+        return None
+    text = lines[0][2:].strip()
+    return text[0].upper() + text[1:] if 15 <= len(text) <= 110 else None
+
+
 SETUP = "Setup: installs the companion package on Colab, fixes the seeds and threads"
 IMPORTS = "Imports and display settings"
 for path in sys.argv[1:]:
@@ -36,13 +53,17 @@ for path in sys.argv[1:]:
         )
         if kind is None:
             continue
-        title = SETUP if k == 1 else IMPORTS if k == 2 else TITLES[kind]
         src = "".join(cell["source"])
         first, _, rest = src.partition("\n")
-        if first.removeprefix("# @title ") in RETIRED:
-            src = rest
+        if first.removeprefix("# @title ") in GENERIC:
+            src = rest  # a title from the tag: look again for the cell's own
+        title = SETUP if k == 1 else IMPORTS if k == 2 else own_title(src)
+        if title and k > 2:
+            src = src.partition("\n")[2]  # the comment becomes the title line
+        title = title or TITLES[kind]
         if not src.startswith("# @title"):
             src = f"# @title {title}\n" + src
+        if src != "".join(cell["source"]):
             cell["source"] = src.splitlines(keepends=True)
             changed += 1
         md = cell.setdefault("metadata", {})
@@ -50,4 +71,4 @@ for path in sys.argv[1:]:
         md.setdefault("jupyter", {})["source_hidden"] = True
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-    print(f"{path}: {changed} cells given a title")
+    print(f"{path}: {changed} cells given a new title")
