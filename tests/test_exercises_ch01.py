@@ -1792,3 +1792,15 @@ def test_equivariance_loose_tolerance_gets_one_piece_of_advice():
     assert not result
     assert "stricter tolerance" in result.message, result.message
     assert "try more reorderings" not in result.message, result.message
+
+
+def test_row_softmax_rejects_an_answer_that_leaves_pytorch():
+    """SciPy's softmax through NumPy gives the right numbers but no gradient: rejected, named."""
+    import scipy.special
+
+    def via_scipy(scores):
+        weights = scipy.special.softmax(scores.detach().numpy(), axis=-1)
+        return torch.from_numpy(weights).to(scores.dtype)
+
+    result = ch01.check_row_softmax(via_scipy, verbose=False)
+    assert not result and "carry no gradient" in result.message, result.message

@@ -127,11 +127,19 @@ def _row_softmax_cases() -> list[Case]:
     cases.append({"scores": 200 * torch.randn(2, 3, 4, generator=g) + 500})
     # float64 scores: an answer that casts to float32 first (.float()) returns another dtype
     cases.append({"scores": 3 * torch.randn(3, 4, generator=g, dtype=torch.float64)})
+    # scores inside a graph (a non-leaf that requires grad): an answer that leaves PyTorch
+    # (NumPy, SciPy) returns weights no gradient can flow through
+    cases.append({"scores": torch.randn(2, 5, generator=g).requires_grad_() * 3})
     return cases
 
 
 class BuiltinSoftmaxCalled(RuntimeError):
     """Raised when the reader's ``row_softmax`` calls one of PyTorch's softmax functions."""
+
+
+class GraphLeft(TypeError):
+    """Raised when the reader's ``row_softmax`` returns weights without a gradient for scores
+    that require one: it left PyTorch (NumPy or SciPy, say), so training cannot learn through it."""
 
 
 class DtypeChanged(TypeError):
@@ -255,6 +263,12 @@ def check_row_softmax(row_softmax: Callable[[Tensor], Tensor], verbose: bool = T
                     "indices): use .values, or torch.amax"
                 ) from exc
         scores = kwargs["scores"]
+        if isinstance(got, Tensor) and scores.requires_grad and not got.requires_grad:
+            raise GraphLeft(
+                "your weights carry no gradient for scores that require one: the function left "
+                "PyTorch (NumPy or SciPy?), so backpropagation cannot reach the scores; use "
+                "torch operations"
+            )
         if isinstance(got, Tensor) and got.dtype != scores.dtype:
             raise DtypeChanged(
                 f"your function returned {got.dtype} weights for {scores.dtype} scores: keep "
