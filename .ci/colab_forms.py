@@ -34,7 +34,10 @@ def own_title(code: str) -> str | None:
     if lines[1].startswith("#"):
         return None
     text = lines[0][2:].strip()
-    return text[0].upper() + text[1:] if 15 <= len(text) <= 110 else None
+    if not 15 <= len(text) <= 110:
+        return None
+    first_word = text.split()[0]
+    return text[0].upper() + text[1:] if first_word.isalpha() else text  # keep paths and names
 
 
 SETUP = "Setup: installs the companion package on Colab, fixes the seeds and threads"
