@@ -30,22 +30,34 @@ from companion.utils import set_threads  # noqa: E402
 OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch07_seed_runs.json"
 
 
-def main(seeds: list[int]) -> None:
+def record_seeds(out: Path, setup: str, seeds: list[int], run_seed, describe_run) -> None:
+    """Run ``run_seed(seed)`` for each seed on one thread and write the record to ``out`` after
+    every seed (an interrupted run keeps its finished seeds)."""
     set_threads(limit=1)
     record = {
-        "setup": "section 7.7's toy, as in ch07_nudge_runs.json, unnudged; seed s: set_seed(s) before the "
-        "model is built (initialisation) and the training loader shuffled by Generator().manual_seed(s) "
-        "(data order); same training examples, schedule and 300 test sequences; s = 0 is the chapter's run",
+        "setup": setup,
         "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "runs": {},
     }
     for seed in seeds:
-        result = {**run(0, init_seed=seed), **run(0, factor=False, init_seed=seed)}
+        result = run_seed(seed)
         record["runs"][str(seed)] = result
-        print(describe(f"seed {seed}", result), flush=True)
-        OUT.write_text(json.dumps(record, indent=1) + "\n")
-    print("wrote", OUT)
+        print(describe_run(seed, result), flush=True)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+    print("wrote", out)
+
+
+def main(seeds: list[int]) -> None:
+    record_seeds(
+        OUT,
+        "section 7.7's toy, as in ch07_nudge_runs.json, unnudged; seed s: set_seed(s) before the "
+        "model is built (initialisation) and the training loader shuffled by Generator().manual_seed(s) "
+        "(data order); same training examples, schedule and 300 test sequences; s = 0 is the chapter's run",
+        seeds,
+        lambda seed: {**run(0, init_seed=seed), **run(0, factor=False, init_seed=seed)},
+        lambda seed, result: describe(f"seed {seed}", result),
+    )
 
 
 if __name__ == "__main__":

@@ -14,38 +14,27 @@ on the 300 test sequences and the mean loss of the last 20 steps. It writes
 
 from __future__ import annotations
 
-import json
-import platform
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ch07_nudge_runs import run  # noqa: E402
-
-from companion.utils import set_threads  # noqa: E402
+from ch07_seed_runs import record_seeds  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "companion" / "results" / "ch07_untied_runs.json"
 
 
 def main(seeds: list[int]) -> None:
-    set_threads(limit=1)
-    record = {
-        "setup": "section 7.7's toy as in ch07_seed_runs.json (same seeds: initialisation and data order), "
+    record_seeds(
+        OUT,
+        "section 7.7's toy as in ch07_seed_runs.json (same seeds: initialisation and data order), "
         "but tie_embeddings=False (a separate generator, the package's Xavier initialisation); with the "
         "factor sqrt(d_model); greedy exact match on the 300 test "
         "sequences and the mean training loss of the last 20 steps",
-        "torch": torch.__version__,
-        "machine": platform.processor() or platform.machine(),
-        "runs": {},
-    }
-    for seed in seeds:
-        result = run(0, init_seed=seed, tie=False)
-        record["runs"][str(seed)] = result
-        print(f"seed {seed}: {result}", flush=True)
-        OUT.write_text(json.dumps(record, indent=1) + "\n")
-    print("wrote", OUT)
+        seeds,
+        lambda seed: run(0, init_seed=seed, tie=False),
+        lambda seed, result: f"seed {seed}: {result}",
+    )
 
 
 if __name__ == "__main__":
