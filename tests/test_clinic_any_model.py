@@ -4,6 +4,7 @@ torch.nn.Transformer, the mystery patient and the bad-input errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import re
@@ -569,3 +570,59 @@ def test_examine_passes_a_healthy_model_with_pad_id_1_and_catches_a_bug():
     unmasked = reader(pad_id=0)  # masks id 0, not the patient's pad id 1
     failed = [f.test for f in clinic.examine(_fairseq_patient(unmasked)) if not f]
     assert "padding invariance" in failed
+
+
+def _decoder_only_patient(positional: str, pad_id: int | None, shift=clinic.teacher_forcing):
+    """The course's DecoderOnlyTransformer (chapter 10), never trained, dropout 0.1, as a
+    one-input patient; ``pad_id=None`` leaves its pads unmasked."""
+    from companion.families import DecoderOnlyTransformer
+    from companion.model import TransformerConfig
+
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        tgt_vocab=16, d_model=32, num_heads=4, num_layers=2, d_ff=64, dropout=0.1,
+        tgt_pad_id=pad_id, positional=positional,
+    )  # fmt: skip
+    model = DecoderOnlyTransformer(config)
+    return clinic.Patient(
+        model=model,
+        logits=clinic.as_logits_fn(model),
+        loss=clinic.sequence_loss,
+        shift=shift,
+        vocab_size=16,
+    )
+
+
+def test_examine_decoder_only_passes_a_healthy_model_and_names_each_failure():
+    """decoder_only=True: one input (<bos>, symbols, <eos>, pads), the pads prepended. A RoPE
+    model with its pads masked passes; without the mask, or with positions that count the pads
+    (sinusoidal), prepended pads fail; unshifted labels fail 'labels shifted'."""
+    healthy = clinic.examine(_decoder_only_patient("rope", PAD), decoder_only=True)
+    assert all(healthy), [str(f) for f in healthy if not f]
+    assert [f.test for f in healthy] == [f.test for f in clinic.examine(clinic.admit(None))]
+    assert "pads before" in str(healthy[4])
+    unmasked = clinic.examine(_decoder_only_patient("rope", None), decoder_only=True)
+    assert [f.test for f in unmasked if not f] == ["padding invariance"]
+    counted = clinic.examine(_decoder_only_patient("sinusoidal", PAD), decoder_only=True)
+    assert "padding invariance" in [f.test for f in counted if not f]
+    unshifted = clinic.examine(
+        _decoder_only_patient("rope", PAD, shift=lambda seq: (seq, seq)), decoder_only=True
+    )
+    assert "labels shifted" in [f.test for f in unshifted if not f]
+
+
+def test_examine_decoder_only_catches_a_leak_and_wants_a_bool():
+    """A decoder-only model that reads the whole sequence fails the causal leak check; the
+    encoder-decoder call on a one-input adapter is not silently accepted either."""
+    patient = _decoder_only_patient("rope", PAD)
+    inner = patient.logits
+
+    def leaky(ids):  # each position also reads the sequence's last token
+        return inner(ids) + inner(ids.flip(1)).flip(1)[:, -1:]
+
+    leak = clinic.examine(dataclasses.replace(patient, logits=leaky), decoder_only=True)
+    assert not next(f for f in leak if f.test == "causal leak")
+    with pytest.raises(TypeError, match="decoder_only"):
+        clinic.examine(patient, decoder_only="yes")
+    with pytest.raises(TypeError):
+        clinic.examine(patient)  # two inputs to a one-input model

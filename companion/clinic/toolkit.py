@@ -1509,7 +1509,9 @@ def parity_with_torch(
 # --------------------------------------------------------------------------------------------
 
 
-def examine(patient: Patient, *, batch_size: int = 8, seed: int = 0) -> list[Finding]:
+def examine(
+    patient: Patient, *, batch_size: int = 8, seed: int = 0, decoder_only: bool = False
+) -> list[Finding]:
     """Run the diagnostics that need no training on ``patient``
     (:class:`~companion.clinic.patient.Patient`), in this order: deterministic evaluation,
     registration, causal leak, batch independence, padding invariance (of the source),
@@ -1523,19 +1525,37 @@ def examine(patient: Patient, *, batch_size: int = 8, seed: int = 0) -> list[Fin
     patient's ``pad_id``, ``bos_id`` and ``eos_id``), not the reader's data. Read them in order: when two evaluations differ (dropout on), the
     comparisons after it differ too, so the first failure is the one to explain.
     :func:`overfit_check` and :func:`parity_with_torch` are left to the reader (one trains,
-    the other needs a key map)."""
+    the other needs a key map).
+
+    ``decoder_only=True`` tests a decoder-only model: the patient's adapter takes one input,
+    ``ids (batch, len)`` → logits ``(batch, len, vocab)``. The batch is each source of
+    :meth:`~companion.clinic.patient.Patient.batch` after a ``<bos>`` (``<bos>``, the symbols,
+    ``<eos>``, right pads), split by the patient's ``shift`` into the input ids and the
+    labels. The checks are the same, on that one input, except that padding invariance
+    prepends the pads (``side="left"``): a causal mask already hides appended pads, so
+    appending them cannot fail (:func:`padding_invariance`)."""
     check_instance("patient", patient, Patient, "a clinic Patient")
     check_positive_int("batch_size", batch_size, minimum=2)
+    if not isinstance(decoder_only, bool):
+        raise TypeError(f"decoder_only must be a bool, got {type(decoder_only).__name__}")
     src, tgt_in, labels = patient.batch(batch_size, seed)  # (batch, src_len), (batch, tgt_len) x2
     fn, vocab, pad = patient.logits, patient.vocab_size, patient.pad_id
-    logits = _logits(fn, (src, tgt_in))  # (batch, tgt_len, vocab)
+    if decoder_only:  # one sequence per sentence: <bos>, symbols, <eos>, pads
+        bos = torch.full((src.shape[0], 1), patient.bos_id, dtype=src.dtype)  # (batch, 1)
+        tgt_in, labels = patient.shift(torch.cat([bos, src], dim=1))  # (batch, src_len) each
+        inputs: tuple[Tensor, ...] = (tgt_in,)
+        first_two: tuple[Tensor, ...] = (tgt_in[:2],)
+    else:
+        inputs, first_two = (src, tgt_in), (src[:2], tgt_in[:2])
+    logits = _logits(fn, inputs)  # (batch, tgt_len, vocab)
+    side = "left" if decoder_only else "right"
     return [
-        deterministic_check(fn, (src, tgt_in)),
+        deterministic_check(fn, inputs),
         registration_check(patient.model),
-        causal_leak_check(fn, (src[:2], tgt_in[:2]), vocab_size=vocab, pad_id=pad),
-        batch_independence(fn, (src, tgt_in)),
-        padding_invariance(fn, (src, tgt_in), pad_id=pad, vary=0),
-        initial_loss_check(fn, (src, tgt_in), labels, pad_id=pad, vocab_size=vocab),
+        causal_leak_check(fn, first_two, vocab_size=vocab, pad_id=pad),
+        batch_independence(fn, inputs),
+        padding_invariance(fn, inputs, pad_id=pad, vary=0, side=side),
+        initial_loss_check(fn, inputs, labels, pad_id=pad, vocab_size=vocab),
         loss_padding_check(patient.loss, logits, labels, pad_id=pad),
         label_shift_check(tgt_in, labels, pad_id=pad),
     ]
