@@ -1116,3 +1116,281 @@ def test_may_stop_rejects_non_bool_and_reports_stub():
 
     result = ch07.check_may_stop(stub, verbose=False)
     assert not result and "not attempted" in result.message
+
+
+# ------------------------------------------------------------------------------------------
+# own_logit (the chapter's exercise 1): the fed token's own logit, with a given factor
+# ------------------------------------------------------------------------------------------
+
+
+def _logits_at(model, src, tgt_in, src_scale, tgt_scale):
+    saved = model.src_embedding.scale, model.tgt_embedding.scale
+    model.src_embedding.scale, model.tgt_embedding.scale = src_scale, tgt_scale
+    try:
+        with torch.no_grad():
+            return model(src, tgt_in)  # (batch, tgt_len, vocab)
+    finally:
+        model.src_embedding.scale, model.tgt_embedding.scale = saved
+
+
+def own_correct(model, src, tgt_in, scale):
+    logits = _logits_at(model, src, tgt_in, scale, scale)
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()
+
+
+def own_tensor_result(model, src, tgt_in, scale):  # a one-element tensor is fine
+    logits = _logits_at(model, src, tgt_in, scale, scale)
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean()
+
+
+def own_by_one_hot(model, src, tgt_in, scale):  # another correct form
+    logits = _logits_at(model, src, tgt_in, scale, scale)
+    one_hot = torch.nn.functional.one_hot(tgt_in, logits.shape[-1]).float()
+    return ((logits * one_hot).sum(-1)).mean().item()
+
+
+def own_next_token(model, src, tgt_in, scale):  # scores the token that follows, not the fed one
+    logits = _logits_at(model, src, tgt_in, scale, scale)
+    return logits[:, :-1].gather(-1, tgt_in[:, 1:].unsqueeze(-1)).mean().item()
+
+
+def own_top_logit(model, src, tgt_in, scale):  # the largest logit, whichever token it is
+    return _logits_at(model, src, tgt_in, scale, scale).amax(-1).mean().item()
+
+
+def own_log_prob(model, src, tgt_in, scale):
+    logits = _logits_at(model, src, tgt_in, scale, scale).log_softmax(-1)
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()
+
+
+def own_probability(model, src, tgt_in, scale):
+    logits = _logits_at(model, src, tgt_in, scale, scale).softmax(-1)
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()
+
+
+def own_target_factor_only(model, src, tgt_in, scale):  # the source keeps √d_model
+    logits = _logits_at(model, src, tgt_in, model.src_embedding.scale, scale)
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()
+
+
+def own_scale_not_restored(model, src, tgt_in, scale):
+    model.src_embedding.scale = model.tgt_embedding.scale = scale
+    with torch.no_grad():
+        logits = model(src, tgt_in)
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()
+
+
+def own_weights_rescaled(model, src, tgt_in, scale):  # rescales the table in place instead
+    factor = scale / model.tgt_embedding.scale
+    with torch.no_grad():
+        model.tgt_embedding.embedding.weight.mul_(factor)
+        model.src_embedding.embedding.weight.mul_(factor)
+        logits = model(src, tgt_in)
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()
+
+
+def own_source_token(model, src, tgt_in, scale):  # the source's token at the same position
+    logits = _logits_at(model, src, tgt_in, scale, scale)
+    return logits.gather(-1, src[:, : tgt_in.shape[1]].unsqueeze(-1)).mean().item()
+
+
+def test_own_logit_accepts_correct():
+    assert ch07.check_own_logit(own_correct, verbose=False)
+    assert ch07.check_own_logit(own_tensor_result, verbose=False)
+    assert ch07.check_own_logit(own_by_one_hot, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        own_next_token,
+        own_top_logit,
+        own_log_prob,
+        own_probability,
+        own_target_factor_only,
+        own_scale_not_restored,
+        own_weights_rescaled,
+        own_source_token,
+    ],
+)
+def test_own_logit_rejects_wrong(wrong):
+    assert not ch07.check_own_logit(wrong, verbose=False)
+    # the check puts the models back, so the reference still passes afterwards
+    assert ch07.check_own_logit(own_correct, verbose=False)
+
+
+def test_own_logit_reports_what_was_left_changed():
+    result = ch07.check_own_logit(own_scale_not_restored, verbose=False)
+    assert not result and "set the factor back" in result.message
+    result = ch07.check_own_logit(own_weights_rescaled, verbose=False)
+    assert not result and "weights" in result.message
+
+
+def test_own_logit_cases_tell_the_factor_apart():
+    """Each case model: the factor changes the own logit, and in the tied ones the fed token's
+    logit is higher with the factor than without (the chapter's copying, small)."""
+    cases = ch07._own_logit_cases()
+    by_model = {}
+    for case in cases:
+        by_model.setdefault(id(case["model"]), []).append(case)
+    for group in by_model.values():
+        values = [ch07.reference_own_logit(**case) for case in group]
+        assert len(set(round(v, 4) for v in values)) == len(values), values
+        if group[0]["model"].config.tie_embeddings:
+            assert values[0] > values[1], values  # √d_model first, then 1
+
+
+def test_own_logit_limit_is_the_final_norms_bound():
+    """The solution's prediction: with a huge factor, a tied one-layer Pre-LN model's own logit
+    tends to √d · ‖e_y − mean(e_y)‖ (the final LayerNorm at its initial gain 1 and shift 0)."""
+    torch.manual_seed(0)
+    config = TransformerConfig(
+        src_vocab=50, tgt_vocab=50, d_model=64, num_heads=4, num_layers=1, d_ff=128,
+        dropout=0.0, norm_first=True, tie_embeddings=True,
+    )  # fmt: skip
+    model = Transformer(config).eval()
+    src, tgt_in = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 5))
+    table = model.tgt_embedding.embedding.weight[tgt_in]  # (2, 5, 64)
+    centred = table - table.mean(-1, keepdim=True)
+    bound = (math.sqrt(64) * centred.norm(dim=-1)).mean().item()
+    assert abs(ch07.reference_own_logit(model, src, tgt_in, 1e6) - bound) < 1e-3 * bound
+
+
+# ------------------------------------------------------------------------------------------
+# top_p_mask (the chapter's exercise 2): the top-p mask from sorted cumulative sums
+# ------------------------------------------------------------------------------------------
+
+
+def _nucleus_sorted(probs, top_p):
+    sorted_probs, order = probs.sort(-1, descending=True)
+    return sorted_probs, order, sorted_probs.cumsum(-1) - sorted_probs  # mass of the better ones
+
+
+def top_p_correct(probs, top_p):
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_probs, _, mass_before = _nucleus_sorted(probs, top_p)
+    least = sorted_probs.masked_fill(mass_before >= top_p, math.inf).amin(-1, keepdim=True)
+    return probs >= least
+
+
+def top_p_float64(probs, top_p):  # sums in float64 (the case's tail then stays below 1)
+    return top_p_no_special_case_for_one(probs.double(), top_p)
+
+
+def top_p_via_count(probs, top_p):  # count the nucleus, then keep by value
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_probs, _, mass_before = _nucleus_sorted(probs, top_p)
+    count = (mass_before < top_p).sum(-1, keepdim=True)  # (..., 1)
+    return probs >= sorted_probs.gather(-1, count - 1)
+
+
+def top_p_cumsum_below(probs, top_p):  # drops the token that crosses top_p
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    keep = sorted_probs.cumsum(-1) < top_p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def top_p_cumsum_at_most(probs, top_p):
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_probs, order = probs.sort(-1, descending=True)
+    keep = sorted_probs.cumsum(-1) <= top_p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def top_p_mass_before_at_most(probs, top_p):  # one token too many when the sum hits top_p exactly
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_probs, _, mass_before = _nucleus_sorted(probs, top_p)
+    least = sorted_probs.masked_fill(mass_before > top_p, math.inf).amin(-1, keepdim=True)
+    return probs >= least
+
+
+def top_p_sorted_order(probs, top_p):  # the mask left in sorted order
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    _, _, mass_before = _nucleus_sorted(probs, top_p)
+    return mass_before < top_p
+
+
+def top_p_ties_by_sort_order(probs, top_p):  # the package's sampling rule: ties split by the sort
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    _, order, mass_before = _nucleus_sorted(probs, top_p)
+    keep = mass_before < top_p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def top_p_no_special_case_for_one(probs, top_p):  # a float32 sum can reach 1 before the tail
+    sorted_probs, _, mass_before = _nucleus_sorted(probs, top_p)
+    least = sorted_probs.masked_fill(mass_before >= top_p, math.inf).amin(-1, keepdim=True)
+    return probs >= least
+
+
+def top_p_unsorted_cumsum(probs, top_p):  # sums in the tokens' own order
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    return probs.cumsum(-1) - probs < top_p
+
+
+def top_p_ascending(probs, top_p):  # the least likely first
+    if top_p == 1:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_probs, order = probs.sort(-1)
+    keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def top_p_each_above(probs, top_p):  # tokens whose own probability is at least 1 - top_p
+    return probs >= 1 - top_p
+
+
+def test_top_p_mask_accepts_correct():
+    assert ch07.check_top_p_mask(top_p_correct, verbose=False)
+    assert ch07.check_top_p_mask(top_p_float64, verbose=False)
+    assert ch07.check_top_p_mask(top_p_via_count, verbose=False)
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        top_p_cumsum_below,
+        top_p_cumsum_at_most,
+        top_p_mass_before_at_most,
+        top_p_sorted_order,
+        top_p_ties_by_sort_order,
+        top_p_no_special_case_for_one,
+        top_p_unsorted_cumsum,
+        top_p_ascending,
+        top_p_each_above,
+    ],
+)
+def test_top_p_mask_rejects_wrong(wrong):
+    assert not ch07.check_top_p_mask(wrong, verbose=False)
+
+
+def test_top_p_mask_without_ties_is_the_packages_nucleus():
+    """Away from ties and top_p = 1, the mask is where the package's top-p keeps probability."""
+    from companion.decode import top_p_distribution
+
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(3)) * 2
+    for top_p in (0.2, 0.5, 0.9):
+        kept = top_p_distribution(logits, top_p) > 0
+        assert torch.equal(ch07.reference_top_p_mask(logits.softmax(-1), top_p), kept)
+
+
+def test_top_p_mask_rejects_a_float_mask_and_reports_stub():
+    result = ch07.check_top_p_mask(
+        lambda probs, top_p: top_p_correct(probs, top_p).float(), verbose=False
+    )
+    assert not result and "bool tensor" in result.message
+
+    def stub(probs, top_p):
+        raise NotImplementedError
+
+    result = ch07.check_top_p_mask(stub, verbose=False)
+    assert not result and "not attempted" in result.message

@@ -15,6 +15,8 @@ the parameters of a whole Transformer           :func:`check_parameter_count`
 one step of beam search                         :func:`check_beam_step`
 one incremental decoding step, from the parts  :func:`check_decode_step`
 may a beam search stop (``stop="bound"``)?      :func:`check_may_stop`
+the fed token's own logit, with a given factor  :func:`check_own_logit`
+the top-p mask, from sorted cumulative sums     :func:`check_top_p_mask`
 ==============================================  =====================================
 """
 
@@ -52,6 +54,8 @@ __all__ = [
     "check_beam_step",
     "check_decode_step",
     "check_may_stop",
+    "check_own_logit",
+    "check_top_p_mask",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -904,4 +908,178 @@ def check_may_stop(may_stop: Callable[..., bool], verbose: bool = True) -> Check
     _check_callable("the function to check", may_stop)
     return run_check(
         "may_stop", _boolean(may_stop), reference_may_stop, _may_stop_cases(), verbose=verbose
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1 (the chapter's numbering): the fed token's own logit, with and without the factor
+# --------------------------------------------------------------------------------------------
+
+
+def reference_own_logit(model: Transformer, src: Tensor, tgt_in: Tensor, scale: float) -> float:
+    """The mean logit that ``model`` gives each fed token at its own position, with both
+    embeddings' factor set to ``scale``; the model is left as it was found.
+
+    ``logits[b, t]`` scores the token after ``tgt_in[b, t]``; its entry at ``tgt_in[b, t]``
+    itself is the fed token's own logit, the one that section 7.4 finds on top at
+    initialisation in a tied model.
+
+    Args:
+        model: a :class:`~companion.model.Transformer` in eval mode (no padding in the cases).
+        src: ``(batch, src_len)`` source ids.
+        tgt_in: ``(batch, tgt_len)`` decoder input ids.
+        scale: the factor both embeddings multiply their rows by (``√d_model`` by default).
+    """
+    saved = model.src_embedding.scale, model.tgt_embedding.scale
+    model.src_embedding.scale = model.tgt_embedding.scale = scale
+    try:
+        with torch.no_grad():
+            logits = model(src, tgt_in)  # (batch, tgt_len, vocab)
+    finally:
+        model.src_embedding.scale, model.tgt_embedding.scale = saved
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()  # the fed tokens' own logits
+
+
+def _own_logit_cases() -> list[Case]:
+    cases: list[Case] = []
+    for seed, (norm_first, layers, tied) in enumerate(
+        [(True, 1, True), (False, 1, True), (True, 2, True), (True, 1, False)]
+    ):
+        torch.manual_seed(700 + seed)  # the package initialises from the global generator
+        config = TransformerConfig(
+            src_vocab=60, tgt_vocab=60, d_model=32, num_heads=4, num_layers=layers, d_ff=64,
+            dropout=0.0, norm_first=norm_first, tie_embeddings=tied,
+        )  # fmt: skip
+        model = _ReportedModel(config).eval()
+        g = seeded_generator(710 + seed)
+        src = torch.randint(4, 60, (3, 7), generator=g)  # (batch, src_len): no padding
+        tgt_in = torch.randint(4, 60, (3, 5), generator=g)  # (batch, tgt_len)
+        scales = (math.sqrt(32), 1.0, 3.0) if seed == 0 else (math.sqrt(32), 1.0)
+        cases += [{"model": model, "src": src, "tgt_in": tgt_in, "scale": s} for s in scales]
+    return cases
+
+
+def _model_left_alone(own_logit: Callable[..., Any]) -> Callable[..., Any]:
+    """``own_logit`` that must leave the model's factors and weights as it found them, and
+    return a number (a one-element tensor is read as its value)."""
+
+    @functools.wraps(own_logit)
+    def wrapper(**kwargs: Any) -> Any:
+        model = kwargs["model"]
+        scales = model.src_embedding.scale, model.tgt_embedding.scale
+        weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+        result = own_logit(**kwargs)
+        now = model.src_embedding.scale, model.tgt_embedding.scale
+        if now != scales:
+            model.src_embedding.scale, model.tgt_embedding.scale = scales  # for the next cases
+            raise RuntimeError(
+                f"own_logit left the embeddings' scale at {now}, not the {scales} it found: set "
+                "the factor back after the forward pass (try/finally)"
+            )
+        changed = [n for n, p in model.named_parameters() if not torch.equal(p, weights[n])]
+        if changed:
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.copy_(weights[name])
+            raise RuntimeError(
+                f"own_logit changed the model's weights ({', '.join(changed)}): change the "
+                "embeddings' `scale` instead, and leave the parameters alone"
+            )
+        if isinstance(result, Tensor) and result.numel() == 1:
+            result = result.item()
+        if isinstance(result, bool) or not isinstance(result, (int, float, np.floating)):
+            raise TypeError(f"own_logit should return a number, got {result!r}")
+        return float(result)
+
+    return wrapper
+
+
+def check_own_logit(own_logit: Callable[..., float], verbose: bool = True) -> CheckResult:
+    """Check ``own_logit(model, src, tgt_in, scale)`` → the mean logit of each fed token at its
+    own position, with both embeddings' factor set to ``scale``, the model left unchanged."""
+    _check_callable("the function to check", own_logit)
+    return run_check(
+        "own_logit",
+        _model_left_alone(own_logit),
+        reference_own_logit,
+        _own_logit_cases(),
+        atol=1e-4,
+        verbose=verbose,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2 (the chapter's numbering): the top-p mask, from sorted cumulative sums
+# --------------------------------------------------------------------------------------------
+
+
+def reference_top_p_mask(probs: Tensor, top_p: float) -> Tensor:
+    """Which tokens top-p keeps: the fewest most likely tokens whose probabilities add up to at
+    least ``top_p``, and every token tied with the least likely of them; ``top_p = 1`` keeps
+    every token (a rounded cumulative sum can reach 1 before the last, tiny probabilities).
+
+    Args:
+        probs: ``(..., vocab)`` probabilities, each row summing to 1.
+        top_p: in ``(0, 1]``.
+
+    Returns:
+        ``(..., vocab)`` bool, ``True`` for the kept tokens, in the tokens' own order.
+    """
+    if top_p >= 1.0:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_probs, _ = probs.sort(dim=-1, descending=True)  # (..., vocab)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (..., vocab): the better ones' mass
+    needed = mass_before < top_p  # (..., vocab): the nucleus, in sorted order
+    least = sorted_probs.masked_fill(~needed, math.inf).amin(dim=-1, keepdim=True)  # (..., 1)
+    return probs >= least  # (..., vocab): ties with the least likely kept token kept too
+
+
+def _top_p_cases() -> list[Case]:
+    def row(*values: float) -> Tensor:
+        return torch.tensor([values], dtype=torch.float32)  # (1, vocab)
+
+    g = seeded_generator(720)
+    random_rows = (torch.randn(2, 3, 12, generator=g) * 2).softmax(-1)  # (2, 3, 12)
+    tiny_tail = torch.tensor([[0.0] * 40 + [30.0] + [0.0] * 9]).softmax(-1)  # (1, 50)
+    return [
+        # one token above top_p: it alone (cumsum < top_p keeps nothing)
+        {"probs": row(0.03, 0.92, 0.05), "top_p": 0.9},
+        # the token that crosses top_p is kept: 0.5 + 0.3 reaches 0.7
+        {"probs": row(0.1, 0.5, 0.1, 0.3), "top_p": 0.7},
+        # exactly reached: 0.5 + 0.25 = 0.75 (binary fractions, no rounding), nothing more
+        {"probs": row(0.125, 0.5, 0.125, 0.25), "top_p": 0.75},
+        # ties at the edge of the nucleus: the three 0.2s stay together
+        {"probs": row(0.2, 0.4, 0.2, 0.2), "top_p": 0.5},
+        {"probs": row(0.25, 0.25, 0.25, 0.25), "top_p": 0.3},
+        # top_p = 1: every token, also where the float cumulative sum reaches 1 early
+        {"probs": tiny_tail, "top_p": 1.0},
+        {"probs": row(0.1, 0.6, 0.3), "top_p": 1.0},
+        # a batch of rows in several dimensions, the tokens in random order
+        {"probs": random_rows, "top_p": 0.3},
+        {"probs": random_rows, "top_p": 0.9},
+    ]
+
+
+def _bool_mask(top_p_mask: Callable[..., Any]) -> Callable[..., Any]:
+    """``top_p_mask`` whose answer must be a bool tensor of the probabilities' shape."""
+
+    @functools.wraps(top_p_mask)
+    def wrapper(**kwargs: Any) -> Any:
+        result = top_p_mask(**kwargs)
+        if not isinstance(result, Tensor) or result.dtype != torch.bool:
+            raise TypeError(
+                "top_p_mask should return a bool tensor (True = kept), got "
+                + (f"a {result.dtype} tensor" if isinstance(result, Tensor) else repr(result))
+            )
+        return result
+
+    return wrapper
+
+
+def check_top_p_mask(top_p_mask: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``top_p_mask(probs, top_p)`` → the bool mask of the tokens top-p keeps (ties with
+    the least likely kept token kept too; every token at ``top_p = 1``)."""
+    _check_callable("the function to check", top_p_mask)
+    return run_check(
+        "top_p_mask", _bool_mask(top_p_mask), reference_top_p_mask, _top_p_cases(), verbose=verbose
     )
