@@ -1101,3 +1101,11 @@ def test_lengths_mask_hints_name_the_inverted_mask_and_the_off_by_one():
     assert not result and "inverted" in result.message, result.message
     result = ch05.check_lengths_padding_mask(one_too_many, verbose=False)
     assert not result and "<, not <=" in result.message, result.message
+
+
+def test_lengths_mask_hint_names_a_query_mask():
+    def query_mask(lengths, k_len, left):  # the lengths on the query axis: (batch, 1, k_len, 1)
+        return ch05.reference_lengths_padding_mask(lengths, k_len, left).transpose(-1, -2)
+
+    result = ch05.check_lengths_padding_mask(query_mask, verbose=False)
+    assert not result and "query axis" in result.message, result.message

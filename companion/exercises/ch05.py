@@ -152,13 +152,19 @@ def _lengths_cases() -> list[Case]:
 
 def _lengths_hint(case: Case, got: Any) -> str:
     """Show the case's small inputs by value (the summary line gives only their shapes), and name
-    the two classic slips when the answer makes one: an inverted mask, a mask one key too long."""
+    the three classic slips when the answer makes one: a query mask, an inverted mask, a mask one
+    key too long."""
     shown = (
         f"\n   lengths = {case['lengths'].tolist()}, k_len = {case['k_len']}, left = {case['left']}"
     )
     if not isinstance(got, Tensor) or got.dtype != torch.bool:
         return shown
     expected = reference_lengths_padding_mask(case["lengths"], case["k_len"], case["left"])
+    if got.shape == expected.transpose(-1, -2).shape != expected.shape:
+        return shown + (
+            "\n   The lengths sit on the query axis, (batch, 1, k_len, 1): that masks queries. A"
+            " padding mask hides keys: put k_len last, (batch, 1, 1, k_len)."
+        )
     if got.shape != expected.shape:
         return shown
     if torch.equal(got, ~expected):
