@@ -10,13 +10,11 @@ in the notebook.
 ==============================================  =====================================
 exercise                                        check
 ==============================================  =====================================
-the forward pass of a Pre-LN decoder layer      :func:`check_decoder_layer_forward`
-the parameters of a whole Transformer           :func:`check_parameter_count`
+the fed token's own logit, with a given factor  :func:`check_own_logit`
+the top-p mask, from sorted cumulative sums     :func:`check_top_p_mask`
 one step of beam search                         :func:`check_beam_step`
 one incremental decoding step, from the parts  :func:`check_decode_step`
 may a beam search stop (``stop="bound"``)?      :func:`check_may_stop`
-the fed token's own logit, with a given factor  :func:`check_own_logit`
-the top-p mask, from sorted cumulative sums     :func:`check_top_p_mask`
 ==============================================  =====================================
 """
 
@@ -25,7 +23,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -46,406 +43,186 @@ from companion.exercises._checker import (
 from companion.layers import DecoderLayer
 from companion.masking import padding_mask
 from companion.model import Transformer, TransformerConfig
-from companion.utils import count_parameters
 
 __all__ = [
-    "check_decoder_layer_forward",
-    "check_parameter_count",
+    "check_own_logit",
+    "check_top_p_mask",
     "check_beam_step",
     "check_decode_step",
     "check_may_stop",
-    "check_own_logit",
-    "check_top_p_mask",
 ]
 
 # --------------------------------------------------------------------------------------------
-# Exercise 1: the forward pass of a Pre-LN decoder layer
+# Exercise 1: the fed token's own logit, with a given factor
 # --------------------------------------------------------------------------------------------
 
 
-_DECODER_LAYER_FORWARD = DecoderLayer.forward  # the unpatched class forward, restored after a call
+def reference_own_logit(model: Transformer, src: Tensor, tgt_in: Tensor, scale: float) -> float:
+    """The mean logit that ``model`` gives each fed token at its own position, with both
+    embeddings' factor set to ``scale``; the model is left as it was found.
 
-
-def reference_decoder_layer_forward(
-    layer: DecoderLayer,
-    x: Tensor,
-    memory: Tensor,
-    tgt_mask: Tensor | None,
-    memory_mask: Tensor,
-) -> Tensor:
-    """One Pre-LN decoder layer: the class's forward pass (``DecoderLayer.forward``), written
-    out with the layer's sub-modules::
-
-        h = self_attention_norm(x)
-        x = x + self_attention(h, h, h, mask=tgt_mask, is_causal=True)      # masked self-attn
-        h = cross_attention_norm(x)
-        x = x + cross_attention(h, memory, memory, mask=memory_mask)        # queries from x
-        x = x + feed_forward(feed_forward_norm(x))
-
-    (each attention returns ``(output, weights)``: only the output is added). The causal mask
-    is not a tensor argument: ``is_causal=True`` makes the attention module build it and
-    combine it with ``tgt_mask`` (a query may attend a key only if both allow it), exactly as
-    ``layer(x, memory, tgt_mask, memory_mask)`` does by default.
+    ``logits[b, t]`` scores the token after ``tgt_in[b, t]``; its entry at ``tgt_in[b, t]``
+    itself is the fed token's own logit, the one that section 7.4 finds on top at
+    initialisation in a tied model.
 
     Args:
-        layer: a :class:`~companion.layers.DecoderLayer` with ``norm_first=True`` and
-            ``dropout=0.0``, in evaluation mode.
-        x: the target sequence, shape ``(batch, tgt_len, d_model)``.
-        memory: the encoder output, shape ``(batch, src_len, d_model)``.
-        tgt_mask: target padding ``(batch, 1, 1, tgt_len)`` (``True`` = may attend) or ``None``.
-        memory_mask: source padding ``(batch, 1, 1, src_len)`` (``True`` = may attend).
-
-    Returns:
-        Shape ``(batch, tgt_len, d_model)``.
+        model: a :class:`~companion.model.Transformer` in eval mode (no padding in the cases).
+        src: ``(batch, src_len)`` source ids.
+        tgt_in: ``(batch, tgt_len)`` decoder input ids.
+        scale: the factor both embeddings multiply their rows by (``√d_model`` by default).
     """
-    # the parts only, as the reader must write it: during the reader's call the check refuses
-    # ``layer(...)``, ``DecoderLayer.forward(...)`` and the layer's helpers ``residual``,
-    # ``self_attend`` and ``cross_attend`` (tests check this equals ``DecoderLayer.forward``)
-    h = layer.self_attention_norm(x)  # (batch, tgt_len, d_model)
-    x = x + layer.self_attention(h, h, h, tgt_mask, is_causal=True)[0]
-    h = layer.cross_attention_norm(x)  # the queries only: the memory is not normalised here
-    x = x + layer.cross_attention(h, memory, memory, memory_mask)[0]
-    return x + layer.feed_forward(layer.feed_forward_norm(x))  # (batch, tgt_len, d_model)
+    saved = model.src_embedding.scale, model.tgt_embedding.scale
+    model.src_embedding.scale = model.tgt_embedding.scale = scale
+    try:
+        with torch.no_grad():
+            logits = model(src, tgt_in)  # (batch, tgt_len, vocab)
+    finally:
+        model.src_embedding.scale, model.tgt_embedding.scale = saved
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()  # the fed tokens' own logits
 
 
-def _refuse(what: str, parts: str) -> Callable[..., Any]:
-    """A stand-in for ``what``'s own forward: the exercise asks for it built from ``parts``."""
-
-    def refused(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(
-            f"{what} refuses to run in this check: build it from the parts ({parts})"
-        )
-
-    return refused
-
-
-class _ReportedLayer(DecoderLayer):
-    """A :class:`~companion.layers.DecoderLayer` whose repr fits on one line of a check's
-    report (the module tree of ``nn.Module`` takes a screen); the report writes the type name
-    before the repr, so the repr leaves it out."""
-
-    def __repr__(self) -> str:
-        return (
-            f"(d_model={self.d_model}, num_heads={self.num_heads}, "
-            f"d_ff={self.feed_forward.d_ff}, norm_first={self.norm_first}, dropout=0.0)"
-        )
-
-
-_ReportedLayer.__name__ = _ReportedLayer.__qualname__ = "DecoderLayer"
-
-
-def _randomize_layer(layer: DecoderLayer, g: torch.Generator) -> DecoderLayer:
-    """Random weights, biases *and* LayerNorm gains/shifts, so that every term matters."""
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if p.dim() > 1:  # (out, in) matrices
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
-            elif "norm" in name and name.endswith("weight"):  # LayerNorm gain around 1
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
-            else:  # biases and LayerNorm shifts
-                p.copy_(0.3 * torch.randn(p.shape, generator=g))
-    return layer.eval()
-
-
-def _decoder_layer_cases() -> list[Case]:
-    g = seeded_generator(711)
-    settings = [
-        # (batch, tgt_len, src_len, d_model, heads, d_ff, source lengths, target lengths or None)
-        (2, 5, 7, 16, 4, 32, [7, 4], None),  # source padding in one sentence
-        (3, 4, 4, 16, 2, 32, [2, 4, 3], [4, 2, 3]),  # src_len = tgt_len; both paddings
-        (1, 1, 3, 8, 2, 16, [2], None),  # one target position (a decoding step)
-        (2, 6, 5, 24, 3, 48, [5, 1], [6, 6]),  # a source of one token; target mask all True
-        (2, 3, 6, 32, 8, 64, [6, 6], [3, 1]),  # no source padding
-    ]
+def _own_logit_cases() -> list[Case]:
     cases: list[Case] = []
-    with torch.random.fork_rng(devices=[]):  # building layers must not move the global seed
-        for batch, tgt_len, src_len, d_model, heads, d_ff, src_lengths, tgt_lengths in settings:
-            layer = _ReportedLayer(d_model, heads, d_ff, dropout=0.0, norm_first=True)
-            _randomize_layer(layer, g)
-            layer.forward = _refuse(  # an instance attribute: `layer(...)` raises, the parts run
-                "layer(...)",
-                "layer.self_attention, layer.cross_attention, layer.feed_forward and the norms",
-            )
-            x = 0.5 + 1.5 * torch.randn(batch, tgt_len, d_model, generator=g)  # not normalised
-            memory = torch.randn(batch, src_len, d_model, generator=g)
-            tgt_mask = (
-                None
-                if tgt_lengths is None
-                else lengths_mask(tgt_lengths, tgt_len)[:, None, None, :]
-            )
-            cases.append(
-                {
-                    "layer": layer,
-                    "x": x,  # (batch, tgt_len, d_model)
-                    "memory": memory,  # (batch, src_len, d_model)
-                    "tgt_mask": tgt_mask,  # (batch, 1, 1, tgt_len) or None
-                    "memory_mask": lengths_mask(src_lengths, src_len)[
-                        :, None, None, :
-                    ],  # (b, 1, 1, src_len)
-                }
-            )
+    for seed, (norm_first, layers, tied) in enumerate(
+        [(True, 1, True), (False, 1, True), (True, 2, True), (True, 1, False)]
+    ):
+        torch.manual_seed(700 + seed)  # the package initialises from the global generator
+        config = TransformerConfig(
+            src_vocab=60, tgt_vocab=60, d_model=32, num_heads=4, num_layers=layers, d_ff=64,
+            dropout=0.0, norm_first=norm_first, tie_embeddings=tied,
+        )  # fmt: skip
+        model = _ReportedModel(config).eval()
+        g = seeded_generator(710 + seed)
+        src = torch.randint(4, 60, (3, 7), generator=g)  # (batch, src_len): no padding
+        tgt_in = torch.randint(4, 60, (3, 5), generator=g)  # (batch, tgt_len)
+        scales = (math.sqrt(32), 1.0, 3.0) if seed == 0 else (math.sqrt(32), 1.0)
+        cases += [{"model": model, "src": src, "tgt_in": tgt_in, "scale": s} for s in scales]
     return cases
 
 
-def _real_rows_only(fn: Callable[..., Tensor], mask_argument: str) -> Callable[..., Tensor]:
-    """``fn`` with the rows of padded target positions set to 0 in its result.
+def _model_left_alone(own_logit: Callable[..., Any]) -> Callable[..., Any]:
+    """``own_logit`` that must leave the model's factors and weights as it found them, and
+    return a number (a one-element tensor is read as its value)."""
 
-    A padded target position is never scored by the loss, and (the padding being at the end
-    and the causal mask in place) no real position attends to it, so what a function returns
-    there does not matter. A check compares only the real rows: a forgotten target padding
-    mask, which changes only the padded rows, is harmless and accepted.
-
-    Args:
-        fn: a function returning ``(batch, tgt_len, ...)``.
-        mask_argument: the keyword argument that gives the target padding: a boolean
-            ``(batch, 1, 1, tgt_len)`` mask (``True`` = real token, ``None`` = no padding), or
-            ``"tgt_in"`` for target ids ``(batch, tgt_len)`` padded with ``PAD_ID``.
-
-    Returns:
-        A function with ``fn``'s signature; a result that is not a tensor of at least two
-        axes is passed through unchanged, so that the check still reports it.
-    """
-
-    @functools.wraps(fn)
+    @functools.wraps(own_logit)
     def wrapper(**kwargs: Any) -> Any:
-        value = kwargs[mask_argument]
-        real = (
-            None
-            if value is None
-            else value != PAD_ID
-            if mask_argument == "tgt_in"
-            else value[:, 0, 0]
-        )  # (batch, tgt_len) or None
-        result = fn(**kwargs)
-        if real is None or not isinstance(result, Tensor) or result.dim() < 2:
-            return result
-        if tuple(result.shape[:2]) != tuple(real.shape):
-            return result  # a wrong shape: the check reports it
-        keep = real.reshape(*real.shape, *([1] * (result.dim() - 2)))  # (batch, tgt_len, 1..)
-        return result.masked_fill(~keep, 0.0)
+        model = kwargs["model"]
+        scales = model.src_embedding.scale, model.tgt_embedding.scale
+        weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+        result = own_logit(**kwargs)
+        now = model.src_embedding.scale, model.tgt_embedding.scale
+        if now != scales:
+            model.src_embedding.scale, model.tgt_embedding.scale = scales  # for the next cases
+            raise RuntimeError(
+                f"own_logit left the embeddings' scale at {now}, not the {scales} it found: set "
+                "the factor back after the forward pass (try/finally)"
+            )
+        changed = [n for n, p in model.named_parameters() if not torch.equal(p, weights[n])]
+        if changed:
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.copy_(weights[name])
+            raise RuntimeError(
+                f"own_logit changed the model's weights ({', '.join(changed)}): change the "
+                "embeddings' `scale` instead, and leave the parameters alone"
+            )
+        if isinstance(result, Tensor) and result.numel() == 1:
+            result = result.item()
+        if isinstance(result, bool) or not isinstance(result, (int, float, np.floating)):
+            raise TypeError(f"own_logit should return a number, got {result!r}")
+        return float(result)
 
     return wrapper
 
 
-_FORWARD_HELPERS = ("residual", "self_attend", "cross_attend")  # what the forward's body calls
-
-
-def _class_forward_refused(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
-    """``fn`` run while ``DecoderLayer.forward`` itself raises (restored afterwards), so that
-    ``DecoderLayer.forward(layer, ...)`` cannot stand in for the parts; the reference uses the
-    copy captured at import. The layer's own helpers that the forward's body calls
-    (``layer.residual``, ``layer.self_attend``, ``layer.cross_attend``) raise too, so that a
-    copy of that body cannot either."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        parts = "layer.self_attention, layer.cross_attention, layer.feed_forward and the norms"
-        DecoderLayer.forward = _refuse(  # type: ignore[method-assign]
-            "DecoderLayer.forward(...)", parts
-        )
-        layer = kwargs.get("layer")
-        helpers = [name for name in _FORWARD_HELPERS if isinstance(layer, DecoderLayer)]
-        for name in helpers:  # instance attributes, deleted below: the class keeps its methods
-            setattr(layer, name, _refuse(f"layer.{name}(...)", parts))
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            DecoderLayer.forward = _DECODER_LAYER_FORWARD  # type: ignore[method-assign]
-            for name in helpers:
-                delattr(layer, name)
-
-    return wrapper
-
-
-def check_decoder_layer_forward(
-    decoder_layer_forward: Callable[..., Tensor], verbose: bool = True
-) -> CheckResult:
-    """Check ``decoder_layer_forward(layer, x, memory, tgt_mask, memory_mask)`` →
-    ``(batch, tgt_len, d_model)``, the Pre-LN forward pass built from ``layer``'s sub-modules:
-    during the call the layer's forward raises, whether reached as ``layer(...)``,
-    ``layer.forward(...)`` or ``DecoderLayer.forward(layer, ...)``. Only the rows of real
-    target positions are compared (:func:`_real_rows_only`)."""
-    _check_callable("the function to check", decoder_layer_forward)
+def check_own_logit(own_logit: Callable[..., float], verbose: bool = True) -> CheckResult:
+    """Check ``own_logit(model, src, tgt_in, scale)`` → the mean logit of each fed token at its
+    own position, with both embeddings' factor set to ``scale``, the model left unchanged."""
+    _check_callable("the function to check", own_logit)
     return run_check(
-        "decoder_layer_forward",
-        _real_rows_only(_class_forward_refused(decoder_layer_forward), "tgt_mask"),
-        _real_rows_only(reference_decoder_layer_forward, "tgt_mask"),
-        _decoder_layer_cases(),
+        "own_logit",
+        _model_left_alone(own_logit),
+        reference_own_logit,
+        _own_logit_cases(),
+        atol=1e-4,
         verbose=verbose,
-        hint=_no_causal_mask_hint,
     )
 
 
-def _no_causal_mask_hint(case: Case, got: Any) -> str:
-    """Name the missing causal mask when the answer equals the layer run with
-    ``is_causal=False`` (with the target padding or without it): the only difference from the
-    reference is then what the later target positions, the ones the causal mask hides, add."""
-    if not isinstance(got, Tensor):
-        return ""
-    layer, x, memory = case["layer"], case["x"], case["memory"]
-    real = None if case["tgt_mask"] is None else case["tgt_mask"][:, 0, 0]  # (batch, tgt_len)
-    for tgt_mask in (case["tgt_mask"], None):
-        with torch.no_grad():
-            unmasked = _DECODER_LAYER_FORWARD(
-                layer, x, memory, tgt_mask, case["memory_mask"], is_causal=False
-            )  # (batch, tgt_len, d_model): every target position sees every other
-        if real is not None:  # compared as the check compares: the real rows only
-            unmasked = unmasked.masked_fill(~real[..., None], 0.0)
-        if got.shape == unmasked.shape and torch.allclose(got, unmasked, atol=1e-5, rtol=1e-4):
-            return (
-                "\n   Hint: this is the layer without the causal mask: each target position also "
-                "attends to the later ones. Pass is_causal=True to layer.self_attention."
-            )
-    return ""
-
-
 # --------------------------------------------------------------------------------------------
-# Exercise 2: the parameters of a whole Transformer
+# Exercise 2: the top-p mask, from sorted cumulative sums
 # --------------------------------------------------------------------------------------------
 
 
-def reference_parameter_count(config: TransformerConfig) -> int:
-    """Trainable parameters of ``Transformer(config)``, shared matrices once.
+def reference_top_p_mask(probs: Tensor, top_p: float) -> Tensor:
+    """Which tokens top-p keeps: the fewest most likely tokens whose probabilities add up to at
+    least ``top_p``, and every token tied with the least likely of them; ``top_p = 1`` keeps
+    every token (a rounded cumulative sum can reach 1 before the last, tiny probabilities).
 
-    Arithmetic only (the check compares with a model built on the ``meta`` device, shapes
-    only, no memory). Written out, with ``d = d_model``, ``f = d_ff``:
+    Args:
+        probs: ``(..., vocab)`` probabilities, each row summing to 1.
+        top_p: in ``(0, 1]``.
 
-    * attention block ``4d² + 4d``, feed-forward ``2df + f + d``, LayerNorm ``2d``; with
-      ``num_kv_heads = g`` of ``h`` heads (grouped-query attention) the key and value
-      projections map ``d`` to ``g·d/h`` only: ``2(d² + d) + 2(d·g·d/h + g·d/h)``;
-    * encoder layer: attention + feed-forward + 2 LayerNorms; decoder layer: 2 attentions +
-      feed-forward + 3 LayerNorms;
-    * a final LayerNorm after each stack when it is Pre-LN (``final_norm``, default
-      ``norm_first``);
-    * embeddings ``src_vocab·d`` and ``tgt_vocab·d``, generator ``tgt_vocab·d + tgt_vocab``;
-      ``tie_embeddings`` shares the generator's matrix with the target embedding,
-      ``tie_source_embedding`` the source embedding's; sinusoidal positions have none.
+    Returns:
+        ``(..., vocab)`` bool, ``True`` for the kept tokens, in the tokens' own order.
     """
-    d, d_ff = config.d_model, config.d_ff
-    d_kv = (config.num_kv_heads or config.num_heads) * d // config.num_heads  # key/value width
-    attention = 2 * (d * d + d) + 2 * (d * d_kv + d_kv)  # query, output; key, value
-    ffn, norm = 2 * d * d_ff + d_ff + d, 2 * d
-    total = config.num_layers * (attention + ffn + 2 * norm)  # encoder layers
-    total += config.decoder_layers * (2 * attention + ffn + 3 * norm)  # decoder layers
-    final_norm = config.norm_first if config.final_norm is None else config.final_norm
-    if final_norm:
-        total += 2 * norm  # the final LayerNorm of each stack
-    total += config.tgt_vocab * d + config.tgt_vocab  # target embedding, generator bias
-    if not config.tie_embeddings:
-        total += config.tgt_vocab * d  # the generator's own matrix
-    if not config.tie_source_embedding:
-        total += config.src_vocab * d  # the source's own matrix
-    return total
+    if top_p >= 1.0:
+        return torch.ones_like(probs, dtype=torch.bool)
+    sorted_probs, _ = probs.sort(dim=-1, descending=True)  # (..., vocab)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (..., vocab): the better ones' mass
+    needed = mass_before < top_p  # (..., vocab): the nucleus, in sorted order
+    least = sorted_probs.masked_fill(~needed, math.inf).amin(dim=-1, keepdim=True)  # (..., 1)
+    return probs >= least  # (..., vocab): ties with the least likely kept token kept too
 
 
-def _built_parameter_count(config: TransformerConfig) -> int:
-    """``count_parameters`` of ``Transformer(config)`` built on ``meta``: what the check
-    compares with (the arithmetic of :func:`reference_parameter_count` is tested against it)."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    return count_parameters(model)
+def _top_p_cases() -> list[Case]:
+    def row(*values: float) -> Tensor:
+        return torch.tensor([values], dtype=torch.float32)  # (1, vocab)
+
+    g = seeded_generator(720)
+    random_rows = (torch.randn(2, 3, 12, generator=g) * 2).softmax(-1)  # (2, 3, 12)
+    tiny_tail = torch.tensor([[0.0] * 40 + [30.0] + [0.0] * 9]).softmax(-1)  # (1, 50)
+    return [
+        # one token above top_p: it alone (cumsum < top_p keeps nothing)
+        {"probs": row(0.03, 0.92, 0.05), "top_p": 0.9},
+        # the token that crosses top_p is kept: 0.5 + 0.3 reaches 0.7
+        {"probs": row(0.1, 0.5, 0.1, 0.3), "top_p": 0.7},
+        # exactly reached: 0.5 + 0.25 = 0.75 (binary fractions, no rounding), nothing more
+        {"probs": row(0.125, 0.5, 0.125, 0.25), "top_p": 0.75},
+        # ties at the edge of the nucleus: the three 0.2s stay together
+        {"probs": row(0.2, 0.4, 0.2, 0.2), "top_p": 0.5},
+        {"probs": row(0.25, 0.25, 0.25, 0.25), "top_p": 0.3},
+        # top_p = 1: every token, also where the float cumulative sum reaches 1 early
+        {"probs": tiny_tail, "top_p": 1.0},
+        {"probs": row(0.1, 0.6, 0.3), "top_p": 1.0},
+        # a batch of rows in several dimensions, the tokens in random order
+        {"probs": random_rows, "top_p": 0.3},
+        {"probs": random_rows, "top_p": 0.9},
+    ]
 
 
-class _ReportedConfig(TransformerConfig):
-    """A :class:`~companion.model.TransformerConfig` whose repr lists the sizes and only the
-    other fields that differ from their defaults, so that it fits in a check's report (which
-    writes the type name before it)."""
+def _bool_mask(top_p_mask: Callable[..., Any]) -> Callable[..., Any]:
+    """``top_p_mask`` whose answer must be a bool tensor of the probabilities' shape."""
 
-    _ALWAYS = ("src_vocab", "tgt_vocab", "d_model", "num_heads", "num_layers", "d_ff")
-
-    def __repr__(self) -> str:
-        shown = [
-            f"{f.name}={getattr(self, f.name)!r}"
-            for f in fields(self)
-            if f.name in self._ALWAYS or getattr(self, f.name) != f.default
-        ]
-        return f"({', '.join(shown)})"
-
-
-_ReportedConfig.__name__ = _ReportedConfig.__qualname__ = "TransformerConfig"
-
-
-# The fields exercise 2 asks ``parameter_count`` to follow; every case leaves the others
-# (``norm``, ``final_norm``, ``positional``, ``num_decoder_layers``, ...) at their defaults, as the
-# exercise says, and sets ``tie_source_embedding`` only with ``tie_embeddings`` (section 7.6's
-# sharing: one matrix for both embeddings and the generator).
-_COUNTED_FIELDS = (
-    "src_vocab", "tgt_vocab", "d_model", "num_heads", "num_layers", "d_ff",
-    "norm_first", "tie_embeddings", "tie_source_embedding", "num_kv_heads",
-)  # fmt: skip
-
-
-def _parameter_cases() -> list[Case]:
-    # small models first: their counts are short enough to compare digit by digit in a report
-    settings: list[dict[str, Any]] = [
-        dict(src_vocab=100, tgt_vocab=120, d_model=16, num_heads=4, num_layers=2, d_ff=32),
-        dict(src_vocab=100, tgt_vocab=120, d_model=16, num_heads=2, num_layers=3, d_ff=64,
-             norm_first=True),  # Pre-LN: two final LayerNorms
-        dict(src_vocab=50, tgt_vocab=50, d_model=32, num_heads=8, num_layers=1, d_ff=48,
-             norm_first=True, tie_embeddings=True, tie_source_embedding=True),  # one matrix
-        dict(src_vocab=80, tgt_vocab=60, d_model=24, num_heads=3, num_layers=3, d_ff=24,
-             tie_embeddings=True),
-        dict(src_vocab=64, tgt_vocab=64, d_model=8, num_heads=1, num_layers=1, d_ff=16,
-             tie_embeddings=True, tie_source_embedding=True),  # a single head; one matrix
-        dict(src_vocab=30, tgt_vocab=40, d_model=12, num_heads=6, num_layers=4, d_ff=20,
-             norm_first=True, tie_embeddings=True),
-        # grouped-query attention: 2 key/value heads for 4 query heads
-        dict(src_vocab=40, tgt_vocab=50, d_model=16, num_heads=4, num_layers=2, d_ff=32,
-             num_kv_heads=2, norm_first=True, tie_embeddings=True),
-        # multi-query attention: one key/value head for 8 query heads
-        dict(src_vocab=60, tgt_vocab=60, d_model=32, num_heads=8, num_layers=1, d_ff=64,
-             num_kv_heads=1, tie_embeddings=True, tie_source_embedding=True),
-        # the paper's base model, one 37000-token matrix for both embeddings and the generator
-        dict(src_vocab=37000, tgt_vocab=37000, tie_embeddings=True, tie_source_embedding=True),
-        dict(src_vocab=37000, tgt_vocab=37000),  # the same without any sharing
-        # the paper's big model
-        dict(src_vocab=37000, tgt_vocab=37000, d_model=1024, num_heads=16, d_ff=4096,
-             tie_embeddings=True, tie_source_embedding=True),
-    ]  # fmt: skip
-    return [{"config": _ReportedConfig(**setting)} for setting in settings]
-
-
-def _arithmetic_only(parameter_count: Callable[..., Any]) -> Callable[..., Any]:
-    """``parameter_count`` run with every ``torch.nn.Module`` refusing to be built: the
-    exercise asks for the count from the config's sizes, not ``count_parameters`` of a model
-    (on ``meta`` or not), which is how the check's own reference counts."""
-
+    @functools.wraps(top_p_mask)
     def wrapper(**kwargs: Any) -> Any:
-        original = torch.nn.Module.__init__
-
-        def refused(*args: Any, **kw: Any) -> None:
-            raise RuntimeError(
-                "parameter_count built a module (Transformer, a layer, nn.Linear, ...): this "
-                "exercise asks for arithmetic only, the count from the config's sizes"
+        result = top_p_mask(**kwargs)
+        if not isinstance(result, Tensor) or result.dtype != torch.bool:
+            raise TypeError(
+                "top_p_mask should return a bool tensor (True = kept), got "
+                + (f"a {result.dtype} tensor" if isinstance(result, Tensor) else repr(result))
             )
-
-        torch.nn.Module.__init__ = refused  # type: ignore[method-assign]
-        try:
-            return parameter_count(**kwargs)
-        finally:
-            torch.nn.Module.__init__ = original  # type: ignore[method-assign]
+        return result
 
     return wrapper
 
 
-def check_parameter_count(
-    parameter_count: Callable[[TransformerConfig], int], verbose: bool = True
-) -> CheckResult:
-    """Check ``parameter_count(config)`` (exact), the trainable parameters of
-    ``Transformer(config)``, on configs that set only the exercise's fields (``src_vocab``,
-    ``tgt_vocab``, ``d_model``, ``num_heads``, ``num_layers``, ``d_ff``, ``norm_first``,
-    ``tie_embeddings``, ``tie_source_embedding`` (only with ``tie_embeddings``), ``num_kv_heads``), by
-    arithmetic: while ``parameter_count`` runs, building any ``torch.nn.Module`` (a model to
-    hand to ``count_parameters``) raises."""
-    _check_callable("the function to check", parameter_count)
+def check_top_p_mask(top_p_mask: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
+    """Check ``top_p_mask(probs, top_p)`` → the bool mask of the tokens top-p keeps (ties with
+    the least likely kept token kept too; every token at ``top_p = 1``)."""
+    _check_callable("the function to check", top_p_mask)
     return run_check(
-        "parameter_count",
-        _arithmetic_only(parameter_count),
-        _built_parameter_count,
-        _parameter_cases(),
-        atol=0.0,
-        rtol=0.0,
-        verbose=verbose,
+        "top_p_mask", _bool_mask(top_p_mask), reference_top_p_mask, _top_p_cases(), verbose=verbose
     )
 
 
@@ -567,6 +344,17 @@ def check_beam_step(
 # --------------------------------------------------------------------------------------------
 # Exercise 4: one incremental decoding step, from the model's parts
 # --------------------------------------------------------------------------------------------
+
+
+def _refuse(what: str, parts: str) -> Callable[..., Any]:
+    """A stand-in for ``what``'s own forward: the exercise asks for it built from ``parts``."""
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(
+            f"{what} refuses to run in this check: build it from the parts ({parts})"
+        )
+
+    return refused
 
 
 def reference_decode_step(
@@ -908,178 +696,4 @@ def check_may_stop(may_stop: Callable[..., bool], verbose: bool = True) -> Check
     _check_callable("the function to check", may_stop)
     return run_check(
         "may_stop", _boolean(may_stop), reference_may_stop, _may_stop_cases(), verbose=verbose
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 1 (the chapter's numbering): the fed token's own logit, with and without the factor
-# --------------------------------------------------------------------------------------------
-
-
-def reference_own_logit(model: Transformer, src: Tensor, tgt_in: Tensor, scale: float) -> float:
-    """The mean logit that ``model`` gives each fed token at its own position, with both
-    embeddings' factor set to ``scale``; the model is left as it was found.
-
-    ``logits[b, t]`` scores the token after ``tgt_in[b, t]``; its entry at ``tgt_in[b, t]``
-    itself is the fed token's own logit, the one that section 7.4 finds on top at
-    initialisation in a tied model.
-
-    Args:
-        model: a :class:`~companion.model.Transformer` in eval mode (no padding in the cases).
-        src: ``(batch, src_len)`` source ids.
-        tgt_in: ``(batch, tgt_len)`` decoder input ids.
-        scale: the factor both embeddings multiply their rows by (``√d_model`` by default).
-    """
-    saved = model.src_embedding.scale, model.tgt_embedding.scale
-    model.src_embedding.scale = model.tgt_embedding.scale = scale
-    try:
-        with torch.no_grad():
-            logits = model(src, tgt_in)  # (batch, tgt_len, vocab)
-    finally:
-        model.src_embedding.scale, model.tgt_embedding.scale = saved
-    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()  # the fed tokens' own logits
-
-
-def _own_logit_cases() -> list[Case]:
-    cases: list[Case] = []
-    for seed, (norm_first, layers, tied) in enumerate(
-        [(True, 1, True), (False, 1, True), (True, 2, True), (True, 1, False)]
-    ):
-        torch.manual_seed(700 + seed)  # the package initialises from the global generator
-        config = TransformerConfig(
-            src_vocab=60, tgt_vocab=60, d_model=32, num_heads=4, num_layers=layers, d_ff=64,
-            dropout=0.0, norm_first=norm_first, tie_embeddings=tied,
-        )  # fmt: skip
-        model = _ReportedModel(config).eval()
-        g = seeded_generator(710 + seed)
-        src = torch.randint(4, 60, (3, 7), generator=g)  # (batch, src_len): no padding
-        tgt_in = torch.randint(4, 60, (3, 5), generator=g)  # (batch, tgt_len)
-        scales = (math.sqrt(32), 1.0, 3.0) if seed == 0 else (math.sqrt(32), 1.0)
-        cases += [{"model": model, "src": src, "tgt_in": tgt_in, "scale": s} for s in scales]
-    return cases
-
-
-def _model_left_alone(own_logit: Callable[..., Any]) -> Callable[..., Any]:
-    """``own_logit`` that must leave the model's factors and weights as it found them, and
-    return a number (a one-element tensor is read as its value)."""
-
-    @functools.wraps(own_logit)
-    def wrapper(**kwargs: Any) -> Any:
-        model = kwargs["model"]
-        scales = model.src_embedding.scale, model.tgt_embedding.scale
-        weights = {name: p.detach().clone() for name, p in model.named_parameters()}
-        result = own_logit(**kwargs)
-        now = model.src_embedding.scale, model.tgt_embedding.scale
-        if now != scales:
-            model.src_embedding.scale, model.tgt_embedding.scale = scales  # for the next cases
-            raise RuntimeError(
-                f"own_logit left the embeddings' scale at {now}, not the {scales} it found: set "
-                "the factor back after the forward pass (try/finally)"
-            )
-        changed = [n for n, p in model.named_parameters() if not torch.equal(p, weights[n])]
-        if changed:
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    p.copy_(weights[name])
-            raise RuntimeError(
-                f"own_logit changed the model's weights ({', '.join(changed)}): change the "
-                "embeddings' `scale` instead, and leave the parameters alone"
-            )
-        if isinstance(result, Tensor) and result.numel() == 1:
-            result = result.item()
-        if isinstance(result, bool) or not isinstance(result, (int, float, np.floating)):
-            raise TypeError(f"own_logit should return a number, got {result!r}")
-        return float(result)
-
-    return wrapper
-
-
-def check_own_logit(own_logit: Callable[..., float], verbose: bool = True) -> CheckResult:
-    """Check ``own_logit(model, src, tgt_in, scale)`` → the mean logit of each fed token at its
-    own position, with both embeddings' factor set to ``scale``, the model left unchanged."""
-    _check_callable("the function to check", own_logit)
-    return run_check(
-        "own_logit",
-        _model_left_alone(own_logit),
-        reference_own_logit,
-        _own_logit_cases(),
-        atol=1e-4,
-        verbose=verbose,
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Exercise 2 (the chapter's numbering): the top-p mask, from sorted cumulative sums
-# --------------------------------------------------------------------------------------------
-
-
-def reference_top_p_mask(probs: Tensor, top_p: float) -> Tensor:
-    """Which tokens top-p keeps: the fewest most likely tokens whose probabilities add up to at
-    least ``top_p``, and every token tied with the least likely of them; ``top_p = 1`` keeps
-    every token (a rounded cumulative sum can reach 1 before the last, tiny probabilities).
-
-    Args:
-        probs: ``(..., vocab)`` probabilities, each row summing to 1.
-        top_p: in ``(0, 1]``.
-
-    Returns:
-        ``(..., vocab)`` bool, ``True`` for the kept tokens, in the tokens' own order.
-    """
-    if top_p >= 1.0:
-        return torch.ones_like(probs, dtype=torch.bool)
-    sorted_probs, _ = probs.sort(dim=-1, descending=True)  # (..., vocab)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (..., vocab): the better ones' mass
-    needed = mass_before < top_p  # (..., vocab): the nucleus, in sorted order
-    least = sorted_probs.masked_fill(~needed, math.inf).amin(dim=-1, keepdim=True)  # (..., 1)
-    return probs >= least  # (..., vocab): ties with the least likely kept token kept too
-
-
-def _top_p_cases() -> list[Case]:
-    def row(*values: float) -> Tensor:
-        return torch.tensor([values], dtype=torch.float32)  # (1, vocab)
-
-    g = seeded_generator(720)
-    random_rows = (torch.randn(2, 3, 12, generator=g) * 2).softmax(-1)  # (2, 3, 12)
-    tiny_tail = torch.tensor([[0.0] * 40 + [30.0] + [0.0] * 9]).softmax(-1)  # (1, 50)
-    return [
-        # one token above top_p: it alone (cumsum < top_p keeps nothing)
-        {"probs": row(0.03, 0.92, 0.05), "top_p": 0.9},
-        # the token that crosses top_p is kept: 0.5 + 0.3 reaches 0.7
-        {"probs": row(0.1, 0.5, 0.1, 0.3), "top_p": 0.7},
-        # exactly reached: 0.5 + 0.25 = 0.75 (binary fractions, no rounding), nothing more
-        {"probs": row(0.125, 0.5, 0.125, 0.25), "top_p": 0.75},
-        # ties at the edge of the nucleus: the three 0.2s stay together
-        {"probs": row(0.2, 0.4, 0.2, 0.2), "top_p": 0.5},
-        {"probs": row(0.25, 0.25, 0.25, 0.25), "top_p": 0.3},
-        # top_p = 1: every token, also where the float cumulative sum reaches 1 early
-        {"probs": tiny_tail, "top_p": 1.0},
-        {"probs": row(0.1, 0.6, 0.3), "top_p": 1.0},
-        # a batch of rows in several dimensions, the tokens in random order
-        {"probs": random_rows, "top_p": 0.3},
-        {"probs": random_rows, "top_p": 0.9},
-    ]
-
-
-def _bool_mask(top_p_mask: Callable[..., Any]) -> Callable[..., Any]:
-    """``top_p_mask`` whose answer must be a bool tensor of the probabilities' shape."""
-
-    @functools.wraps(top_p_mask)
-    def wrapper(**kwargs: Any) -> Any:
-        result = top_p_mask(**kwargs)
-        if not isinstance(result, Tensor) or result.dtype != torch.bool:
-            raise TypeError(
-                "top_p_mask should return a bool tensor (True = kept), got "
-                + (f"a {result.dtype} tensor" if isinstance(result, Tensor) else repr(result))
-            )
-        return result
-
-    return wrapper
-
-
-def check_top_p_mask(top_p_mask: Callable[..., Tensor], verbose: bool = True) -> CheckResult:
-    """Check ``top_p_mask(probs, top_p)`` → the bool mask of the tokens top-p keeps (ties with
-    the least likely kept token kept too; every token at ``top_p = 1``)."""
-    _check_callable("the function to check", top_p_mask)
-    return run_check(
-        "top_p_mask", _bool_mask(top_p_mask), reference_top_p_mask, _top_p_cases(), verbose=verbose
     )
