@@ -1,4 +1,4 @@
-"""Chapter 3, section 3.6: the head-count sweep's test accuracy for three seeds (CPU, 1 thread).
+"""Chapter 3, section 3.7: the head-count sweep's test accuracy for three seeds (CPU, 1 thread).
 
 The chapter trains the counting task for ``h = 1, 2, 4, 8, 16`` at ``d_model = 32``; the build
 cannot afford the full runs. This script runs the **chapter's own code** (the training cell of
@@ -58,7 +58,7 @@ def main() -> None:
             steps = curve["step"]
             print(f"seed {seed}, h = {h:2d}: final test accuracy {curve['test accuracy'][-1]:.3f}")
     record = {
-        "task": "chapter 3's counting task (section 3.6), d_model 32, 1,200 steps, cosine decay",
+        "task": "chapter 3's counting task (section 3.7), d_model 32, 1,200 steps, cosine decay",
         "head_counts": list(HEAD_COUNTS),
         "steps": steps,
         "test_accuracy": runs,

@@ -49,7 +49,7 @@ def chapter_code() -> dict:
     (task,) = ("".join(c["source"]) for c in cells if c.get("id") == TASK_CELL_ID)
     # the training cell's functions read the task's names as globals: run both in one namespace
     prelude = PRELUDE + task.split(TASK_MARKER)[0]
-    return run_chapter_cell(NOTEBOOK, CELL_ID, "threads_before = torch.get_num_threads()", prelude)
+    return run_chapter_cell(NOTEBOOK, CELL_ID, "with one_thread():", prelude)
 
 
 def all_four_right_scorer(code: dict) -> Callable[[torch.nn.Module], float]:

@@ -18,7 +18,7 @@ exercise                               check
 6. grouped-query attention             :func:`check_grouped_query_attention`
 =====================================  ============================================
 
-Exercises 1 to 3 use only the main path (sections 3.1 to 3.5); exercise 2's check runs
+Exercises 1 to 3 use only the main path (sections 3.1 to 3.6); exercise 2's check runs
 exercise 1's reference. When a tensor differs, the message of exercises 1, 2 and 6 shows the
 entry with the *largest* difference (the first differing entry can look like rounding).
 
