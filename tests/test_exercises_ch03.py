@@ -1452,3 +1452,17 @@ def test_blend_separable_names_normalised_weights():
     # the '>=' slip still gets its own hint, not this one
     result = ch03.check_blend_separable(separable_at_least_tol, verbose=False)
     assert "use >, not >=" in result.message and "as given" not in result.message, result.message
+
+
+def permute_heads_zeroes_w_q_in_place(w_q, w_k, w_v, w_o, num_heads, order):
+    # the right weights, but the caller's w_q is zeroed in place afterwards
+    new = ch03.reference_permute_heads(w_q, w_k, w_v, w_o, num_heads, order)
+    w_q.zero_()
+    return new
+
+
+def test_permute_heads_notes_an_input_changed_in_place():
+    result = ch03.check_permute_heads(permute_heads_zeroes_w_q_in_place, verbose=False)
+    assert result and "changed its input w_q in place" in result.message, result.message
+    plain = ch03.check_permute_heads(ch03.reference_permute_heads, verbose=False)
+    assert plain and "in place" not in plain.message, plain.message

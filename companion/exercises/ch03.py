@@ -732,6 +732,7 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
     result: CheckResult | None = None
     count = 0
     cases = _permute_cases()
+    changed_in_place: set[str] = set()  # inputs the function changed (it ran on copies)
     for count, case in enumerate(cases, start=1):
         query, key, order = case["query"], case["key"], case["order"]
         layer = {k: case[k] for k in ("w_q", "w_k", "w_v", "w_o", "num_heads")}
@@ -739,6 +740,9 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
         got, result = call_reader(name, count, permute_heads, {**args, "order": list(order)})
         if result is not None:
             break
+        changed_in_place |= {
+            k for k, v in args.items() if isinstance(v, Tensor) and not torch.equal(v, layer[k])
+        }
         before_out, before_w = reference_multi_head_attention(query, key, key, **layer)
         problem = None
         if not isinstance(got, (tuple, list)) or len(got) != 4:
@@ -782,6 +786,12 @@ def check_permute_heads(permute_heads: Callable[..., tuple], verbose: bool = Tru
             break
     if result is None:
         result = CheckResult(name, True, count, f"✅ {name}: all {count} cases keep the layer.")
+        if changed_in_place:
+            result.message += (
+                f"\n   note: your function changed its input {', '.join(sorted(changed_in_place))} "
+                "in place. The returned weights are right, but a caller's layer would change: "
+                "build new tensors (torch.cat, indexing) instead."
+            )
     elif result.message.startswith("❌") and result.cases_run > 1:
         # the earlier cases, passed, all have heads d_model // num_heads wide: blocks of that
         # width are the likely slip where this case's heads are narrower or wider
