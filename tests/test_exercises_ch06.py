@@ -533,6 +533,17 @@ def stream_std(depths, norm_first):  # the standard deviation of all entries, no
     return float(np.polyfit(np.log(depths), np.log(sizes), 1)[0]), sizes
 
 
+def stream_mixed_logs(depths, norm_first):  # log10 of the sizes against ln of the depths
+    _, sizes = _measure(depths, norm_first)
+    return float(np.polyfit(np.log(depths), np.log10(sizes), 1)[0]), sizes
+
+
+def test_stream_size_slope_rejects_mixed_logarithms_and_names_it():
+    result = ch06.check_stream_size_slope(stream_mixed_logs, verbose=False)
+    assert not result
+    assert "same logarithm on both axes" in result.message, result.message
+
+
 def test_stream_size_slope_rejects_std_and_names_it():
     result = ch06.check_stream_size_slope(stream_std, verbose=False)
     assert not result

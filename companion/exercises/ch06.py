@@ -772,6 +772,18 @@ def _stream_size_hint(case: dict, got: object) -> str:
                     "\n   hint: the sizes match, but that slope joins only the first and the"
                     " last point; fit one least-squares line through all of them (np.polyfit)."
                 )
+            true_slope = float(np.polyfit(np.log(depths), np.log(measured), 1)[0])
+            # log10 or log2 on one axis, ln on the other
+            mixed = (math.log(10), 1 / math.log(10), math.log(2), 1 / math.log(2))
+            if (
+                isinstance(got[0], float)
+                and abs(true_slope) > 0.05
+                and any(abs(got[0] - true_slope * factor) < 1e-3 for factor in mixed)
+            ):
+                return (
+                    "\n   hint: the sizes match, but the slope mixes two logarithms (log10 or log2 on"
+                    " one axis, ln on the other): use the same logarithm on both axes."
+                )
         return (
             "\n   hint: the sizes match; fit one line to log size against log depth, with the"
             " seed-averaged sizes, on the depths the check passes (not a typed number)."
