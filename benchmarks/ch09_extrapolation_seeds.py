@@ -11,7 +11,10 @@ seeds and writes ``companion/results/ch09_extrapolation_seeds.json``:
 * ``lag8``: the control (y_i = x_(i-8)), RoPE and ALiBi, at most 400 steps;
 * ``lag8_long``: ALiBi on the control with 1,500 steps, to see whether 400 steps were too few;
 * ``lag2_fixed``: sinusoidal, learned and RoPE on the chapter's task for exactly 600 steps (no
-  early stop), the budget ALiBi uses in every seed: a control for the unequal step counts.
+  early stop), the budget ALiBi uses in every seed: a control for the unequal step counts;
+* ``lag8_lr`` and ``lag2_lr``: ALiBi at other learning rates than the chapter's 2e-3 (Adam), on
+  the control and on the chapter's task, with the same step caps: is its slow or partial learning
+  a matter of the one rate tried?
 
 The training code is not copied: the script reads the notebook, takes the cell that defines
 ``train_and_test`` (everything before its ``SEEDS =`` line) and executes it. The JSON is written
@@ -45,6 +48,7 @@ NOTEBOOK = ROOT / "book" / "09_after_2017.ipynb"
 CELL_ID = "d759d417"  # section 9.6's training cell
 OUT = ROOT / "companion" / "results" / "ch09_extrapolation_seeds.json"
 LONG_STEPS = 1500  # the lag-8 control's ALiBi run without the 400-step cap
+OTHER_LRS = (1e-3, 5e-3, 1e-2)  # ALiBi's learning-rate control; the chapter trains at 2e-3
 
 
 def chapter_code() -> dict:
@@ -70,6 +74,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(6)))
     parser.add_argument("--long-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--none-seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--lr-seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
     set_threads(limit=1)
     code = chapter_code()
@@ -90,8 +95,11 @@ def main() -> None:
             "lag8_long": {},
         }
     results.setdefault("lag2_fixed", {})
+    results.setdefault("lag8_lr", {})
+    results.setdefault("lag2_lr", {})
     results["machine"] = f"{platform.processor() or platform.machine()}, torch {torch.__version__}"
-    # (group, kind, seed, max_steps, lag, target): a target above 1 is never met, so no early stop
+    # (group, kind, seed, max_steps, lag, target[, lr]): a target above 1 is never met, so no
+    # early stop; the run's key in its group is the kind, or "alibi, lr 0.005" for another rate
     plan = [
         ("lag2", kind, seed, 600, code["LAG"], 0.95)
         for seed in args.seeds
@@ -111,16 +119,29 @@ def main() -> None:
         for seed in args.seeds
         for kind in ("sinusoidal", "learned", "rope")
     ]
-    for group, kind, seed, max_steps, lag, target in plan:
-        runs = results[group].setdefault(kind, {})
+    plan += [
+        (group, "alibi", seed, max_steps, lag, 0.95, lr)
+        for group, max_steps, lag in (
+            ("lag8_lr", 400, code["FAR_LAG"]),
+            ("lag2_lr", 600, code["LAG"]),
+        )
+        for lr in OTHER_LRS
+        for seed in args.lr_seeds
+    ]
+    for group, kind, seed, max_steps, lag, target, *lr in plan:
+        key = f"{kind}, lr {lr[0]:g}" if lr else kind
+        runs = results[group].setdefault(key, {})
         if str(seed) in runs:
             continue
         start = time.perf_counter()
-        steps, accuracy = train_and_test(kind, seed, max_steps=max_steps, lag=lag, target=target)
+        options = {"lr": lr[0]} if lr else {}
+        steps, accuracy = train_and_test(
+            kind, seed, max_steps=max_steps, lag=lag, target=target, **options
+        )
         runs[str(seed)] = {"steps": steps, "accuracy": [round(float(a), 4) for a in accuracy]}
         OUT.write_text(json.dumps(results, indent=1) + "\n")
         print(
-            f"{group:9} {kind:10} seed {seed}: {steps} steps, {time.perf_counter() - start:.1f} s",
+            f"{group:9} {key:16} seed {seed}: {steps} steps, {time.perf_counter() - start:.1f} s",
             flush=True,
         )
 
