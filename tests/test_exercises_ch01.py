@@ -275,6 +275,16 @@ def test_relevance_scores_rejects_wrong(wrong):
     assert not ch01.check_relevance_scores(wrong, verbose=False)
 
 
+@pytest.mark.parametrize(
+    "cast", [lambda t: t.float(), lambda t: t.double()], ids=["float32", "float64"]
+)
+def test_relevance_scores_rejects_a_changed_dtype(cast):
+    """A cast passes every float32 case (or every float64 one): the float64 case catches it."""
+    result = ch01.check_relevance_scores(lambda q, k: cast(q) @ cast(k).mT, verbose=False)
+    assert not result
+    assert "dtype" in result.message
+
+
 def test_missing_transpose_fails_even_when_shapes_allow_it():
     """A square case with d_k == length makes ``q @ k`` run: it must still be rejected."""
     result = ch01.check_relevance_scores(lambda q, k: q @ k, verbose=False)

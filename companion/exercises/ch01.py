@@ -143,8 +143,9 @@ class GraphLeft(TypeError):
 
 
 class DtypeChanged(TypeError):
-    """Raised when the reader's ``row_softmax`` returns another dtype than the scores' (float64
-    weights for float32 scores, say): a softmax keeps its input's precision."""
+    """Raised when the reader's ``row_softmax`` (or ``relevance_scores``) returns another dtype
+    than its input's (float64 weights for float32 scores, say): both keep their input's
+    precision."""
 
 
 #: The functions exercise 1 asks the reader not to call: (owner, attribute name). ``logsumexp``
@@ -329,10 +330,36 @@ def _relevance_cases() -> list[Case]:
         ((2, 4, 3), (2, 5, 3)),  # a batch of 2 sentences
         ((3, 2, 6, 4), (3, 2, 6, 4)),  # batch × heads
     ]
-    return [
+    cases: list[Case] = [
         {"q": torch.randn(q_shape, generator=g), "k": torch.randn(k_shape, generator=g)}
         for q_shape, k_shape in shapes
     ]
+    # float64 queries and keys: an answer that casts to float32 first (.float()) changes dtype
+    cases.append(
+        {
+            "q": torch.randn(2, 3, 4, generator=g, dtype=torch.float64),
+            "k": torch.randn(2, 5, 4, generator=g, dtype=torch.float64),
+        }
+    )
+    return cases
+
+
+def _keeping_dtype(relevance_scores: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Wrap the reader's ``relevance_scores`` so that scores in another dtype than the queries'
+    are reported as :class:`DtypeChanged`, as exercise 1's check does for weights."""
+
+    @functools.wraps(relevance_scores)
+    def checked(**kwargs: Tensor) -> Tensor:
+        got = relevance_scores(**kwargs)
+        q = kwargs["q"]
+        if isinstance(got, Tensor) and got.dtype != q.dtype:
+            raise DtypeChanged(
+                f"your function returned {got.dtype} scores for {q.dtype} queries and keys: "
+                "keep their dtype (no .float(), .double() or dtype= argument)"
+            )
+        return got
+
+    return checked
 
 
 def check_relevance_scores(
@@ -342,7 +369,7 @@ def check_relevance_scores(
     ``(..., q_len, k_len)``."""
     return run_check(
         "relevance_scores",
-        _with_shape_hint(relevance_scores, "(..., q_len, k_len)"),
+        _with_shape_hint(_keeping_dtype(relevance_scores), "(..., q_len, k_len)"),
         reference_relevance_scores,
         _relevance_cases(),
         verbose=verbose,
