@@ -486,8 +486,10 @@ class MultiHeadAttention(nn.Module):
     def merge_heads(self, x: Tensor) -> Tensor:
         """Concatenate the heads of every position: the inverse of :meth:`split_heads`.
 
-        Position ``i`` becomes ``[x[:, 0, i] | x[:, 1, i] | ... ]``. After attention ``x`` is
-        not contiguous in this order, so ``reshape`` makes a copy.
+        Position ``i`` becomes ``[x[:, 0, i] | x[:, 1, i] | ... ]``. ``reshape`` copies only
+        when ``x.transpose(1, 2)`` is not contiguous: on the explicit path (weights returned)
+        it is not, so it copies; a fused kernel may already return this memory order, and then
+        nothing is copied.
 
         Args:
             x: shape ``(batch, heads, len, head_dim)``.
