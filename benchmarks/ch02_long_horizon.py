@@ -4,7 +4,7 @@ The chapter trains at d_k = 64 and 1024 for 60 Adam steps; at d_k = 1024 the uns
 still far behind after 60 steps and still falling. Does the gap close later, as the lag at
 d_k = 64 does? The chapter's time budget leaves no room for it, so this script runs the
 **chapter's own code** (the task, loss and training function of
-``book/02_scaled_dot_product.ipynb``, cell id ``ch02-train``) for 200 steps at d_k = 64 and 1024:
+``book/02_scaled_dot_product.ipynb``, cells ``ch02-train`` and ``ch02-train-loop``) for 200 steps at d_k = 64 and 1024:
 scaled (blue), unscaled (red), control 1 (green: unscaled, W_Q started divided by √d_k) and
 control 3 (``slow_wq``: red's start, W_Q's learning rate divided by √d_k, the missing cell of the
 2 × 2 of start and rate), seeds 0, 1 and 2, learning rate 0.01 (the chapter's setting). Its first
@@ -22,6 +22,7 @@ Usage: ``python benchmarks/ch02_long_horizon.py`` (about a minute of CPU time).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from notebook_code import write_record
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "book" / "02_scaled_dot_product.ipynb"
-CELL_ID = "ch02-train"
+CELL_ID, LOOP_CELL_ID = "ch02-train", "ch02-train-loop"
 OUT = ROOT / "companion" / "results" / "ch02_long_horizon.json"
 SEEDS = (0, 1, 2)
 D_KS = (64, 1024)
@@ -49,8 +50,27 @@ N_KEYS = 16
 
 
 def chapter_code() -> dict:
-    """Execute the chapter's task, loss and training function; return their namespace."""
-    return run_chapter_cell(NOTEBOOK, CELL_ID, "curves = {", PRELUDE)
+    """Execute the chapter's task and loss (cell ``ch02-train``) and its training function (cell
+    ``ch02-train-loop``, up to the chapter's own runs); return their one namespace."""
+    code = run_chapter_cell(NOTEBOOK, CELL_ID, "# the shortcut is attention", PRELUDE)
+    cells = json.loads(NOTEBOOK.read_text(encoding="utf-8"))["cells"]
+    (loop,) = ["".join(c["source"]) for c in cells if c.get("id") == LOOP_CELL_ID]
+    if "curves = {" not in loop:
+        raise ValueError(
+            f"cell {LOOP_CELL_ID} no longer contains 'curves = {{': update this script"
+        )
+    exec(compile(loop.split("curves = {")[0], f"{NOTEBOOK.name}:{LOOP_CELL_ID}", "exec"), code)  # noqa: S102
+    return code
+
+
+def run_setting(code: dict, d_k: int, setting: str, seed: int) -> list[float]:
+    """``train_curve`` for blue, red or a control: section 2.7.3's controls are red (unscaled)
+    with W_Q's start (control 1, ``control``) or its learning rate (control 3, ``slow_wq``)
+    divided by √d_k."""
+    factors = {"control": {"wq_start": d_k**-0.5}, "slow_wq": {"wq_lr": d_k**-0.5}}
+    if setting in factors:
+        return code["train_curve"](d_k, "unscaled", seed, **factors[setting])
+    return code["train_curve"](d_k, setting, seed)
 
 
 def trace_run(code: dict, d_k: int, setting: str, seed: int) -> dict[str, list[float]]:
@@ -104,7 +124,7 @@ def main() -> None:
         for setting in SETTINGS:
             runs[str(d_k)][setting] = {}
             for seed in SEEDS:
-                curve = code["train_curve"](d_k, setting, seed)
+                curve = run_setting(code, d_k, setting, seed)
                 runs[str(d_k)][setting][str(seed)] = [float(f"{x:.6g}") for x in curve]
                 print(f"d_k = {d_k}, {setting}, seed {seed}: {curve[0]:.2f} -> {curve[-1]:.4f}")
     traces: dict[str, dict[str, dict[str, dict[str, list[float]]]]] = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 import torch
-from ch02_long_horizon import ROOT, chapter_code
+from ch02_long_horizon import ROOT, chapter_code, run_setting
 from notebook_code import write_record
 
 OUT = ROOT / "companion" / "results" / "ch02_seed_runs.json"
@@ -36,7 +36,7 @@ def main() -> None:
     runs: dict[str, dict[str, list[float]]] = {"scaled": {}, "unscaled": {}, "control": {}}
     for seed in SEEDS:
         for setting in runs:
-            curve = code["train_curve"](D_K, setting, seed)
+            curve = run_setting(code, D_K, setting, seed)
             runs[setting][str(seed)] = [float(f"{x:.6g}") for x in curve]
         ends = [runs[setting][str(seed)][-1] for setting in runs]
         print(f"seed {seed}: blue {ends[0]:.4f}, red {ends[1]:.4f}, green {ends[2]:.4f}")

@@ -4,7 +4,7 @@ The chapter trains its layer with d_model = 32, so at d_k = 64 and 1024 the quer
 a 32-dimensional subspace of their d_k dimensions: its d_k = 1024 panel tests only what larger
 unscaled scores do. Does the lag of the unscaled layer survive in a head as wide as its input?
 The chapter's time budget leaves no room for it, so this script runs the **chapter's own code** (the task, loss
-and training function of ``book/02_scaled_dot_product.ipynb``, cell id ``ch02-train``) with
+and training function of ``book/02_scaled_dot_product.ipynb``, cells ``ch02-train`` and ``ch02-train-loop``) with
 d_model = d_k, for d_k = 64 and 256, scaled and unscaled, seeds 0, 1 and 2, 60 Adam steps at
 learning rate 0.01 (the chapter's setting). It records the held-out loss every 5 steps (500
 held-out queries, generator seed 100, as in the chapter). The chapter reads
@@ -17,31 +17,15 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 
 import torch
-from notebook_code import chapter_code as run_chapter_cell
+from ch02_long_horizon import ROOT, chapter_code
 from notebook_code import write_record
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "book" / "02_scaled_dot_product.ipynb"
-CELL_ID = "ch02-train"
 OUT = ROOT / "companion" / "results" / "ch02_wide_head.json"
 SEEDS = (0, 1, 2)
 WIDTHS = (64, 256)  # d_model = d_k
 SETTINGS = ("scaled", "unscaled")
-PRELUDE = """
-import itertools
-import math
-import torch
-from companion.attention import scaled_dot_product_attention
-N_KEYS = 16
-"""
-
-
-def chapter_code() -> dict:
-    """Execute the chapter's task, loss and training function; return their namespace."""
-    return run_chapter_cell(NOTEBOOK, CELL_ID, "curves = {", PRELUDE)
 
 
 def main() -> None:

@@ -488,6 +488,13 @@ def backward_diagonal_jacobian(q, k, v, grad_output):  # p (1 - p), as if elemen
     return scale * grad_scaled @ k, scale * grad_scaled.transpose(-2, -1) @ q, grad_v
 
 
+def backward_no_subtraction(q, k, v, grad_output):  # α ⊙ u: the whole coupling dropped
+    scale, weights = _forward(q, k, v)
+    grad_v = weights.transpose(-2, -1) @ grad_output
+    grad_scaled = weights * (grad_output @ v.transpose(-2, -1))
+    return scale * grad_scaled @ k, scale * grad_scaled.transpose(-2, -1) @ q, grad_v
+
+
 def backward_grad_k_untransposed(q, k, v, grad_output):
     grad_q, _, grad_v = backward_correct(q, k, v, grad_output)
     scale, weights = _forward(q, k, v)
@@ -518,6 +525,7 @@ def test_attention_backward_accepts_correct(capsys):
     [
         backward_without_scale,
         backward_diagonal_jacobian,
+        backward_no_subtraction,
         backward_grad_k_untransposed,
         backward_grad_v_weights,
         backward_with_autograd,
@@ -1376,6 +1384,12 @@ def test_attention_backward_names_a_scale_slip(wrong, says):
 def test_attention_backward_names_the_diagonal_jacobian_slip():
     result = ch02.check_attention_backward(backward_diagonal_jacobian, verbose=False)
     assert not result and "the softmax Jacobian's diagonal only" in result.message, result.message
+
+
+def test_attention_backward_names_the_missing_subtraction():
+    result = ch02.check_attention_backward(backward_no_subtraction, verbose=False)
+    assert not result and "without the softmax's normalising sum" in result.message, result.message
+    assert "diagonal only" not in result.message, result.message
 
 
 def test_attention_backward_hint_is_silent_for_other_slips():

@@ -430,7 +430,7 @@ SCALE_TEST_CANDIDATES: tuple[tuple[str, Callable[..., Tensor], bool, str], ...] 
         "",
     ),
     (
-        "the weights computed in float16, about 1e-3 off",
+        "the weights computed in float16, a few 1e-4 off",
         _softmax_in_float16,
         False,
         "tighten the tolerance: float32 rounding moves these outputs by under 1e-6, so"
@@ -1375,5 +1375,18 @@ def _attention_backward_hint(case: Case, got: Any) -> str:
         return (
             "\n   Hint: this is α ⊙ (1 − α) ⊙ u, the softmax Jacobian's diagonal only: raising one"
             " score also lowers every other weight of its row, so ∂L/∂s̃ = α ⊙ (u − Σ_l α_l u_l)"
+        )
+    # no subtraction at all: ∂L/∂s̃ = α ⊙ u, as if the weights were exp(s̃) without the normalising sum
+    coupled = weights * upstream  # (..., q_len, k_len)
+    slipped = (scale * coupled @ k, scale * coupled.transpose(-2, -1) @ q)
+    if all(
+        isinstance(g, Tensor)
+        and g.shape == e.shape
+        and torch.allclose(g.double(), e, atol=1e-5, rtol=1e-4)
+        for g, e in zip(got[:2], slipped)
+    ):
+        return (
+            "\n   Hint: this is α ⊙ u, the gradient of exp(s̃) without the softmax's normalising sum:"
+            " the weights sum to 1, so ∂L/∂s̃ = α ⊙ (u − Σ_l α_l u_l)"
         )
     return ""
