@@ -238,6 +238,13 @@ def test_predictions_superset_gets_the_hint_for_the_extra_test(name, superset, h
     assert ch11._PREDICT_HINTS[name] not in result.message
 
 
+def test_predictions_hints_are_whole_sentences():
+    """Each hint ends as a sentence or a question does, never mid-sentence."""
+    assert all(hint.rstrip().endswith((".", "?")) for hint in ch11._PREDICT_HINTS.values()), (
+        ch11._PREDICT_HINTS
+    )
+
+
 def test_predictions_stub_and_bad_input(capsys):
     assert not ch11.check_predictions({})
     assert "not attempted yet" in capsys.readouterr().out

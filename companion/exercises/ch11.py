@@ -60,7 +60,7 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------------------------
-# The frame of the dict-answer checks (exercises 2, 3 and 4)
+# The frame of the dict-answer checks (exercises 2, 4 and 6)
 # --------------------------------------------------------------------------------------------
 
 
@@ -76,7 +76,7 @@ def _check_answers(
     empty: Callable[[object], bool] = lambda answer: answer is None,
     keys_problem: Callable[[Mapping], str | None] = lambda answers: None,
 ) -> CheckResult:
-    """The shared frame of the checks that take a dict of answers (exercises 2, 3 and 4):
+    """The shared frame of the checks that take a dict of answers (exercises 2, 4 and 6):
     ``TypeError`` unless ``answers`` is a dict ``shape``; "not attempted" when every answer is
     ``empty``; else the first of ``keys`` whose ``problem_of(key, answer)`` is not None fails,
     reported as ``label_of(key)``. ``keys_problem(answers)``, when not None, fails at once."""
@@ -363,16 +363,17 @@ def failed_findings(name: str) -> set[str]:
 _PREDICT_HINTS = {
     "padding mask inverted": (
         "with the mask True on the pads, what does a decoder query of a sentence without pads "
-        "see? A row with every key blocked gets -1e9 everywhere, and the softmax of that row"
+        "see? A row with every key blocked gets -1e9 everywhere: what does the softmax of that "
+        "row give?"
     ),
     "loss over every position": (
         "the pads' losses are zeroed, but look at what the sum is divided by, and what that "
-        "number does when pads are appended"
+        "number does when pads are appended."
     ),
     "embedding not scaled": (
         "most of these tests compare two runs of the same model, which a change of the input scale "
         "keeps equal; the first loss is absolute, but a LayerNorm sits between the embedding "
-        "and the output"
+        "and the output."
     ),
 }
 
