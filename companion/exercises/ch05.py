@@ -96,17 +96,17 @@ def _run(name: str, *args: Any, verbose: bool, **kwargs: Any) -> CheckResult:
     return result
 
 
-def _by_hand(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+def _by_hand(
+    fn: Callable[..., Any], what: str, how: str = "from torch.arange comparisons"
+) -> Callable[..., Any]:
     """``fn``, refused (``RuntimeError``) when it calls into :mod:`companion.masking` or
-    :mod:`companion.interop`, which hold the answers of this chapter."""
+    :mod:`companion.interop`, which hold the answers of this chapter; the message ends with
+    ``how`` to build the answer instead."""
     return refusing_calls(
         fn,
         f"build the {what}",
         (masking, _INTEROP),
-        why=(
-            ": companion.masking and companion.interop hold the answers; build it from"
-            " torch.arange comparisons"
-        ),
+        why=f": companion.masking and companion.interop hold the answers; build it {how}",
     )
 
 
@@ -540,7 +540,7 @@ def check_mha_attn_mask(
         _returning(
             "bool",
             "mha_attn_mask",
-            _by_hand(mha_attn_mask, "attn_mask"),
+            _by_hand(mha_attn_mask, "attn_mask", "with reshape or expand and ~"),
             convention="True = blocked",
         ),
         reference_mha_attn_mask,
