@@ -284,6 +284,121 @@ def test_mla_cache_bytes_stub_and_wrong_type_are_reported():
 
 
 # --------------------------------------------------------------------------------------------
+# max_tokens_per_second
+# --------------------------------------------------------------------------------------------
+
+
+def tokens_by_formula(num_params, dtype, bandwidth, batch, cache_bytes):
+    return batch * bandwidth / (num_params * dtype.itemsize + batch * cache_bytes)
+
+
+def tokens_by_step_time(num_params, dtype, bandwidth, batch, cache_bytes):
+    # seconds per step from bytes read, in numpy, then the batch's tokens per second
+    weights = torch.empty(0, dtype=dtype).element_size() * num_params
+    seconds = (weights + batch * cache_bytes) / bandwidth
+    return np.float64(batch / seconds)  # a NumPy number is accepted too
+
+
+def tokens_without_cache(num_params, dtype, bandwidth, batch, cache_bytes):
+    return batch * bandwidth / (num_params * dtype.itemsize)
+
+
+def tokens_two_bytes(num_params, dtype, bandwidth, batch, cache_bytes):
+    return batch * bandwidth / (2 * num_params + batch * cache_bytes)
+
+
+def tokens_one_byte(num_params, dtype, bandwidth, batch, cache_bytes):
+    return batch * bandwidth / (num_params + batch * cache_bytes)
+
+
+def tokens_flops_as_bytes(num_params, dtype, bandwidth, batch, cache_bytes):
+    return batch * bandwidth / (batch * 2 * num_params + batch * cache_bytes)
+
+
+def tokens_weights_per_sequence(num_params, dtype, bandwidth, batch, cache_bytes):
+    return batch * bandwidth / (batch * num_params * dtype.itemsize + batch * cache_bytes)
+
+
+def tokens_one_sequence(num_params, dtype, bandwidth, batch, cache_bytes):
+    return bandwidth / (num_params * dtype.itemsize + batch * cache_bytes)
+
+
+def tokens_one_cache(num_params, dtype, bandwidth, batch, cache_bytes):
+    return batch * bandwidth / (num_params * dtype.itemsize + cache_bytes)
+
+
+def tokens_in_bits(num_params, dtype, bandwidth, batch, cache_bytes):
+    return tokens_by_formula(num_params, dtype, bandwidth, batch, cache_bytes) / 8
+
+
+def seconds_per_token(num_params, dtype, bandwidth, batch, cache_bytes):
+    return 1 / tokens_by_formula(num_params, dtype, bandwidth, batch, cache_bytes)
+
+
+def tokens_float32_flops(num_params, dtype, bandwidth, batch, cache_bytes):
+    # FLOPs of one token (2·N) over the bandwidth, no cache
+    return bandwidth / (2 * num_params)
+
+
+TOKENS_SLIPS = [
+    (tokens_without_cache, "leaves out the caches"),
+    (tokens_two_bytes, "2 bytes per weight"),
+    (tokens_one_byte, "1 byte per weight"),
+    (tokens_flops_as_bytes, "FLOPs (2·N per token) as bytes"),
+    (tokens_weights_per_sequence, "weights once per sequence"),
+    (tokens_one_sequence, "one sequence's rate"),
+    (tokens_one_cache, "one cache per step"),
+    (tokens_in_bits, "bits, not bytes"),
+    (seconds_per_token, "seconds per token"),
+    (tokens_float32_flops, None),
+]
+
+
+def test_max_tokens_per_second_accepts_correct():
+    for fn in [ch09.reference_max_tokens_per_second, tokens_by_formula, tokens_by_step_time]:
+        assert ch09.check_max_tokens_per_second(fn, verbose=False), fn.__name__
+
+
+@pytest.mark.parametrize(("wrong", "hint"), TOKENS_SLIPS)
+def test_max_tokens_per_second_rejects_the_classic_slips(wrong, hint):
+    result = ch09.check_max_tokens_per_second(wrong, verbose=False)
+    assert not result, wrong.__name__
+    assert "case 1 is wrong" in result.message, result.message  # the first case catches each
+    if hint is not None:
+        assert hint in result.message, result.message
+
+
+def test_max_tokens_per_second_first_case_separates_the_slips():
+    case = ch09._tokens_cases()[0]
+    answers = {round(tokens_by_formula(**case), 9)}
+    answers |= {round(float(wrong(**case)), 9) for wrong, _ in TOKENS_SLIPS}
+    assert len(answers) == len(TOKENS_SLIPS) + 1, answers
+
+
+def test_max_tokens_per_second_matches_the_solution():
+    # the solution's numbers: LLaMA 2 7B on one H100 (3.35 TB/s), caches of 4,096 tokens (2 GiB)
+    params, cache = 6_738_415_616, 2 * 2**30
+    one = ch09.reference_max_tokens_per_second(params, torch.bfloat16, 3.35e12, 1, cache)
+    sixteen = ch09.reference_max_tokens_per_second(params, torch.bfloat16, 3.35e12, 16, cache)
+    assert round(one) == 214 and round(sixteen) == 1120, (one, sixteen)
+    # the caches are most of what the batch of 16 reads
+    assert 16 * cache / (2 * params + 16 * cache) > 0.7
+
+
+def test_max_tokens_per_second_stub_and_wrong_type_are_reported():
+    def stub(num_params, dtype, bandwidth, batch, cache_bytes):
+        raise NotImplementedError
+
+    def as_text(num_params, dtype, bandwidth, batch, cache_bytes):
+        return "545"
+
+    assert not ch09.check_max_tokens_per_second(stub, verbose=False)
+    assert (
+        "must return a number" in ch09.check_max_tokens_per_second(as_text, verbose=False).message
+    )
+
+
+# --------------------------------------------------------------------------------------------
 # mean_pool_kv_heads
 # --------------------------------------------------------------------------------------------
 
@@ -1358,11 +1473,14 @@ def test_mean_pool_rejects_changing_the_weight_in_place():
     assert ch09.check_mean_pool_kv_heads(ch09.reference_mean_pool_kv_heads, verbose=False)
 
 
-def test_the_float32_slip_gets_a_hint_and_a_formula_slip_does_not(capsys):
+def test_the_float32_slip_gets_its_hint_and_a_formula_slip_gets_its_own(capsys):
     assert not ch09.check_ntk_rope(ntk_float32_frequencies)
     out = capsys.readouterr().out
     assert "case 8" in out and "hint: only this long case fails" in out and "float64" in out, out
     assert not ch09.check_ntk_rope(ntk_base_times_rho)
+    out = capsys.readouterr().out
+    assert "multiplies the base by ρ:" in out and "only this long case fails" not in out, out
+    assert not ch09.check_ntk_rope(ntk_not_scaled)  # plain RoPE: no slip's hint fits
     assert "hint:" not in capsys.readouterr().out
 
 
@@ -1382,3 +1500,45 @@ def test_ntk_rope_rejects_changing_x_in_place():
     result = ch09.check_ntk_rope(in_place, verbose=False)
     assert not result
     assert "in place" in result.message, result.message
+
+
+# --------------------------------------------------------------------------------------------
+# the hints of exercises 5 and 6 name the slips their solutions list
+# --------------------------------------------------------------------------------------------
+
+
+def window_reach_not_dilated(seq_len, keys_each_side, dilation):
+    i, j = torch.arange(seq_len)[:, None], torch.arange(seq_len)[None, :]
+    distance = (i - j).abs()
+    return (distance % dilation == 0) & (distance <= keys_each_side)
+
+
+def window_without_diagonal(seq_len, keys_each_side, dilation):
+    mask = ch09.reference_dilated_window_mask(seq_len, keys_each_side, dilation)
+    return mask & ~torch.eye(seq_len, dtype=torch.bool)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (window_reach_not_dilated, "not keys_each_side"),
+        (window_without_diagonal, "own position"),
+    ],
+)
+def test_dilated_window_hints_name_the_slips(wrong, hint):
+    result = ch09.check_dilated_window_mask(wrong, verbose=False)
+    assert not result and hint in result.message, result.message
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (ntk_position_interpolation, "position interpolation"),
+        (ntk_rotate_half, "rotate-half"),
+        (ntk_base_times_rho, "multiplies the base by ρ:"),
+        (ntk_exponent_upside_down, "ρ^((d-2)/d)"),
+    ],
+)
+def test_ntk_rope_hints_name_the_slips(wrong, hint):
+    result = ch09.check_ntk_rope(wrong, verbose=False)
+    assert not result and hint in result.message, result.message

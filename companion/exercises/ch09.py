@@ -11,6 +11,7 @@ exercise                                        check
 ==============================================  ===================================
 the key/value cache of a batch, in bytes        :func:`check_kv_cache_bytes`
 the cache of MLA (latent + RoPE key), in bytes  :func:`check_mla_cache_bytes`
+tokens per second at most, memory-bound         :func:`check_max_tokens_per_second`
 MHA → GQA: mean-pool the key/value heads        :func:`check_mean_pool_kv_heads`
 merge two partial attentions by their lse       :func:`check_merge_partial_attention`
 a test: does a score depend only on ``i − j``?  :func:`check_is_relative`
@@ -39,6 +40,7 @@ from companion.positional import RotaryEmbedding, sinusoidal_frequencies, sinuso
 __all__ = [
     "check_kv_cache_bytes",
     "check_mla_cache_bytes",
+    "check_max_tokens_per_second",
     "check_mean_pool_kv_heads",
     "check_merge_partial_attention",
     "check_is_relative",
@@ -289,6 +291,126 @@ def check_mla_cache_bytes(mla_cache_bytes: Callable[..., int], verbose: bool = T
         rtol=0.0,
         verbose=verbose,
         hint=_mla_cache_hint,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1c: tokens per second, at most, when decoding waits on memory
+# --------------------------------------------------------------------------------------------
+
+
+def reference_max_tokens_per_second(
+    num_params: int,
+    dtype: torch.dtype,
+    bandwidth: float,
+    batch: int,
+    cache_bytes: float,
+) -> float:
+    """The most tokens per second a batch of ``batch`` sequences can generate when a decoding
+    step waits only on memory: each step reads every weight once for the whole batch
+    (``num_params`` numbers of ``dtype.itemsize`` bytes) and each sequence's own cache of
+    ``cache_bytes`` bytes, at ``bandwidth`` bytes per second, and writes one token per sequence.
+
+    Args:
+        num_params: number of weights the step reads.
+        dtype: the weights' dtype (``torch.bfloat16``: 2 bytes a number).
+        bandwidth: the memory's bandwidth in bytes per second.
+        batch: number of sequences decoded together.
+        cache_bytes: bytes of each sequence's key/value cache at this step (0: none).
+
+    Returns:
+        Tokens per second over the whole batch, at most: ``batch · bandwidth / (N·p + batch·cache)``.
+    """
+    step_bytes = num_params * dtype.itemsize + batch * cache_bytes
+    return batch * bandwidth / step_bytes
+
+
+def _tokens_cases() -> list[Case]:
+    configs = [
+        # (num_params, dtype, bandwidth, batch, cache_bytes); in the first every classic slip
+        # below gives a different wrong number: float32, so that a token's 2·N FLOPs are not its
+        # weights' bytes, as they would be in bfloat16
+        (1000, torch.float32, 1e6, 3, 500),
+        (6_738_415_616, torch.bfloat16, 3.35e12, 1, 0),  # LLaMA 2 7B on an H100, no cache
+        (6_738_415_616, torch.bfloat16, 3.35e12, 16, 2 * 2**30),  # 16 caches of 4,096 tokens
+        (2_000_000, torch.float16, 1e11, 8, 300_000),
+        (500_000, torch.float64, 2e9, 1, 30_000),
+    ]
+    keys = ("num_params", "dtype", "bandwidth", "batch", "cache_bytes")
+    return [dict(zip(keys, config)) for config in configs]
+
+
+def _tokens_hint(case: Case, got: object) -> str:
+    """Name the classic slip whose answer ``got`` equals, if any."""
+    expected = reference_max_tokens_per_second(**case)
+    params, itemsize, bandwidth = case["num_params"], case["dtype"].itemsize, case["bandwidth"]
+    batch, cache = case["batch"], case["cache_bytes"]
+    weights = params * itemsize
+
+    def rate(step_bytes: float, tokens: float = batch) -> float:
+        return tokens * bandwidth / step_bytes
+
+    slips = [
+        (rate(weights), "this leaves out the caches: each step also reads every sequence's "
+         "cache_bytes"),
+        (rate(2 * params + batch * cache), f"this reads 2 bytes per weight (or counts a token's "
+         f"2·N FLOPs as bytes): each {case['dtype']} number takes {itemsize} bytes"),
+        (rate(params + batch * cache), f"this reads 1 byte per weight: each {case['dtype']} "
+         f"number takes {itemsize} bytes"),
+        (rate(batch * 2 * params + batch * cache), "this counts the batch's FLOPs (2·N per "
+         "token) as bytes: a step reads the weights once, N·p bytes, whatever the batch"),
+        (rate(batch * weights + batch * cache), "this reads the weights once per sequence: the "
+         "batch shares one read of them per step"),
+        (rate(weights + batch * cache, 1), f"this is one sequence's rate: the batch writes "
+         f"{batch} tokens per step"),
+        (rate(weights + cache), "this reads one cache per step: each sequence reads its own"),
+        (rate(8 * (weights + batch * cache)), "this counts bits, not bytes"),
+        (1 / rate(weights + batch * cache), "this is seconds per token: the question asks for "
+         "tokens per second"),
+    ]  # fmt: skip
+    try:
+        value = float(got)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return ""
+    hints = [
+        why
+        for slip, why in slips
+        if not math.isclose(slip, expected, rel_tol=1e-6)
+        and math.isclose(value, slip, rel_tol=1e-6)
+    ]
+    return f"\n   hint: {' or '.join(hints)}." if hints else ""
+
+
+def check_max_tokens_per_second(
+    max_tokens_per_second: Callable[..., float], verbose: bool = True
+) -> CheckResult:
+    """Check ``max_tokens_per_second(num_params, dtype, bandwidth, batch, cache_bytes)``: the most
+    tokens per second, over the whole batch, of a decoding step that reads every weight once and
+    each sequence's cache, to a relative 1e-6. The first case is chosen so that leaving out the
+    caches, 2 (or 1) bytes per weight, the batch's FLOPs counted as bytes, the weights read per
+    sequence, one sequence's rate, one cache for the batch, bits, and seconds per token each give a
+    different wrong number, and a wrong answer that equals one of them is named."""
+
+    @functools.wraps(max_tokens_per_second)
+    def as_number(**kwargs: object) -> float:
+        result = max_tokens_per_second(**kwargs)
+        if isinstance(result, Tensor) and result.numel() == 1:
+            result = result.item()
+        if isinstance(result, numbers.Real) and not isinstance(result, (bool, int, float)):
+            result = float(result)  # a NumPy number is a number too
+        if isinstance(result, bool) or not isinstance(result, (int, float)):
+            raise TypeError(f"max_tokens_per_second must return a number, got {result!r}")
+        return float(result)
+
+    return run_check(
+        "max_tokens_per_second",
+        as_number,
+        reference_max_tokens_per_second,
+        _tokens_cases(),
+        atol=0.0,
+        rtol=1e-6,
+        verbose=verbose,
+        hint=_tokens_hint,
     )
 
 
@@ -993,6 +1115,27 @@ def _window_cases() -> list[Case]:
     return [{"seq_len": n, "keys_each_side": w, "dilation": d} for n, w, d in settings]
 
 
+def _window_hint(case: Case, got: object) -> str:
+    """Name the classic slip whose mask ``got`` equals, if any."""
+    if not isinstance(got, Tensor) or got.dtype != torch.bool:
+        return ""
+    n, side, dilation = case["seq_len"], case["keys_each_side"], case["dilation"]
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs()  # (n, n)
+    slips = [
+        ((distance % dilation == 0) & (distance <= side), "the reach is keys_each_side · dilation "
+         f"= {side * dilation} positions on each side, not keys_each_side = {side}"),
+        ((distance % dilation == 0) & (distance <= side * dilation) & (distance > 0), "the query's "
+         "own position (distance 0, a multiple of every dilation) is missing"),
+    ]  # fmt: skip
+    expected = reference_dilated_window_mask(**case)
+    hints = [
+        why
+        for slip, why in slips
+        if not torch.equal(slip, expected) and got.shape == slip.shape and torch.equal(got, slip)
+    ]
+    return f"\n   hint: {' or '.join(hints)}." if hints else ""
+
+
 def check_dilated_window_mask(
     dilated_window_mask: Callable[[int, int, int], Tensor], verbose: bool = True
 ) -> CheckResult:
@@ -1010,6 +1153,7 @@ def check_dilated_window_mask(
         reference_dilated_window_mask,
         _window_cases(),
         verbose=verbose,
+        hint=_window_hint,
     )
 
 
@@ -1074,10 +1218,48 @@ def _ntk_cases() -> list[Case]:
     ]
 
 
+def _rope_variant(x: Tensor, base: float, position_scale: float, rotate_half: bool) -> Tensor:
+    """RoPE of float64 ``x`` at positions ``0, 1, ...`` divided by ``position_scale``, with the
+    given base, pairing ``(2m, 2m+1)`` or (``rotate_half``) ``(m, m + d/2)``."""
+    seq_len, head_dim = x.shape[-2], x.shape[-1]
+    positions = torch.arange(seq_len, dtype=torch.float64) / position_scale
+    angles = positions[:, None] * sinusoidal_frequencies(head_dim, base=base)  # (seq_len, d/2)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    if rotate_half:
+        first, second = x[..., : head_dim // 2], x[..., head_dim // 2 :]
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
 def _ntk_hint(case: Case, got: object) -> str:
-    """Name the float32 slip: only the 12,288-position case is off, by about 1e-3."""
+    """Name the classic slip whose rotation ``got`` equals, if any; else the float32 slip (only
+    the 12,288-position case is off, by about 1e-3)."""
     x = case["x"]
-    if x.shape[-2] < 10_000 or not isinstance(got, Tensor) or got.shape != x.shape:
+    if not isinstance(got, Tensor) or got.shape != x.shape:
+        return ""
+    d, window, train = x.shape[-1], case["window_len"], case["train_len"]
+    rho = max(1.0, window / train)
+    expected = reference_ntk_rope(**case)
+    slips = [
+        (_rope_variant(x, 10000.0, rho, False), "this divides the positions by ρ (position "
+         "interpolation): NTK-aware scaling keeps integer positions and raises the base"),
+        (_rope_variant(x, 10000.0 * rho ** (d / (d - 2)), 1.0, True), "this pairs m with "
+         "m + head_dim/2 (rotate-half): the exercise uses section 9.4's pairs (2m, 2m+1)"),
+        (_rope_variant(x, 10000.0 * rho, 1.0, False), "this multiplies the base by ρ: the slowest "
+         "pair then slows less than ρ times; the factor is ρ^(d/(d-2))"),
+        (_rope_variant(x, 10000.0 * rho ** ((d - 2) / d), 1.0, False), "this multiplies the base "
+         "by ρ^((d-2)/d): the factor is ρ^(d/(d-2))"),
+    ]  # fmt: skip
+    got64 = got.double()
+    hints = [
+        why
+        for slip, why in slips
+        if (slip - expected).abs().max().item() > 3e-5 and (got64 - slip).abs().max().item() <= 3e-5
+    ]
+    if hints:
+        return f"\n   hint: {' or '.join(hints)}."
+    if x.shape[-2] < 10_000:
         return ""
     gap = (got.double() - reference_ntk_rope(**case)).abs().max().item()
     if not 1e-4 < gap < 1e-2:
