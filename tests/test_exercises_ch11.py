@@ -1072,3 +1072,57 @@ def test_split_heads_report_names_a_wrong_shape(capsys):
     out = capsys.readouterr().out
     assert "must be (batch, num_heads, seq_len, head_dim)" in out, out
     assert "permutation-equivariant" not in out, out
+
+
+def greedy_stops_at_eos(model, src, max_len):  # right until <eos>, then pads: the early stop
+    ys = greedy_by_hand(model, src, max_len)
+    ended = (ys == clinic.EOS_ID).int().cumsum(dim=1) > 0  # at or after the first <eos>
+    after = ended & ~((ys == clinic.EOS_ID) & (ended.int().cumsum(dim=1) == 1))
+    return ys.masked_fill(after, clinic.PAD_ID)
+
+
+def greedy_breaks_at_eos(model, src, max_len):  # right until every sentence has ended, then cut
+    ys = greedy_by_hand(model, src, max_len)
+    ended = ((ys == clinic.EOS_ID).int().cumsum(dim=1) > 0).all(dim=0)  # (max_len,)
+    return ys[:, : int(ended.int().argmax()) + 1] if ended.any() else ys
+
+
+@pytest.mark.parametrize("early", [greedy_stops_at_eos, greedy_breaks_at_eos])
+def test_greedy_early_stop_gets_its_own_hint(early):
+    """A loop that stops at <eos> is rejected with the early-stop hint, not the prefix hint
+    (its first token is right too)."""
+    cases = ch11._greedy_cases()
+    with torch.no_grad():
+        differs = [not torch.equal(early(**c), greedy_by_hand(**c)) for c in cases]
+    assert any(differs), "expected the early stop to change some case's output"
+    result = ch11.check_greedy_decode(early, verbose=False)
+    assert not result and "no early stop" in result.message, result.message
+    assert "the whole prefix" not in result.message, result.message
+    last = ch11.check_greedy_decode(greedy_batched_last_token, verbose=False)  # not the other way
+    assert "no early stop" not in last.message, last.message
+
+
+def test_renamed_parameters_get_the_stub_names_message():
+    """The checks call by keyword: a renamed parameter is reported as such, not as a raw TypeError."""
+
+    def batch_renamed(fn, ids):
+        return ch11.reference_batch_independent(fn, ids)
+
+    def greedy_renamed(net, src, max_len):
+        return greedy_by_hand(net, src, max_len)
+
+    for check, fn in (
+        (ch11.check_batch_independent, batch_renamed),
+        (ch11.check_greedy_decode, greedy_renamed),
+    ):
+        result = check(fn, verbose=False)
+        assert not result and "keep the parameter names" in result.message, result.message
+
+
+def greedy_one_short(model, src, max_len):  # the right tokens, one step too few: not an early stop
+    return greedy_by_hand(model, src, max_len)[:, :-1]
+
+
+def test_greedy_one_token_short_is_not_called_an_early_stop():
+    result = ch11.check_greedy_decode(greedy_one_short, verbose=False)
+    assert not result and "no early stop" not in result.message, result.message

@@ -28,6 +28,7 @@ are not exported.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import re
 import sys
@@ -468,6 +469,24 @@ def _greedy_cases() -> list[Case]:
     return cases
 
 
+def _stopped_early(got: Tensor, right: Tensor) -> bool:
+    """True when ``got`` (batch, max_len or fewer) differs from the right output ``right`` only
+    after each sentence's first ``<eos>`` in ``right``, and holds only ``<pad>`` or ``<eos>``
+    there (or ends early): the loop stopped at ``<eos>``."""
+    if got.dim() != 2 or got.shape[0] != right.shape[0] or not 0 < got.shape[1] <= right.shape[1]:
+        return False
+    if torch.equal(got, right):
+        return False
+    is_eos = right == clinic.EOS_ID  # (batch, max_len)
+    first = torch.where(is_eos.any(1), is_eos.int().argmax(1), right.shape[1])  # (batch,)
+    width = got.shape[1]  # shorter than max_len: the loop broke off once every sentence ended
+    if width < right.shape[1] and not (first < width).all():  # one token short: not an <eos> stop
+        return False
+    after = torch.arange(width)[None, :] > first[:, None]  # (batch, width)
+    filler = (got == clinic.PAD_ID) | (got == clinic.EOS_ID)
+    return bool(((got == right[:, :width]) | (after & filler)).all())
+
+
 def _last_token_loop(model: clinic.Transformer, src: Tensor, max_len: int) -> Tensor:
     """The last-token slip, batched: each step feeds the decoder only the previous token."""
     src_mask = model.make_src_mask(src)  # (batch, 1, 1, src_len)
@@ -495,6 +514,8 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
             functions=(clinic.greedy_decode, reference_greedy_decode),
         )
 
+    # functools.wraps keeps its signature: a renamed parameter gets the checker's message
+    @functools.wraps(greedy_decode)
     def no_grad(**kwargs: object) -> Tensor:
         with torch.no_grad():
             ids = guarded(**kwargs)
@@ -511,9 +532,16 @@ def check_greedy_decode(greedy_decode: Callable[..., Tensor], verbose: bool = Tr
                 "\n   hint: the model came in eval() mode and left in training mode: the loop "
                 "decoded with dropout on (leave the caller's mode alone, or call model.eval())"
             )
-        if isinstance(got, Tensor) and got.shape == (case["src"].shape[0], case["max_len"]):
+        if isinstance(got, Tensor):
             with torch.no_grad():
                 right = reference_greedy_decode(**case)  # (batch, max_len)
+            if _stopped_early(got, right):  # checked first: its first token is right too
+                return (
+                    "\n   hint: the output matches up to each sentence's first <eos> and not after "
+                    "it: no early stop at <eos>; return max_len tokens for every sentence"
+                )
+        if isinstance(got, Tensor) and got.shape == (case["src"].shape[0], case["max_len"]):
+            with torch.no_grad():
                 last_only = _last_token_loop(**case)
             unpadded = not (case["src"] == clinic.PAD_ID).any()  # padded: the source mask's hint
             first_only = torch.equal(got[:, 0], right[:, 0]) and not torch.equal(got, right)
@@ -884,6 +912,8 @@ def check_batch_independent(
         (toolkit,),
     )
 
+    # functools.wraps keeps its signature: a renamed parameter gets the checker's message
+    @functools.wraps(batch_independent)
     def as_bool(**kwargs: object) -> object:
         verdict = guarded(**kwargs)
         return bool(verdict) if isinstance(verdict, (bool, torch.Tensor)) else verdict
