@@ -302,6 +302,22 @@ def test_closest_codes_rejects_a_float_offset():
     assert not result and "the offset should be an int" in result.message, result.message
 
 
+def test_closest_codes_treats_tensors_like_the_numbers_they_hold():
+    """An integer 0-d tensor is an int offset (accepted); a float one is a float (rejected)."""
+
+    def integer_tensors(seq_len, d_model):
+        offset, distance = closest_closed_form(seq_len, d_model)
+        return torch.tensor(offset), torch.tensor(distance)
+
+    def float_tensor_offset(seq_len, d_model):
+        offset, distance = closest_closed_form(seq_len, d_model)
+        return torch.tensor(float(offset)), distance
+
+    assert ch04.check_closest_codes(integer_tensors, verbose=False)
+    result = ch04.check_closest_codes(float_tensor_offset, verbose=False)
+    assert not result and "the offset should be an int" in result.message, result.message
+
+
 def test_reference_closest_codes_is_the_brute_force_minimum():
     for seq_len, d_model in [(45, 2), (60, 6), (200, 32)]:
         offset, distance = closest_by_table(seq_len, d_model)
@@ -431,6 +447,27 @@ def rope_float64_angles(x, positions):
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
     a, b = x[..., 0::2], x[..., 1::2]
     return torch.stack([a * cos - b * sin, a * sin + b * cos], -1).flatten(-2)
+
+
+def rope_in_place(x, positions):
+    """Right numbers, but written into x: exercise (d) then sees a rotated x on its second call."""
+    a, b = x[..., 0::2].clone(), x[..., 1::2].clone()
+    head_dim = x.shape[-1]
+    omega = 10000 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions[:, None].double() * omega  # (seq_len, head_dim/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x[..., 0::2] = a * cos - b * sin
+    x[..., 1::2] = a * sin + b * cos
+    return x
+
+
+def test_rope_rotate_rejects_a_rotation_written_into_x():
+    x, positions = torch.randn(2, 5, 8), torch.arange(5)
+    torch.testing.assert_close(
+        rope_in_place(x.clone(), positions), ch04.reference_rope_rotate(x, positions)
+    )
+    result = ch04.check_rope_rotate(rope_in_place, verbose=False)
+    assert not result and "changed its input x in place" in result.message, result.message
 
 
 def test_rope_rotate_notes_float32_angles_without_failing():

@@ -348,7 +348,8 @@ def check_closest_codes(
     between a distance and its square, or between neighbouring candidates). Offset 0 (a
     position and itself), the squared distance, the largest dot product reported as the
     distance, or an offset range that stops one short or runs one too far are all rejected,
-    and so is an offset returned as a float (``63.0``): the exercise asks for an ``int``.
+    and so is an offset returned as a float (``63.0``, or a float tensor): the exercise asks for
+    an ``int``. An integer 0-d tensor counts as an int, and a 0-d tensor distance as a float.
     """
 
     @functools.wraps(closest_codes)
@@ -678,8 +679,8 @@ def check_rope_rotate(
     4.5's block-diagonal ``R_i``) fails the check. Tables of cosines and sines of any shape,
     indexed by position, pass.
     """
-    user = _without_positional(
-        _pairwise_only(rope_rotate, "write the rotation"), "write the rotation"
+    user = _keeps_its_input(
+        _without_positional(_pairwise_only(rope_rotate, "write the rotation"), "write the rotation")
     )
     result = run_check(
         "rope_rotate",
@@ -694,6 +695,30 @@ def check_rope_rotate(
     if verbose:
         report(result)
     return result
+
+
+def _keeps_its_input(
+    rope_rotate: Callable[[Tensor, Tensor], Tensor],
+) -> Callable[..., Tensor]:
+    """``rope_rotate`` that raises when it changes ``x`` in place: exercise (d) calls it twice on
+    one ``x`` (``q = k = rope_rotate(x, ...)`` at two starts), and a rotation written into ``x``
+    turns the second call's input into the first call's output, so RoPE looks shift-variant."""
+
+    @functools.wraps(rope_rotate)
+    def run(**kwargs: Tensor) -> Tensor:
+        x = kwargs["x"]
+        before = x.clone()
+        out = rope_rotate(**kwargs)
+        if not torch.equal(x, before):
+            raise ValueError(
+                "rope_rotate changed its input x in place (for example x[..., 0::2] = ...): "
+                "return a new tensor instead (build it with torch.stack or torch.empty_like). "
+                "Exercise (d) calls it twice on the same x, and an x changed by the first call "
+                "makes RoPE look as if it depended on the start."
+            )
+        return out
+
+    return run
 
 
 def _rope_far_note(user: Callable[[Tensor, Tensor], Tensor]) -> str:
