@@ -557,6 +557,103 @@ def test_multi_query_pooling_is_the_mean_of_every_head():
 
 
 # --------------------------------------------------------------------------------------------
+# absorb_mla
+# --------------------------------------------------------------------------------------------
+
+
+def absorb_head_by_head(query_weight, key_up, value_up, out_weight, num_heads):
+    head_dim = query_weight.shape[0] // num_heads
+    queries, outputs = [], []
+    for r in range(num_heads):
+        rows = slice(r * head_dim, (r + 1) * head_dim)
+        queries.append(query_weight[rows].T @ key_up[rows])  # (d_model, d_c)
+        outputs.append(value_up[rows].T @ out_weight[:, rows].T)  # (d_c, d_model)
+    return torch.stack(queries), torch.stack(outputs)
+
+
+def absorb_with_the_module(query_weight, key_up, value_up, out_weight, num_heads):
+    # the package's own fold, through a module holding the four weights
+    from companion.latent_attention import MultiHeadLatentAttention
+
+    d_model, d_c = query_weight.shape[1], key_up.shape[1]
+    if query_weight.shape[0] != d_model:  # the module's heads split d_model
+        return absorb_head_by_head(query_weight, key_up, value_up, out_weight, num_heads)
+    module = MultiHeadLatentAttention(d_model, num_heads, d_c).double()
+    with torch.no_grad():
+        module.query_proj.weight.copy_(query_weight)
+        module.key_up.weight.copy_(key_up)
+        module.value_up.weight.copy_(value_up)
+        module.out_proj.weight.copy_(out_weight)
+        folded = module.absorbed_weights()
+    return folded.query, folded.output
+
+
+def absorb_scale_folded(query_weight, key_up, value_up, out_weight, num_heads):
+    query, output = absorb_head_by_head(query_weight, key_up, value_up, out_weight, num_heads)
+    return query / math.sqrt(query_weight.shape[0] // num_heads), output
+
+
+def absorb_swapped(query_weight, key_up, value_up, out_weight, num_heads):
+    return absorb_head_by_head(query_weight, value_up, key_up, out_weight, num_heads)
+
+
+def absorb_output_rows(query_weight, key_up, value_up, out_weight, num_heads):
+    # head r's block of out_weight's rows: right shape when d_model = h·head_dim, wrong values
+    query, _ = absorb_head_by_head(query_weight, key_up, value_up, out_weight, num_heads)
+    values = value_up.unflatten(0, (num_heads, -1))  # (h, head_dim, d_c)
+    return query, values.transpose(1, 2) @ out_weight.unflatten(0, (num_heads, -1))
+
+
+def absorb_interleaved_heads(query_weight, key_up, value_up, out_weight, num_heads):
+    def heads(weight):  # head r: rows r, r + h, ...
+        return weight.unflatten(0, (-1, num_heads)).transpose(0, 1)
+
+    query = heads(query_weight).transpose(1, 2) @ heads(key_up)
+    output = heads(value_up).transpose(1, 2) @ heads(out_weight.T)
+    return query, output
+
+
+def absorb_all_heads_at_once(query_weight, key_up, value_up, out_weight, num_heads):
+    # one fold over all heads: sums the heads' scores into one
+    query = (query_weight.T @ key_up).expand(num_heads, -1, -1)
+    output = (value_up.T @ out_weight.T).expand(num_heads, -1, -1)
+    return query, output
+
+
+def test_absorb_accepts_correct():
+    for fn in [ch09.reference_absorb_mla, absorb_head_by_head, absorb_with_the_module]:
+        assert ch09.check_absorb_mla(fn, verbose=False), fn.__name__
+
+
+def test_absorb_reference_is_the_modules_fold():
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(12, 12, generator=gen, dtype=torch.float64)]
+    weights += [torch.randn(12, 8, generator=gen, dtype=torch.float64) for _ in range(2)]
+    weights += [torch.randn(12, 12, generator=gen, dtype=torch.float64)]
+    for got, want in zip(
+        absorb_with_the_module(*weights, 3), ch09.reference_absorb_mla(*weights, 3)
+    ):
+        assert torch.allclose(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("wrong", "hint"),
+    [
+        (absorb_scale_folded, "folds 1/sqrt(head_dim) into the query"),
+        (absorb_swapped, "folds value_up into the query"),
+        (absorb_output_rows, "meets the columns"),
+        (absorb_interleaved_heads, "head r owns the 4 consecutive rows"),
+        (absorb_all_heads_at_once, None),
+    ],
+)
+def test_absorb_rejects_and_names_the_classic_slips(wrong, hint):
+    result = ch09.check_absorb_mla(wrong, verbose=False)
+    assert not result
+    if hint is not None:
+        assert hint in result.message, result.message
+
+
+# --------------------------------------------------------------------------------------------
 # merge_partial_attention
 # --------------------------------------------------------------------------------------------
 

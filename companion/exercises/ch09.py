@@ -13,6 +13,7 @@ the key/value cache of a batch, in bytes        :func:`check_kv_cache_bytes`
 the cache of MLA (latent + RoPE key), in bytes  :func:`check_mla_cache_bytes`
 tokens per second at most, memory-bound         :func:`check_max_tokens_per_second`
 MHA → GQA: mean-pool the key/value heads        :func:`check_mean_pool_kv_heads`
+MLA: fold the up-projections (absorbed form)    :func:`check_absorb_mla`
 merge two partial attentions by their lse       :func:`check_merge_partial_attention`
 a test: does a score depend only on ``i − j``?  :func:`check_is_relative`
 Longformer's dilated sliding window             :func:`check_dilated_window_mask`
@@ -42,6 +43,7 @@ __all__ = [
     "check_mla_cache_bytes",
     "check_max_tokens_per_second",
     "check_mean_pool_kv_heads",
+    "check_absorb_mla",
     "check_merge_partial_attention",
     "check_is_relative",
     "check_dilated_window_mask",
@@ -547,6 +549,120 @@ def check_mean_pool_kv_heads(
         _pool_cases(),
         verbose=verbose,
         hint=_pool_hint,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2b: fold MLA's up-projections into the query and output sides
+# --------------------------------------------------------------------------------------------
+
+
+def reference_absorb_mla(
+    query_weight: Tensor, key_up: Tensor, value_up: Tensor, out_weight: Tensor, num_heads: int
+) -> tuple[Tensor, Tensor]:
+    """Fold MLA's up-projections, as :meth:`MultiHeadLatentAttention.absorbed_weights` does.
+
+    All four are ``nn.Linear`` weights (``y = x @ W.T``), their head-sized blocks laid out head
+    by head. Head ``r``'s query is ``x @ Q_r.T``, its key ``c @ K_r.T``, its value ``c @ V_r.T``,
+    and its output enters ``out_weight`` through the columns ``O_r``, where ``Q_r``, ``K_r``,
+    ``V_r`` are rows ``r·head_dim … (r+1)·head_dim - 1``. So a score is
+    ``(x @ Q_r.T @ K_r) · c`` and an output ``(Σ α c) @ V_r.T @ O_r.T``; the scale
+    ``1/√head_dim`` stays outside.
+
+    Args:
+        query_weight: ``(num_heads · head_dim, d_model)``.
+        key_up: ``(num_heads · head_dim, d_c)``.
+        value_up: ``(num_heads · head_dim, d_c)``.
+        out_weight: ``(d_model, num_heads · head_dim)``.
+        num_heads: number of heads ``h``.
+
+    Returns:
+        ``(query, output)``: ``(h, d_model, d_c)`` and ``(h, d_c, d_model)``.
+    """
+    q_rows = query_weight.unflatten(0, (num_heads, -1))  # (h, head_dim, d_model)
+    k_rows = key_up.unflatten(0, (num_heads, -1))  # (h, head_dim, d_c)
+    v_rows = value_up.unflatten(0, (num_heads, -1))  # (h, head_dim, d_c)
+    o_rows = out_weight.T.unflatten(0, (num_heads, -1))  # (h, head_dim, d_model): O_r.T
+    return q_rows.transpose(1, 2) @ k_rows, v_rows.transpose(1, 2) @ o_rows
+
+
+def _absorb_cases() -> list[Case]:
+    g = seeded_generator(905)
+    shapes = [
+        # (num_heads, head_dim, d_model, d_c): in the first d_model = h·head_dim, so that slicing
+        # out_weight's rows instead of its columns still has the right shape
+        (3, 4, 12, 8),
+        (2, 3, 10, 5),  # d_model ≠ h·head_dim
+        (4, 2, 8, 8),
+        (1, 4, 6, 3),  # one head
+    ]
+    cases = []
+    for heads, head_dim, d_model, d_c in shapes:
+        width = heads * head_dim
+        cases.append(
+            {
+                "query_weight": torch.randn(width, d_model, generator=g, dtype=torch.float64),
+                "key_up": torch.randn(width, d_c, generator=g, dtype=torch.float64),
+                "value_up": torch.randn(width, d_c, generator=g, dtype=torch.float64),
+                "out_weight": torch.randn(d_model, width, generator=g, dtype=torch.float64),
+                "num_heads": heads,
+            }
+        )
+    return cases
+
+
+def _absorb_hint(case: Case, got: object) -> str:
+    """Name the classic folding slip whose answer ``got`` equals, if any."""
+    if not (isinstance(got, tuple) and len(got) == 2):
+        return ""
+    heads = case["num_heads"]
+    q_w, k_up, v_up, o_w = (case[k] for k in ("query_weight", "key_up", "value_up", "out_weight"))
+    head_dim = q_w.shape[0] // heads
+    query, output = reference_absorb_mla(**case)
+    swapped, _ = reference_absorb_mla(q_w, v_up, k_up, o_w, heads)
+    _, swapped_out = reference_absorb_mla(q_w, v_up, k_up, o_w, heads)
+
+    def interleaved(weight: Tensor) -> Tensor:  # head r owns rows r, r + h, r + 2h, ...
+        return weight.unflatten(0, (head_dim, heads)).transpose(0, 1).flatten(0, 1)
+
+    slips = [(query * head_dim**-0.5, 0, "this folds 1/sqrt(head_dim) into the query: the scale "
+              "stays outside, as in the chapter's absorbed form")]  # fmt: skip
+    slips.append((swapped, 0, "this folds value_up into the query: the key's up-projection "
+                  "moves to the query, the value's to the output"))  # fmt: skip
+    slips.append((swapped_out, 1, "this folds key_up into the output: the value's up-projection "
+                  "joins the output projection"))  # fmt: skip
+    if o_w.shape[0] == o_w.shape[1]:  # rows and columns have the same count here
+        rows = o_w.unflatten(0, (heads, head_dim))  # (h, head_dim, d_model): rows, wrongly
+        slips.append((v_up.unflatten(0, (heads, head_dim)).transpose(1, 2) @ rows, 1,
+                      "this takes head r's block of out_weight's rows: nn.Linear computes "
+                      "x @ W.T, so head r's output meets the columns r·head_dim ... "
+                      "(r+1)·head_dim - 1 of out_weight"))  # fmt: skip
+    if heads > 1 and head_dim > 1:
+        mixed = reference_absorb_mla(interleaved(q_w), interleaved(k_up), interleaved(v_up),
+                                     interleaved(o_w.T).T, heads)  # fmt: skip
+        slips.append((mixed[0], 0, f"this gives head r the rows r, r + {heads}, ...: head r owns "
+                      f"the {head_dim} consecutive rows r·{head_dim} ... (reshape to (h, head_dim, ...))"))  # fmt: skip
+    hints = [why for slip, part, why in slips if _same(got[part], slip)]
+    return f"\n   hint: {' or '.join(dict.fromkeys(hints))}." if hints else ""
+
+
+def check_absorb_mla(
+    absorb_mla: Callable[..., tuple[Tensor, Tensor]], verbose: bool = True
+) -> CheckResult:
+    """Check ``absorb_mla(query_weight, key_up, value_up, out_weight, num_heads)``: MLA's
+    up-projections folded into ``(query (h, d_model, d_c), output (h, d_c, d_model))``, in
+    float64 to 1e-10. One case has ``d_model = h·head_dim`` (so that slicing ``out_weight``'s
+    rows has the right shape), one has ``d_model ≠ h·head_dim``; swapping the two
+    up-projections, folding the scale, rows for columns and interleaved heads are named."""
+    return run_check(
+        "absorb_mla",
+        absorb_mla,
+        reference_absorb_mla,
+        _absorb_cases(),
+        atol=1e-10,
+        rtol=1e-10,
+        verbose=verbose,
+        hint=_absorb_hint,
     )
 
 
