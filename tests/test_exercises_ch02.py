@@ -103,6 +103,34 @@ def blockwise_no_rescale(q, k, v, block_size):  # keeps the first block's maximu
     return acc / total
 
 
+def blockwise_own_block_max(q, k, v, block_size):  # each block's own maximum, not max(old, block)
+    scale = 1 / math.sqrt(q.shape[-1])
+    running_max = torch.full((*q.shape[:-1], 1), float("-inf"))
+    total = torch.zeros(*q.shape[:-1], 1)
+    acc = torch.zeros(*q.shape[:-1], v.shape[-1])
+    for start in range(0, k.shape[-2], block_size):
+        scores = q @ k[..., start : start + block_size, :].transpose(-2, -1) * scale
+        block_max = scores.amax(-1, keepdim=True)
+        correction = torch.exp(running_max - block_max)  # above 1 when the block's max is lower
+        p = torch.exp(scores - block_max)
+        total = total * correction + p.sum(-1, keepdim=True)
+        acc = acc * correction + p @ v[..., start : start + block_size, :]
+        running_max = block_max
+    return acc / total
+
+
+def test_blockwise_hint_names_the_running_maximum():
+    """Algebraically right, but exp(old - block) overflows on the large-score case; the hint
+    must point to max(old, block), not only to the start at -inf."""
+    easy = next(iter(ch02._blockwise_cases()))
+    torch.testing.assert_close(  # right on small scores: only the overflow gives it away
+        blockwise_own_block_max(**easy),
+        ch02.reference_scaled_attention(easy["q"], easy["k"], easy["v"])[0],
+    )
+    result = ch02.check_blockwise_attention(blockwise_own_block_max, verbose=False)
+    assert not result and "max(old, block)" in result.message, result.message
+
+
 def blockwise_mean_of_blocks(q, k, v, block_size):  # softmax per block, then the average
     scale = 1 / math.sqrt(q.shape[-1])
     outs = [

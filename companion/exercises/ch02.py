@@ -948,12 +948,15 @@ def _check_float64(q: Tensor, k: Tensor, v: Tensor, got: Any) -> None:
 
 
 def _blockwise_hint(case: Case, got: Any) -> str:
-    """Names the classic slip behind a NaN or inf in the output: no maximum subtracted
-    (exp overflows), or a running maximum started at 0 (every exp underflows: 0/0)."""
+    """Names the classic slips behind a NaN or inf in the output: no maximum subtracted
+    (exp overflows), each block's own maximum instead of the running one (the rescale
+    exp(old − block) overflows when a later block's maximum is far lower), or a running maximum
+    started at 0 (every exp underflows: 0/0)."""
     if isinstance(got, Tensor) and got.is_floating_point() and not torch.isfinite(got).all():
         return (
             "\n   Hint: NaN or inf: exp overflowed, or 0/0. Is a maximum per query subtracted"
-            " before exp, and does the running maximum start at −inf?"
+            " before exp? Is the new maximum max(old, block), never the block's own, so that"
+            " every exp(·) stays ≤ 1? Does the running maximum start at −inf?"
         )
     return ""
 
