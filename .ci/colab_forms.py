@@ -17,11 +17,13 @@ import sys
 
 TITLES = {
     "hide-input": "Checks and plotting code for this step (double-click to read it)",
-    "hide-cell": "Optional: a measurement or check the text refers to (double-click to read it)",
+    "hide-cell": "A measurement or check the text refers to (double-click to read it)",
 }
-#: earlier titles, replaced by the current ones when the script runs again
+#: earlier titles, replaced by the current ones when the script runs again ("Optional" went: later
+#: cells may need what such a cell computes, so a reader must not skip it)
 RETIRED = {
-    "Code behind the output below: checks and plotting (double-click to read it)": "hide-input"
+    "Code behind the output below: checks and plotting (double-click to read it)": "hide-input",
+    "Optional: a measurement or check the text refers to (double-click to read it)": "hide-cell",
 }
 GENERIC = set(TITLES.values()) | set(RETIRED)
 

@@ -584,3 +584,60 @@ def test_hidden_cells_are_collapsed_in_colab_and_jupyter_too(path):
     """Readers run the chapters in Colab and Jupyter, which ignore the book's hide-* tags."""
     problems = hidden_cell_problems(_cells(path))
     assert problems == [], f"{path.name}: {problems[:5]} (run python .ci/colab_forms.py on it)"
+
+
+def _names(code: str) -> tuple[set[str], set[str]]:
+    """The names a cell binds and the names it reads (IPython magics skipped)."""
+    lines = ["pass" if line.lstrip().startswith(("%", "!")) else line for line in code.splitlines()]
+    bound, read = set(), set()
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+    return bound, read
+
+
+def optional_dependencies(cells: list[dict]) -> list[str]:
+    """Cells that read a name only a cell titled 'Optional...' defines: a reader who skips the
+    optional cell (its title invites it) gets a NameError there."""
+    from_optional: dict[str, int] = {}
+    defined: set[str] = set()
+    problems = []
+    for i, cell in enumerate(cells):
+        if cell["cell_type"] != "code":
+            continue
+        code = _source(cell)
+        bound, read = _names(code)
+        if code.startswith("# @title Optional"):
+            from_optional.update({name: i for name in bound - defined if name not in from_optional})
+            continue
+        needed = sorted(n for n in read - bound - defined if n in from_optional)
+        if needed:
+            problems.append(
+                f"cell {i} reads {needed} from optional cell(s) "
+                f"{sorted({from_optional[n] for n in needed})}"
+            )
+        defined |= bound
+    return problems
+
+
+def test_optional_dependency_detector():
+    def code(source: str) -> dict:
+        return {"cell_type": "code", "metadata": {}, "source": source}
+
+    optional = code("# @title Optional: a check\nlimit = 3\n")
+    assert optional_dependencies([optional, code("print(limit)\n")]) != []
+    assert optional_dependencies([optional, code("limit = 4\nprint(limit)\n")]) == []
+    assert optional_dependencies([code("limit = 1\n"), optional, code("print(limit)\n")]) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_cell_needs_an_optional_cell(path):
+    """A cell titled 'Optional' may be skipped in Colab or Jupyter; nothing after it may need it."""
+    problems = optional_dependencies(_cells(path))
+    assert problems == [], f"{path.name}: {problems[:5]} (retitle the cell, or move the names)"
