@@ -661,6 +661,17 @@ def own_weights_rescaled(model, src, tgt_in, scale):  # rescales the table in pl
     return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()
 
 
+def own_without_bias(model, src, tgt_in, scale):  # x · w_y only: the generator's bias left out
+    saved = model.src_embedding.scale, model.tgt_embedding.scale
+    model.src_embedding.scale = model.tgt_embedding.scale = scale
+    try:
+        with torch.no_grad():
+            logits = model(src, tgt_in) - model.generator.bias  # (batch, tgt_len, vocab)
+    finally:
+        model.src_embedding.scale, model.tgt_embedding.scale = saved
+    return logits.gather(-1, tgt_in.unsqueeze(-1)).mean().item()
+
+
 def own_source_token(model, src, tgt_in, scale):  # the source's token at the same position
     logits = _logits_at(model, src, tgt_in, scale, scale)
     return logits.gather(-1, src[:, : tgt_in.shape[1]].unsqueeze(-1)).mean().item()
@@ -676,6 +687,7 @@ def test_own_logit_accepts_correct():
     "wrong",
     [
         own_next_token,
+        own_without_bias,
         own_top_logit,
         own_log_prob,
         own_probability,
