@@ -591,7 +591,7 @@ def _pooled_or_per_sequence(depths, norm_first, per_sequence=False):
 
 
 def test_stream_size_prediction_accepts_plus_a_half():
-    for value in (0.5, 0.53, np.float64(0.45), 1 / 2):
+    for value in (0.5, 0.53, 0.57, 0.44, np.float64(0.45), 1 / 2):
         assert ch06.check_stream_size_prediction(value, verbose=False), value
 
 
@@ -991,6 +991,16 @@ def adam_by_functional(grad1, grad2, lr, betas, eps):
     return out
 
 
+def adam_kingma_ba_efficient(grad1, grad2, lr, betas, eps):
+    """Kingma & Ba's "efficient" form of Algorithm 1: the bias corrections folded into the
+    step size, ε added to √v (not √v̂): a legitimate Adam, but not the box's formulas."""
+    (b1, b2), m, v = betas, torch.zeros_like(grad1), torch.zeros_like(grad1)
+    for t, grad in enumerate((grad1, grad2), start=1):
+        m, v = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad**2
+        step = -lr * math.sqrt(1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps)
+    return step
+
+
 def test_adam_reference_is_torch_optim_adam():
     for case in ch06._adam_second_step_cases():
         expected = adam_by_torch_optim(**case)
@@ -1016,6 +1026,7 @@ def test_adam_second_step_accepts_correct():
         (adam_betas_swapped, "swapped"),
         (adam_eps_inside, "after the square root"),
         (adam_eps_left_out, "ε_Adam is missing"),
+        (adam_kingma_ba_efficient, "efficient form"),
         (adam_by_torch_optim, "switched off"),
         (adam_by_adamax, "switched off"),
         (adam_by_functional, "switched off"),

@@ -937,9 +937,10 @@ GENERIC_TEST_EXEMPT = {
 
 #: the predicted slope of the stream's size: the final norm divides the gradient by that size,
 #: so a gradient slope of -1/2 needs a size slope of +1/2; a prediction within this of +1/2
-#: passes (the measured slope is +0.53), a sign error (-1/2), "no growth" (0), a linear
+#: passes (the measured slope is +0.53, the chapter's gradient slope about -0.53; the window
+#: 0.42-0.58 takes 0.57 as well as 0.44), a sign error (-1/2), "no growth" (0), a linear
 #: growth (+1) or a guess far from +1/2 (0.38, 0.65) does not
-PREDICTION_TOLERANCE: float = 0.06
+PREDICTION_TOLERANCE: float = 0.08
 
 
 def check_stream_size_prediction(predicted_slope: object, verbose: bool = True) -> CheckResult:
@@ -1107,6 +1108,12 @@ def _adam_second_step_hint(case: dict, got: object) -> str:
         return "\n   hint: β₁ and β₂ are swapped: β₁ averages g, β₂ averages g²."
     if like(-lr * (m2 / (1 - beta1**2)) / (v2 / (1 - beta2**2) + eps).sqrt()):
         return "\n   hint: ε is added after the square root: √v̂ + ε, not √(v̂ + ε)."
+    kingma_ba = -lr * math.sqrt(1 - beta2**2) / (1 - beta1**2) * m2 / (v2.sqrt() + eps)
+    if like(kingma_ba):  # Kingma & Ba's "efficient" form of Algorithm 1: ε on √v, not on √v̂
+        return (
+            "\n   hint: that is Kingma & Ba's efficient form (the step size lr·√(1 - β₂ᵗ) / (1 - β₁ᵗ),"
+            " ε added to √v). It differs where |g| is near ε: use the box's formulas, ε added to √v̂."
+        )
     no_eps = -lr * (m2 / (1 - beta1**2)) / (v2 / (1 - beta2**2)).sqrt()
     if bool(torch.allclose(got, no_eps, rtol=1e-5, atol=0)):  # off only where |g| is near ε
         return (
