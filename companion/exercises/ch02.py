@@ -1362,34 +1362,29 @@ def _attention_backward_hint(case: Case, got: Any) -> str:
             for g, e in zip(got[:2], expected[:2])
         ):
             return f"\n   Hint: ∂L/∂q and ∂L/∂k are off by a factor √d_k{'' if factor > 1 else ' (too small)'}: {slip}?"
-    # the diagonal-Jacobian slip: ∂L/∂s̃ = α (1 − α) u, without the coupling −Σ_l α_l u_l
     q, k, v = (case[name].double() for name in ("q", "k", "v"))
     scale = 1 / root
     weights = torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1)  # (..., q_len, k_len)
     upstream = case["grad_output"].double() @ v.transpose(-2, -1)  # u: (..., q_len, k_len)
-    diagonal = weights * (1 - weights) * upstream  # (..., q_len, k_len)
-    slipped = (scale * diagonal @ k, scale * diagonal.transpose(-2, -1) @ q)
-    if all(
-        isinstance(g, Tensor)
-        and g.shape == e.shape
-        and torch.allclose(g.double(), e, atol=1e-5, rtol=1e-4)
-        for g, e in zip(got[:2], slipped)
-    ):
-        return (
+    slips = (  # (a wrong ∂L/∂s̃, its hint)
+        (  # the diagonal-Jacobian slip: α (1 − α) u, without the coupling −Σ_l α_l u_l
+            weights * (1 - weights) * upstream,
             "\n   Hint: this is α ⊙ (1 − α) ⊙ u, the softmax Jacobian's diagonal only: raising one"
-            " score also lowers every other weight of its row, so ∂L/∂s̃ = α ⊙ (u − Σ_l α_l u_l)"
-        )
-    # no subtraction at all: ∂L/∂s̃ = α ⊙ u, as if the weights were exp(s̃) without the normalising sum
-    coupled = weights * upstream  # (..., q_len, k_len)
-    slipped = (scale * coupled @ k, scale * coupled.transpose(-2, -1) @ q)
-    if all(
-        isinstance(g, Tensor)
-        and g.shape == e.shape
-        and torch.allclose(g.double(), e, atol=1e-5, rtol=1e-4)
-        for g, e in zip(got[:2], slipped)
-    ):
-        return (
+            " score also lowers every other weight of its row, so ∂L/∂s̃ = α ⊙ (u − Σ_l α_l u_l)",
+        ),
+        (  # no subtraction at all: α u, as if the weights were exp(s̃) without the normalising sum
+            weights * upstream,
             "\n   Hint: this is α ⊙ u, the gradient of exp(s̃) without the softmax's normalising sum:"
-            " the weights sum to 1, so ∂L/∂s̃ = α ⊙ (u − Σ_l α_l u_l)"
-        )
+            " the weights sum to 1, so ∂L/∂s̃ = α ⊙ (u − Σ_l α_l u_l)",
+        ),
+    )
+    for grad_scores, hint in slips:  # (..., q_len, k_len) each
+        slipped = (scale * grad_scores @ k, scale * grad_scores.transpose(-2, -1) @ q)
+        if all(
+            isinstance(g, Tensor)
+            and g.shape == e.shape
+            and torch.allclose(g.double(), e, atol=1e-5, rtol=1e-4)
+            for g, e in zip(got[:2], slipped)
+        ):
+            return hint
     return ""
