@@ -36,7 +36,12 @@ import torch
 from torch import Tensor
 
 from companion.exercises._checker import Case, CheckResult, report, run_check, seeded_generator
-from companion.positional import RotaryEmbedding, sinusoidal_frequencies, sinusoidal_table
+from companion.positional import (
+    RotaryEmbedding,
+    rope_rotate_half,
+    sinusoidal_frequencies,
+    sinusoidal_table,
+)
 
 __all__ = [
     "check_kv_cache_bytes",
@@ -619,8 +624,9 @@ def _absorb_hint(case: Case, got: object) -> str:
     q_w, k_up, v_up, o_w = (case[k] for k in ("query_weight", "key_up", "value_up", "out_weight"))
     head_dim = q_w.shape[0] // heads
     query, output = reference_absorb_mla(**case)
-    swapped, _ = reference_absorb_mla(q_w, v_up, k_up, o_w, heads)
-    _, swapped_out = reference_absorb_mla(q_w, v_up, k_up, o_w, heads)
+    swapped, swapped_out = reference_absorb_mla(
+        q_w, v_up, k_up, o_w, heads
+    )  # the two up-projections swapped
 
     def interleaved(weight: Tensor) -> Tensor:  # head r owns rows r, r + h, r + 2h, ...
         return weight.unflatten(0, (head_dim, heads)).transpose(0, 1).flatten(0, 1)
@@ -1297,13 +1303,21 @@ def reference_ntk_rope(x: Tensor, window_len: int, train_len: int) -> Tensor:
     Returns:
         float64 tensor of the shape of ``x``.
     """
-    seq_len, head_dim = x.shape[-2], x.shape[-1]
+    head_dim = x.shape[-1]
     if head_dim < 4 or head_dim % 2:
         raise ValueError(f"x: head_dim must be even and at least 4, got shape {tuple(x.shape)}")
     base = 10000.0
     if window_len > train_len:
         base *= (window_len / train_len) ** (head_dim / (head_dim - 2))
-    positions = torch.arange(seq_len, dtype=torch.float64)  # (seq_len,) integers, unchanged
+    return _interleaved_rope(x, base)  # positions stay integers
+
+
+def _interleaved_rope(x: Tensor, base: float, position_scale: float = 1.0) -> Tensor:
+    """RoPE of float64 ``x (..., seq_len, head_dim)``, pairs ``(2m, 2m+1)``, at positions
+    ``0, 1, ...`` divided by ``position_scale`` (fractional for position interpolation, which
+    :class:`~companion.positional.RotaryEmbedding`'s integer positions cannot express)."""
+    seq_len, head_dim = x.shape[-2], x.shape[-1]
+    positions = torch.arange(seq_len, dtype=torch.float64) / position_scale  # (seq_len,)
     angles = positions[:, None] * sinusoidal_frequencies(head_dim, base=base)  # (seq_len, d/2)
     cos, sin = torch.cos(angles), torch.sin(angles)  # (seq_len, head_dim/2) each
     even, odd = x[..., 0::2], x[..., 1::2]  # (..., seq_len, head_dim/2) each
@@ -1334,20 +1348,6 @@ def _ntk_cases() -> list[Case]:
     ]
 
 
-def _rope_variant(x: Tensor, base: float, position_scale: float, rotate_half: bool) -> Tensor:
-    """RoPE of float64 ``x`` at positions ``0, 1, ...`` divided by ``position_scale``, with the
-    given base, pairing ``(2m, 2m+1)`` or (``rotate_half``) ``(m, m + d/2)``."""
-    seq_len, head_dim = x.shape[-2], x.shape[-1]
-    positions = torch.arange(seq_len, dtype=torch.float64) / position_scale
-    angles = positions[:, None] * sinusoidal_frequencies(head_dim, base=base)  # (seq_len, d/2)
-    cos, sin = torch.cos(angles), torch.sin(angles)
-    if rotate_half:
-        first, second = x[..., : head_dim // 2], x[..., head_dim // 2 :]
-        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-
-
 def _ntk_hint(case: Case, got: object) -> str:
     """Name the classic slip whose rotation ``got`` equals, if any; else the float32 slip (only
     the 12,288-position case is off, by about 1e-3)."""
@@ -1358,13 +1358,13 @@ def _ntk_hint(case: Case, got: object) -> str:
     rho = max(1.0, window / train)
     expected = reference_ntk_rope(**case)
     slips = [
-        (_rope_variant(x, 10000.0, rho, False), "this divides the positions by ρ (position "
+        (_interleaved_rope(x, 10000.0, rho), "this divides the positions by ρ (position "
          "interpolation): NTK-aware scaling keeps integer positions and raises the base"),
-        (_rope_variant(x, 10000.0 * rho ** (d / (d - 2)), 1.0, True), "this pairs m with "
+        (rope_rotate_half(x, base=10000.0 * rho ** (d / (d - 2))), "this pairs m with "
          "m + head_dim/2 (rotate-half): the exercise uses section 9.4's pairs (2m, 2m+1)"),
-        (_rope_variant(x, 10000.0 * rho, 1.0, False), "this multiplies the base by ρ: the slowest "
+        (_interleaved_rope(x, 10000.0 * rho), "this multiplies the base by ρ: the slowest "
          "pair then slows less than ρ times; the factor is ρ^(d/(d-2))"),
-        (_rope_variant(x, 10000.0 * rho ** ((d - 2) / d), 1.0, False), "this multiplies the base "
+        (_interleaved_rope(x, 10000.0 * rho ** ((d - 2) / d)), "this multiplies the base "
          "by ρ^((d-2)/d): the factor is ρ^(d/(d-2))"),
     ]  # fmt: skip
     got64 = got.double()
